@@ -1,0 +1,56 @@
+// What the VLM leaves for the expert: per-layer KV caches, valid lengths, rope deltas and ego state.
+// File format (safetensors, docs/FORMATS.md): key.{l}, value.{l} [B, Hkv, P, d] (BF16/F16/F32),
+// valid_len [B] I64, rope_delta [B] I64, optional ego_history_xyz [B, H, 3] and ego_history_rot
+// [B, H, 3, 3] (F32) or v0 [B] (F32).
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "alpamayo/backend.h"
+#include "alpamayo/config.h"
+#include "alpamayo/safetensors.h"
+
+namespace alpamayo {
+
+struct EgoHistory {
+  int H = 0;
+  std::vector<float> xyz;  // [B, H, 3]
+  std::vector<float> rot;  // [B, H, 3, 3]
+};
+
+class Context {
+ public:
+  // Maps and validates a context file: every tensor's shape and dtype, 0 <= S_b <= P, no NaN/Inf in the
+  // valid cache rows or the ego state. Throws Error naming the file and the tensor.
+  static Context open(const std::string& path);
+  // Builds a context from caller-owned views (the embedding API); validated the same way.
+  static Context from_views(KVCache kv, std::vector<int64_t> rope_delta, std::optional<EgoHistory> history,
+                            std::optional<std::vector<float>> v0, const std::string& name = "context");
+
+  // Throws unless the context fits the expert: same layer count, KV heads and head dim.
+  void check_compatible(const ExpertConfig& cfg) const;
+
+  const std::string& name() const { return name_; }
+  int batch() const { return kv_.B; }
+  int layers() const { return static_cast<int>(kv_.key.size()); }
+  const KVCache& kv() const { return kv_; }
+  const std::vector<int64_t>& rope_delta() const { return rope_delta_; }
+  const std::optional<EgoHistory>& history() const { return history_; }
+  const std::optional<std::vector<float>>& v0() const { return v0_; }
+
+ private:
+  void validate();
+  std::string name_;
+  std::shared_ptr<SafetensorsFile> file_;
+  KVCache kv_;
+  std::vector<int64_t> rope_delta_;
+  std::optional<EgoHistory> history_;
+  std::optional<std::vector<float>> v0_;
+};
+
+// Throws Error naming `what` if any of the n values is NaN or Inf.
+void check_finite(const float* p, int64_t n, const std::string& what);
+
+}  // namespace alpamayo

@@ -1,0 +1,72 @@
+// Element types and non-owning tensor views (row-major, contiguous), plus conversions to fp32.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace alpamayo {
+
+enum class DType { F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16", ...
+bool parse_dtype(const std::string& s, DType* out);
+inline bool is_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Round to nearest even, as torch does; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+std::string shape_str(const std::vector<int64_t>& shape);
+
+// A view of tensor data owned elsewhere (an mmap'd file or a caller's buffer).
+struct TensorView {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  std::string name;  // "file: key" for error messages
+
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+};
+
+// Converts a float tensor (F32/F16/BF16) to fp32; throws naming the tensor for other dtypes.
+void convert_to_f32(const TensorView& t, float* out);
+std::vector<float> to_f32(const TensorView& t);
+// Converts a float tensor (F32/F16/BF16) to bf16.
+void convert_to_bf16(const TensorView& t, uint16_t* out);
+
+// Throws unless t has exactly this shape; the message names the tensor.
+void expect_shape(const TensorView& t, const std::vector<int64_t>& shape);
+// Throws unless t is one of the float dtypes.
+void expect_float(const TensorView& t);
+
+// An owning tensor for outputs.
+struct Tensor {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+
+  static Tensor f32(std::vector<int64_t> shape, const float* src = nullptr);
+  static Tensor i64(std::vector<int64_t> shape, const int64_t* src = nullptr);
+  float* f32_data() { return reinterpret_cast<float*>(bytes.data()); }
+  const float* f32_data() const { return reinterpret_cast<const float*>(bytes.data()); }
+  TensorView view(std::string name = {}) const { return {dtype, shape, bytes.data(), std::move(name)}; }
+};
+
+}  // namespace alpamayo

@@ -1,0 +1,114 @@
+// The reference backend: REFERENCE.md section 4 in plain fp32, the oracle for every other backend.
+// Deliberately unoptimized beyond splitting matmuls and attention heads over threads.
+#include "backends/reference/reference_backend.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "alpamayo/error.h"
+#include "backends/reference/ops.h"
+
+namespace alpamayo {
+namespace {
+
+struct RefLayer {
+  std::vector<float> input_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
+};
+
+class ReferenceBackend final : public Backend {
+ public:
+  explicit ReferenceBackend(const BackendOptions& opts)
+      : threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())) {}
+
+  std::string name() const override { return "reference"; }
+
+  void load(const ExpertConfig& cfg, const ExpertWeights& w) override {
+    cfg_ = cfg;
+    layers_.clear();
+    for (const LayerWeights& lw : w.layers) {
+      RefLayer r;
+      r.input_norm = to_f32(lw.input_norm);
+      r.post_norm = to_f32(lw.post_norm);
+      r.q = to_f32(lw.q);
+      r.k = to_f32(lw.k);
+      r.v = to_f32(lw.v);
+      r.o = to_f32(lw.o);
+      r.q_norm = to_f32(lw.q_norm);
+      r.k_norm = to_f32(lw.k_norm);
+      r.gate = to_f32(lw.gate);
+      r.up = to_f32(lw.up);
+      r.down = to_f32(lw.down);
+      layers_.push_back(std::move(r));
+    }
+    final_norm_ = to_f32(w.final_norm);
+  }
+
+  void bind(const KVCache& kv, const RopeTables& rope) override {
+    check(!layers_.empty() || cfg_.L == 0, "reference backend: bind() before load()");
+    check(static_cast<int>(kv.key.size()) == cfg_.L, "reference backend: KV cache has " +
+          std::to_string(kv.key.size()) + " layers, the expert has " + std::to_string(cfg_.L));
+    kv_ = kv;
+    rope_ = rope;
+    key_.assign(cfg_.L, {});
+    value_.assign(cfg_.L, {});
+    for (int l = 0; l < cfg_.L; ++l) {
+      key_[l] = to_f32(kv.key[l]);
+      value_[l] = to_f32(kv.value[l]);
+    }
+  }
+
+  void step(const float* emb, float* hidden, const LayerTap* tap) override {
+    const int B = kv_.B, T = rope_.T, D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
+    const int M = B * T;
+    std::vector<float> h(emb, emb + int64_t(M) * D), a(int64_t(M) * D), q(int64_t(M) * Hq * d),
+        k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d), att(int64_t(M) * Hq * d), tmp(int64_t(M) * D),
+        g(int64_t(M) * I), u(int64_t(M) * I);
+    for (int l = 0; l < cfg_.L; ++l) {
+      const RefLayer& w = layers_[l];
+      ref::rms_norm(h.data(), w.input_norm.data(), M, D, cfg_.rms_eps, a.data());
+      ref::matmul_nt(a.data(), M, D, w.q.data(), Hq * d, q.data(), threads_);
+      ref::matmul_nt(a.data(), M, D, w.k.data(), Hkv * d, k.data(), threads_);
+      ref::matmul_nt(a.data(), M, D, w.v.data(), Hkv * d, v.data(), threads_);
+      ref::rms_norm(q.data(), w.q_norm.data(), M * Hq, d, cfg_.rms_eps, q.data());
+      ref::rms_norm(k.data(), w.k_norm.data(), M * Hkv, d, cfg_.rms_eps, k.data());
+      for (int b = 0; b < B; ++b) {
+        const float* c = rope_.cos.data() + int64_t(b) * T * d;
+        const float* s = rope_.sin.data() + int64_t(b) * T * d;
+        ref::rope_apply(q.data() + int64_t(b) * T * Hq * d, T, Hq, d, c, s);
+        ref::rope_apply(k.data() + int64_t(b) * T * Hkv * d, T, Hkv, d, c, s);
+        const int64_t cache_off = int64_t(b) * Hkv * kv_.P * d;
+        ref::attention(q.data() + int64_t(b) * T * Hq * d, k.data() + int64_t(b) * T * Hkv * d,
+                       v.data() + int64_t(b) * T * Hkv * d, key_[l].data() + cache_off,
+                       value_[l].data() + cache_off, T, Hq, Hkv, d, kv_.P,
+                       static_cast<int>(kv_.valid_len[b]), att.data() + int64_t(b) * T * Hq * d, threads_);
+      }
+      ref::matmul_nt(att.data(), M, Hq * d, w.o.data(), D, tmp.data(), threads_);
+      for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+      ref::rms_norm(h.data(), w.post_norm.data(), M, D, cfg_.rms_eps, a.data());
+      ref::matmul_nt(a.data(), M, D, w.gate.data(), I, g.data(), threads_);
+      ref::matmul_nt(a.data(), M, D, w.up.data(), I, u.data(), threads_);
+      for (int64_t i = 0; i < int64_t(M) * I; ++i) g[i] = ref::silu(g[i]) * u[i];
+      ref::matmul_nt(g.data(), M, I, w.down.data(), D, tmp.data(), threads_);
+      for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+      if (tap && *tap) (*tap)(l, h.data());
+    }
+    ref::rms_norm(h.data(), final_norm_.data(), M, D, cfg_.rms_eps, hidden);
+  }
+
+ private:
+  int threads_;
+  ExpertConfig cfg_;
+  std::vector<RefLayer> layers_;
+  std::vector<float> final_norm_;
+  KVCache kv_;
+  RopeTables rope_;
+  std::vector<std::vector<float>> key_, value_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_reference_backend(const BackendOptions& opts) {
+  return std::make_unique<ReferenceBackend>(opts);
+}
+
+}  // namespace alpamayo

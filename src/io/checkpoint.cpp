@@ -1,0 +1,246 @@
+#include "alpamayo/checkpoint.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "alpamayo/error.h"
+#include "io/config_json.h"
+
+namespace fs = std::filesystem;
+
+namespace alpamayo {
+
+const char* layout_name(Layout l) { return l == Layout::R1 ? "R1/1.5 (expert.layers.*)" : "Alpamayo 2 (expert.expert.layers.*)"; }
+
+class CheckpointLoader {
+ public:
+  CheckpointLoader(Checkpoint* ck, const std::string& dir) : ck_(ck), dir_(dir) {}
+
+  void run(const std::string& vlm_config) {
+    check(fs::is_directory(dir_), dir_ + ": checkpoint directory not found");
+    const std::string cfg_path = (fs::path(dir_) / "config.json").string();
+    check(fs::exists(cfg_path), cfg_path + ": missing (a checkpoint directory needs config.json)");
+    const nlohmann::json root = read_json_file(cfg_path);
+    check(root.is_object(), cfg_path + ": expected a JSON object");
+    nlohmann::json text;
+    std::string text_path;
+    if (!vlm_config.empty()) {
+      nlohmann::json v = read_json_file(vlm_config);
+      text = v.contains("text_config") ? v["text_config"] : v;
+      text_path = vlm_config;
+    } else if (root.contains("text_config") && root["text_config"].is_object()) {
+      text = root["text_config"];
+      text_path = cfg_path + " text_config";
+    }
+    const nlohmann::json* tp = text.is_object() ? &text : nullptr;
+
+    index_keys();
+    detect_layout();
+    ExpertConfig& c = ck_->cfg_;
+    load_layers(&c);
+    apply_config_json(root, cfg_path, tp, text_path, &c, &ck_->notes_);
+    check_sizes_against_config(root, cfg_path, tp, text_path, c);
+    load_heads(&c);
+    for (const auto& [name, file] : key_file_)
+      if (opened_.count(file)) ++n_keys_used_;
+    for (const auto& [file, sf] : opened_) ck_->files_.push_back(file);
+    ck_->notes_.push_back(std::string("layout ") + layout_name(ck_->layout_));
+  }
+
+ private:
+  void index_keys() {
+    const fs::path index = fs::path(dir_) / "model.safetensors.index.json";
+    const fs::path single = fs::path(dir_) / "model.safetensors";
+    if (fs::exists(index)) {
+      const nlohmann::json j = read_json_file(index.string());
+      check(j.contains("weight_map") && j["weight_map"].is_object(), index.string() + ": missing 'weight_map' object");
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        check(it.value().is_string(), index.string() + ": weight_map['" + it.key() + "'] must be a file name");
+        add_key(it.key(), (fs::path(dir_) / it.value().get<std::string>()).string());
+      }
+    } else {
+      check(fs::exists(single), dir_ + ": no model.safetensors or model.safetensors.index.json");
+      const SafetensorsFile& f = open(single.string());
+      for (const auto& [k, ti] : f.tensors()) add_key(k, single.string());
+    }
+  }
+
+  void add_key(const std::string& key, const std::string& file) {
+    if (key.rfind("vlm.", 0) == 0) { ++ck_->n_vlm_skipped_; return; }  // never mapped or read
+    key_file_[key] = file;
+  }
+
+  const SafetensorsFile& open(const std::string& file) {
+    auto it = opened_.find(file);
+    if (it != opened_.end()) return *it->second;
+    auto sf = std::make_unique<SafetensorsFile>(file);
+    const SafetensorsFile& ref = *sf;
+    opened_[file] = sf.get();
+    ck_->shards_.push_back(std::move(sf));
+    return ref;
+  }
+
+  bool has(const std::string& key) const { return key_file_.count(key) != 0; }
+
+  TensorView get(const std::string& key) {
+    auto it = key_file_.find(key);
+    check(it != key_file_.end(), dir_ + ": missing tensor '" + key + "'");
+    const SafetensorsFile& f = open(it->second);
+    check(f.contains(key), it->second + ": tensor '" + key + "' listed in the index is not in this shard");
+    TensorView v = f.view(key);
+    expect_float(v);
+    ck_->n_params_ += v.numel();
+    return v;
+  }
+
+  TensorView get(const std::string& key, const std::vector<int64_t>& shape) {
+    TensorView v = get(key);
+    expect_shape(v, shape);
+    return v;
+  }
+
+  void detect_layout() {
+    bool r1 = false, a2 = false;
+    for (const auto& [k, f] : key_file_) {
+      if (k.rfind("expert.expert.layers.", 0) == 0) a2 = true;
+      else if (k.rfind("expert.layers.", 0) == 0) r1 = true;
+    }
+    check(r1 || a2, dir_ + ": no expert layers found (expected keys expert.layers.* (R1/1.5) or "
+                           "expert.expert.layers.* (Alpamayo 2))");
+    check(!(r1 && a2), dir_ + ": both expert.layers.* and expert.expert.layers.* keys present; ambiguous layout");
+    ck_->layout_ = a2 ? Layout::A2 : Layout::R1;
+    expert_ = a2 ? "expert.expert." : "expert.";
+    heads_ = a2 ? "expert." : "";
+  }
+
+  void load_layers(ExpertConfig* c) {
+    const std::string lp = expert_ + "layers.";
+    std::set<int> idx;
+    for (const auto& [k, f] : key_file_) {
+      if (k.rfind(lp, 0) != 0) continue;
+      const size_t dot = k.find('.', lp.size());
+      const std::string num = k.substr(lp.size(), dot - lp.size());
+      check(!num.empty() && num.find_first_not_of("0123456789") == std::string::npos,
+            dir_ + ": unexpected key '" + k + "'");
+      idx.insert(std::stoi(num));
+    }
+    c->L = static_cast<int>(idx.size());
+    check(*idx.rbegin() == c->L - 1, dir_ + ": expert layer indices are not contiguous from 0 (found " +
+                                         std::to_string(c->L) + " layers, highest index " +
+                                         std::to_string(*idx.rbegin()) + ")");
+    const std::string p0 = lp + "0.";
+    const TensorView q = get(p0 + "self_attn.q_proj.weight"), qn = get(p0 + "self_attn.q_norm.weight"),
+                     kk = get(p0 + "self_attn.k_proj.weight"), g = get(p0 + "mlp.gate_proj.weight");
+    check(q.shape.size() == 2 && qn.shape.size() == 1 && kk.shape.size() == 2 && g.shape.size() == 2,
+          dir_ + ": layer 0 projections must be 2-D and q_norm 1-D");
+    c->D = static_cast<int>(q.shape[1]);
+    c->d = static_cast<int>(qn.shape[0]);
+    check(c->d > 0 && c->d % 2 == 0, qn.name + ": head dim must be even and positive, found " + std::to_string(c->d));
+    check(q.shape[0] % c->d == 0 && kk.shape[0] % c->d == 0,
+          q.name + ": rows must be a multiple of the head dim " + std::to_string(c->d));
+    c->Hq = static_cast<int>(q.shape[0] / c->d);
+    c->Hkv = static_cast<int>(kk.shape[0] / c->d);
+    check(c->Hkv > 0 && c->Hq % c->Hkv == 0, kk.name + ": query heads " + std::to_string(c->Hq) +
+                                                 " must be a multiple of KV heads " + std::to_string(c->Hkv));
+    c->I = static_cast<int>(g.shape[0]);
+    ck_->n_params_ = 0;
+    const int64_t D = c->D, d = c->d, Hq = c->Hq, Hkv = c->Hkv, I = c->I;
+    for (int l = 0; l < c->L; ++l) {
+      const std::string p = lp + std::to_string(l) + ".";
+      LayerWeights w;
+      w.input_norm = get(p + "input_layernorm.weight", {D});
+      w.post_norm = get(p + "post_attention_layernorm.weight", {D});
+      w.q = get(p + "self_attn.q_proj.weight", {Hq * d, D});
+      w.k = get(p + "self_attn.k_proj.weight", {Hkv * d, D});
+      w.v = get(p + "self_attn.v_proj.weight", {Hkv * d, D});
+      w.o = get(p + "self_attn.o_proj.weight", {D, Hq * d});
+      w.q_norm = get(p + "self_attn.q_norm.weight", {d});
+      w.k_norm = get(p + "self_attn.k_norm.weight", {d});
+      w.gate = get(p + "mlp.gate_proj.weight", {I, D});
+      w.up = get(p + "mlp.up_proj.weight", {I, D});
+      w.down = get(p + "mlp.down_proj.weight", {D, I});
+      ck_->expert_.layers.push_back(std::move(w));
+    }
+    ck_->expert_.final_norm = get(expert_ + "norm.weight", {D});
+  }
+
+  void load_heads(ExpertConfig* c) {
+    const std::string out = heads_ + "action_out_proj.";
+    ck_->aout_.w = get(out + "weight");
+    check(ck_->aout_.w.shape.size() == 2 && ck_->aout_.w.shape[1] == c->D,
+          ck_->aout_.w.name + ": expected shape [A, " + std::to_string(c->D) + "], found " + shape_str(ck_->aout_.w.shape));
+    c->A = static_cast<int>(ck_->aout_.w.shape[0]);
+    check(c->A == 2, ck_->aout_.w.name + ": the unicycle action space needs A = 2 (acceleration, curvature), found " +
+                         std::to_string(c->A));
+    ck_->aout_.b = get(out + "bias", {c->A});
+
+    const std::string ip = heads_ + "action_in_proj.";
+    const std::string tr = ip + "encoder.trunk.";
+    const int n = c->ain_layers, F = c->n_fourier;
+    const TensorView w0 = get(tr + "0.weight");
+    check(w0.shape.size() == 2, w0.name + ": expected a 2-D Linear weight");
+    const int64_t h = w0.shape[0], in = int64_t(c->A + 1) * F;
+    check(h == c->ain_hidden, w0.name + ": hidden size " + std::to_string(h) +
+                                  " differs from action_in_proj_cfg.hidden_size " + std::to_string(c->ain_hidden));
+    expect_shape(w0, {h, in});
+    auto& a = ck_->ain_;
+    a.linear_w.push_back(w0);
+    a.linear_b.push_back(get(tr + "0.bias", {h}));
+    for (int i = 0; i < n; ++i) {
+      const int k = 2 + 3 * i;
+      const int64_t od = (i == n - 1) ? c->D : h;
+      a.norm_w.push_back(get(tr + std::to_string(k) + ".weight", {h}));
+      a.linear_w.push_back(get(tr + std::to_string(k + 1) + ".weight", {od, h}));
+      a.linear_b.push_back(get(tr + std::to_string(k + 1) + ".bias", {od}));
+    }
+    const std::string extra = tr + std::to_string(3 * n + 1) + ".weight";
+    const std::string extra2 = tr + std::to_string(3 * n + 2) + ".weight";
+    check(!has(extra) && !has(extra2), dir_ + ": tensor '" + (has(extra) ? extra : extra2) +
+                                           "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n));
+    a.ln_w = get(ip + "norm.weight", {c->D});
+    a.ln_b = get(ip + "norm.bias", {c->D});
+
+    std::vector<std::string> fk;
+    for (int i = 0; i < c->A; ++i) fk.push_back(ip + "sinus." + std::to_string(i) + ".freqs");
+    fk.push_back(ip + "timestep_fourier_encoder.freqs");
+    int present = 0;
+    for (const auto& k : fk) present += has(k);
+    check(present == 0 || present == static_cast<int>(fk.size()),
+          dir_ + ": some but not all Fourier freqs buffers are present (e.g. '" + fk.back() + "')");
+    if (present) {
+      for (const auto& k : fk) a.freqs.push_back(get(k, {1, F / 2}));
+      ck_->notes_.push_back("Fourier frequencies from the checkpoint's buffers");
+    } else {
+      ck_->notes_.push_back("Fourier frequencies computed from config (bf16-rounded, as the release's buffers)");
+    }
+
+    const char* stats[] = {"accel_mean", "accel_std", "curvature_mean", "curvature_std"};
+    double* dst[] = {&c->accel_mean, &c->accel_std, &c->curvature_mean, &c->curvature_std};
+    for (int i = 0; i < 4; ++i) {
+      const std::string k = "action_space." + std::string(stats[i]);
+      if (!has(k)) continue;
+      const TensorView v = get(k);
+      check(v.numel() == 1, v.name + ": expected a scalar, found shape " + shape_str(v.shape));
+      float val;
+      convert_to_f32(v, &val);
+      *dst[i] = val;  // the buffer is what the released model uses
+    }
+    check(c->accel_std > 0 && c->curvature_std > 0, dir_ + ": action-space stds must be positive");
+  }
+
+  Checkpoint* ck_;
+  std::string dir_, expert_, heads_;
+  std::map<std::string, std::string> key_file_;
+  std::map<std::string, const SafetensorsFile*> opened_;
+  int64_t n_keys_used_ = 0;
+};
+
+std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& dir, const std::string& vlm_config) {
+  std::shared_ptr<Checkpoint> ck(new Checkpoint());
+  ck->dir_ = dir;
+  CheckpointLoader(ck.get(), dir).run(vlm_config);
+  return ck;
+}
+
+}  // namespace alpamayo

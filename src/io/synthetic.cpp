@@ -1,0 +1,243 @@
+#include "alpamayo/synthetic.h"
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "alpamayo/error.h"
+#include "alpamayo/safetensors.h"
+#include "model/action_proj.h"
+
+namespace fs = std::filesystem;
+
+namespace alpamayo {
+namespace {
+
+// A fast seeded uniform generator (SplitMix64); each tensor gets its own stream.
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-24f * 2.f - 1.f; }  // [-1, 1)
+};
+
+uint64_t hash_name(const std::string& s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+// How a tensor's values are drawn: center + scale * U(-1, 1), or fixed values.
+struct Init {
+  float center = 0.f, scale = 0.f;
+  std::vector<float> fixed;
+};
+
+void store(DType dt, const float* src, int64_t n, void* dst) {
+  TensorView v{DType::F32, {n}, src, ""};
+  if (dt == DType::F32) std::memcpy(dst, src, n * 4);
+  else if (dt == DType::BF16) convert_to_bf16(v, static_cast<uint16_t*>(dst));
+  else {
+    auto* p = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < n; ++i) p[i] = f32_to_f16(src[i]);
+  }
+}
+
+struct Entry {
+  std::string name;
+  std::vector<int64_t> shape;
+  Init init;
+  DType dtype;
+};
+
+void fill_entry(const Entry& e, uint64_t seed, void* dst) {
+  int64_t n = 1;
+  for (auto s : e.shape) n *= s;
+  std::vector<float> buf(n);
+  if (!e.init.fixed.empty()) {
+    buf = e.init.fixed;
+  } else {
+    Rng rng(hash_name(e.name, seed));
+    for (auto& v : buf) v = e.init.center + e.init.scale * rng.uniform();
+  }
+  store(e.dtype, buf.data(), n, dst);
+}
+
+// Uniform with the standard deviation of a variance-preserving init: std = gain / sqrt(fan_in).
+Init linear_init(int64_t fan_in, float gain = 1.f) { return {0.f, gain * std::sqrt(3.f / fan_in), {}}; }
+Init norm_init() { return {1.f, 0.1f, {}}; }
+
+}  // namespace
+
+void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointSpec& s) {
+  check(s.L > 0 && s.D > 0 && s.Hq > 0 && s.Hkv > 0 && s.Hq % s.Hkv == 0 && s.d > 0 && s.d % 2 == 0 && s.I > 0,
+        "make-checkpoint: invalid sizes (need L, D, I > 0, even d, Hq a multiple of Hkv)");
+  check(s.ain_layers >= 1 && s.n_fourier >= 4 && s.n_fourier % 2 == 0 && s.T >= 1 && s.shards >= 1,
+        "make-checkpoint: invalid action_in_proj sizes, waypoints or shard count");
+  fs::create_directories(dir);
+  const bool a2 = s.layout == Layout::A2;
+  const std::string ep = a2 ? "expert.expert." : "expert.", hp = a2 ? "expert." : "";
+  const int64_t D = s.D, d = s.d, I = s.I, h = s.ain_hidden, A = 2, F = s.n_fourier;
+  std::vector<Entry> ex;
+  auto add = [&](std::string n, std::vector<int64_t> shape, Init init, DType dt) { ex.push_back({std::move(n), std::move(shape), std::move(init), dt}); };
+  const DType w = s.dtype;
+  // Residual branches scaled by 1/sqrt(2L) so the stream stays O(1) through deep stacks.
+  const float branch = 1.f / std::sqrt(2.f * s.L);
+  for (int l = 0; l < s.L; ++l) {
+    const std::string p = ep + "layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {D}, norm_init(), w);
+    add(p + "post_attention_layernorm.weight", {D}, norm_init(), w);
+    add(p + "self_attn.q_proj.weight", {s.Hq * d, D}, linear_init(D), w);
+    add(p + "self_attn.k_proj.weight", {s.Hkv * d, D}, linear_init(D), w);
+    add(p + "self_attn.v_proj.weight", {s.Hkv * d, D}, linear_init(D), w);
+    add(p + "self_attn.o_proj.weight", {D, s.Hq * d}, linear_init(s.Hq * d, branch), w);
+    add(p + "self_attn.q_norm.weight", {d}, {1.5f, 0.5f, {}}, w);  // sharper than uniform attention
+    add(p + "self_attn.k_norm.weight", {d}, {1.5f, 0.5f, {}}, w);
+    add(p + "mlp.gate_proj.weight", {I, D}, linear_init(D), w);
+    add(p + "mlp.up_proj.weight", {I, D}, linear_init(D), w);
+    add(p + "mlp.down_proj.weight", {D, I}, linear_init(I, branch), w);
+  }
+  add(ep + "norm.weight", {D}, norm_init(), w);
+  const std::string ip = hp + "action_in_proj.", tr = ip + "encoder.trunk.";
+  add(tr + "0.weight", {h, (A + 1) * F}, linear_init((A + 1) * F), w);
+  add(tr + "0.bias", {h}, {0.f, 0.1f, {}}, w);
+  for (int i = 0; i < s.ain_layers; ++i) {
+    const int k = 2 + 3 * i;
+    const int64_t od = i == s.ain_layers - 1 ? D : h;
+    add(tr + std::to_string(k) + ".weight", {h}, norm_init(), w);
+    add(tr + std::to_string(k + 1) + ".weight", {od, h}, linear_init(h), w);
+    add(tr + std::to_string(k + 1) + ".bias", {od}, {0.f, 0.1f, {}}, w);
+  }
+  add(ip + "norm.weight", {D}, norm_init(), w);
+  add(ip + "norm.bias", {D}, {0.f, 0.1f, {}}, w);
+  add(hp + "action_out_proj.weight", {A, D}, linear_init(D, 0.5f), w);
+  add(hp + "action_out_proj.bias", {A}, {0.f, 0.05f, {}}, w);
+  if (!a2) {  // R1/1.5 checkpoints carry the derived buffers
+    const std::vector<float> fr = fourier_freqs(s.n_fourier, s.max_freq, true);
+    for (int i = 0; i < A; ++i) add(ip + "sinus." + std::to_string(i) + ".freqs", {1, F / 2}, {0, 0, fr}, w);
+    add(ip + "timestep_fourier_encoder.freqs", {1, F / 2}, {0, 0, fr}, w);
+    using R = ReleasedActionStats;
+    add("action_space.accel_mean", {}, {0, 0, {float(R::accel_mean)}}, DType::F32);
+    add("action_space.accel_std", {}, {0, 0, {float(R::accel_std)}}, DType::F32);
+    add("action_space.curvature_mean", {}, {0, 0, {float(R::curvature_mean)}}, DType::F32);
+    add("action_space.curvature_std", {}, {0, 0, {float(R::curvature_std)}}, DType::F32);
+  }
+  std::vector<Entry> vlm = {{"vlm.model.language_model.embed_tokens.weight", {32, 16}, linear_init(16), w},
+                            {"vlm.model.language_model.norm.weight", {16}, norm_init(), w},
+                            {"vlm.lm_head.weight", {32, 16}, linear_init(16), w}};
+
+  // Shard assignment: expert entries split evenly over s.shards files, vlm tensors in a shard of their own
+  // when sharded (so a correct reader never opens it), else in the single file.
+  std::vector<std::vector<Entry>> files;
+  if (s.shards == 1) {
+    files.push_back(ex);
+    files[0].insert(files[0].end(), vlm.begin(), vlm.end());
+  } else {
+    files.resize(s.shards + 1);
+    for (size_t i = 0; i < ex.size(); ++i) files[i * s.shards / ex.size()].push_back(ex[i]);
+    files[s.shards] = vlm;
+  }
+  nlohmann::json weight_map = nlohmann::json::object();
+  const int nf = static_cast<int>(files.size());
+  for (int f = 0; f < nf; ++f) {
+    char name[64];
+    if (nf == 1) std::snprintf(name, sizeof name, "model.safetensors");
+    else std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, nf);
+    std::vector<NamedTensor> specs;
+    for (const Entry& e : files[f]) {
+      specs.push_back({e.name, TensorView{e.dtype, e.shape, nullptr, e.name}});
+      weight_map[e.name] = name;
+    }
+    write_safetensors_stream((fs::path(dir) / name).string(), specs,
+                             [&](size_t i, void* dst) { fill_entry(files[f][i], s.seed, dst); }, {{"format", "pt"}});
+  }
+  if (nf > 1)
+    write_text_file((fs::path(dir) / "model.safetensors.index.json").string(),
+                    nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
+
+  using R = ReleasedActionStats;
+  nlohmann::json cfg = {
+      {"model_type", "alpamayo_r1"},
+      {"vlm_name_or_path", "Qwen/Qwen3-VL-8B-Instruct"},
+      {"expert_non_causal_attention", true},
+      {"expert_cfg", {{"hidden_size", s.D}, {"intermediate_size", s.I}, {"num_attention_heads", s.Hq},
+                      {"num_key_value_heads", s.Hkv}, {"head_dim", s.d}}},
+      {"action_in_proj_cfg", {{"_target_", "alpamayo_r1.models.action_in_proj.PerWaypointActionInProjV2"},
+                              {"hidden_size", s.ain_hidden}, {"num_enc_layers", s.ain_layers},
+                              {"num_fourier_feats", s.n_fourier}, {"max_freq", s.max_freq}}},
+      {"action_space_cfg", {{"_target_", "alpamayo_r1.action_space.UnicycleAccelCurvatureActionSpace"},
+                            {"n_waypoints", s.T}, {"dt", 0.1}, {"accel_mean", R::accel_mean}, {"accel_std", R::accel_std},
+                            {"curvature_mean", R::curvature_mean}, {"curvature_std", R::curvature_std},
+                            {"accel_bounds", {-R::accel_bound, R::accel_bound}},
+                            {"curvature_bounds", {-R::curvature_bound, R::curvature_bound}},
+                            {"v_lambda", 1e-6}, {"v_ridge", 1e-4}}},
+      {"diffusion_cfg", {{"_target_", "alpamayo_r1.diffusion.flow_matching.FlowMatching"},
+                         {"num_inference_steps", s.steps}, {"int_method", "euler"}}},
+  };
+  if (s.text_config)
+    cfg["text_config"] = {{"num_hidden_layers", s.L}, {"num_key_value_heads", s.Hkv}, {"head_dim", s.d},
+                          {"rms_norm_eps", 1e-6},
+                          {"rope_scaling", {{"rope_type", "default"}, {"rope_theta", 5e6}, {"mrope_section", {24, 20, 20}}}}};
+  write_text_file((fs::path(dir) / "config.json").string(), cfg.dump(2));
+}
+
+void write_synthetic_context(const std::string& path, const ExpertConfig& c, const SyntheticContextSpec& s) {
+  const int64_t B = s.B, P = s.P, H = c.Hkv, d = c.d;
+  check(B >= 1 && P >= 1, "make-context: batch and rows must be >= 1");
+  std::vector<int64_t> valid = s.valid_len.empty() ? std::vector<int64_t>(B, P) : s.valid_len;
+  std::vector<int64_t> delta = s.rope_delta.empty() ? std::vector<int64_t>(B, 0) : s.rope_delta;
+  check(static_cast<int64_t>(valid.size()) == B, "make-context: --valid-len needs " + std::to_string(B) + " values");
+  check(static_cast<int64_t>(delta.size()) == B, "make-context: --rope-delta needs " + std::to_string(B) + " values");
+  for (int64_t v : valid) check(v >= 0 && v <= P, "make-context: valid length " + std::to_string(v) + " outside [0, P]");
+  std::vector<NamedTensor> specs;
+  for (int l = 0; l < c.L; ++l)
+    for (const char* kind : {"key.", "value."})
+      specs.push_back({kind + std::to_string(l), TensorView{s.dtype, {B, H, P, d}, nullptr, ""}});
+  // Ego history: constant speed on a gentle arc ending at the origin with heading 0.
+  const int Hh = s.history;
+  std::vector<float> xyz, rot, v0;
+  Rng rng(s.seed ^ 0x5eedull);
+  if (Hh > 0) {
+    for (int64_t b = 0; b < B; ++b) {
+      const double speed = 8.0 + 4.0 * rng.uniform(), kappa = 0.01 * rng.uniform();
+      for (int i = 0; i < Hh; ++i) {
+        const double sarc = -speed * c.dt * (Hh - 1 - i);  // arc length before t0 (negative)
+        const double th = kappa * sarc;
+        const double x = std::abs(kappa) > 1e-9 ? std::sin(th) / kappa : sarc;
+        const double y = std::abs(kappa) > 1e-9 ? (1 - std::cos(th)) / kappa : 0.0;
+        xyz.insert(xyz.end(), {float(x), float(y), 0.f});
+        rot.insert(rot.end(), {float(std::cos(th)), float(-std::sin(th)), 0.f, float(std::sin(th)), float(std::cos(th)), 0.f, 0.f, 0.f, 1.f});
+      }
+    }
+    specs.push_back({"ego_history_xyz", TensorView{DType::F32, {B, Hh, 3}, xyz.data(), ""}});
+    specs.push_back({"ego_history_rot", TensorView{DType::F32, {B, Hh, 3, 3}, rot.data(), ""}});
+  } else {
+    for (int64_t b = 0; b < B; ++b) v0.push_back(static_cast<float>(8.0 + 4.0 * rng.uniform()));
+    specs.push_back({"v0", TensorView{DType::F32, {B}, v0.data(), ""}});
+  }
+  specs.push_back({"valid_len", TensorView{DType::I64, {B}, valid.data(), ""}});
+  specs.push_back({"rope_delta", TensorView{DType::I64, {B}, delta.data(), ""}});
+  const size_t n_cache = static_cast<size_t>(c.L) * 2;
+  write_safetensors_stream(path, specs, [&](size_t i, void* dst) {
+    if (i >= n_cache) { std::memcpy(dst, specs[i].tensor.data, specs[i].tensor.nbytes()); return; }
+    Rng r(hash_name(specs[i].name, s.seed));
+    std::vector<float> buf(B * H * P * d);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t hh = 0; hh < H; ++hh)
+        for (int64_t p = 0; p < P; ++p) {
+          float* row = buf.data() + ((b * H + hh) * P + p) * d;
+          // Valid rows ~ unit RMS like normed keys / values; padding rows are large garbage.
+          const bool valid_row = p < valid[b];
+          for (int64_t j = 0; j < d; ++j) row[j] = valid_row ? 1.7f * r.uniform() : 7.0f + 100.f * r.uniform();
+        }
+    store(s.dtype, buf.data(), static_cast<int64_t>(buf.size()), dst);
+  });
+}
+
+}  // namespace alpamayo

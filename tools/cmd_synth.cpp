@@ -1,0 +1,174 @@
+// `make-checkpoint`, `make-context` and `demo`.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "alpamayo/engine.h"
+#include "alpamayo/error.h"
+#include "alpamayo/synthetic.h"
+#include "commands.h"
+#include "report.h"
+
+namespace fs = std::filesystem;
+
+namespace alpamayo::cli {
+namespace {
+
+DType parse_float_dtype(const std::string& s, const std::string& option) {
+  if (s == "bf16") return DType::BF16;
+  if (s == "f16") return DType::F16;
+  if (s == "f32") return DType::F32;
+  throw Error(option + ": expected bf16, f16 or f32, found '" + s + "'");
+}
+
+struct CkArgs {
+  std::string out, layout = "a2", dtype = "bf16";
+  SyntheticCheckpointSpec spec;
+};
+
+void add_checkpoint_size_options(CLI::App& app, SyntheticCheckpointSpec& s) {
+  app.add_option("--layers", s.L, "expert layers L (= VLM layers)")->check(CLI::Range(1, 4096));
+  app.add_option("--hidden", s.D, "hidden size D")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--heads", s.Hq, "query heads")->check(CLI::Range(1, 1024));
+  app.add_option("--kv-heads", s.Hkv, "KV heads")->check(CLI::Range(1, 1024));
+  app.add_option("--head-dim", s.d, "head dim (even)")->check(CLI::Range(2, 1024));
+  app.add_option("--mlp", s.I, "MLP width I")->check(CLI::Range(1, 1 << 18));
+  app.add_option("--ain-hidden", s.ain_hidden, "action_in_proj hidden size")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--ain-layers", s.ain_layers, "action_in_proj encoder layers")->check(CLI::Range(1, 64));
+  app.add_option("--fourier", s.n_fourier, "Fourier features per input (even)")->check(CLI::Range(4, 1024));
+  app.add_option("--max-freq", s.max_freq, "Fourier max frequency");
+  app.add_option("--waypoints", s.T, "action tokens / waypoints T")->check(CLI::Range(1, 4096));
+  app.add_option("--steps", s.steps, "diffusion_cfg.num_inference_steps")->check(CLI::Range(1, 100000));
+}
+
+}  // namespace
+
+Run add_make_checkpoint(CLI::App& app) {
+  auto a = std::make_shared<CkArgs>();
+  app.add_option("--out", a->out, "output directory")->required();
+  app.add_option("--layout", a->layout, "r1 (expert.layers.*, with buffers) | a2 (expert.expert.layers.*)");
+  app.add_option("--dtype", a->dtype, "bf16 | f16 | f32");
+  app.add_option("--shards", a->spec.shards, "number of expert shards (> 1: sharded with an index)")->check(CLI::Range(1, 1000));
+  app.add_option("--seed", a->spec.seed, "seed");
+  app.add_flag("--text-config", a->spec.text_config, "also write a text_config section");
+  add_checkpoint_size_options(app, a->spec);
+  return [a] {
+    check(a->layout == "r1" || a->layout == "a2", "--layout: expected r1 or a2, found '" + a->layout + "'");
+    a->spec.layout = a->layout == "r1" ? Layout::R1 : Layout::A2;
+    a->spec.dtype = parse_float_dtype(a->dtype, "--dtype");
+    write_synthetic_checkpoint(a->out, a->spec);
+    std::fprintf(stderr, "wrote %s\n", a->out.c_str());
+  };
+}
+
+Run add_make_context(CLI::App& app) {
+  struct Args {
+    std::string checkpoint, out, dtype = "bf16", valid, delta;
+    SyntheticContextSpec spec;
+  };
+  auto a = std::make_shared<Args>();
+  app.add_option("--checkpoint", a->checkpoint, "checkpoint the context is for (layers, KV heads, head dim)")->required();
+  app.add_option("--out", a->out, "output context file")->required();
+  app.add_option("--batch", a->spec.B, "batch B")->check(CLI::Range(1, 4096));
+  app.add_option("--rows", a->spec.P, "cache rows P")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--valid-len", a->valid, "S_b per sample, comma-separated (default P)");
+  app.add_option("--rope-delta", a->delta, "rope delta per sample, comma-separated (default 0)");
+  app.add_option("--dtype", a->dtype, "cache dtype bf16 | f16 | f32");
+  app.add_option("--history", a->spec.history, "ego history poses (0: write v0 instead)")->check(CLI::Range(0, 100000));
+  app.add_option("--seed", a->spec.seed, "seed");
+  return [a] {
+    auto ck = Checkpoint::open(a->checkpoint);
+    a->spec.dtype = parse_float_dtype(a->dtype, "--dtype");
+    if (!a->valid.empty()) a->spec.valid_len = parse_int_list(a->valid, "--valid-len");
+    if (!a->delta.empty()) a->spec.rope_delta = parse_int_list(a->delta, "--rope-delta");
+    check(a->spec.history != 1, "--history: need 0 or at least 2 poses");
+    write_synthetic_context(a->out, ck->config(), a->spec);
+    std::fprintf(stderr, "wrote %s\n", a->out.c_str());
+  };
+}
+
+Run add_demo(CLI::App& app) {
+  struct Args {
+    std::string out_dir = "demo-out", size = "full", backend;
+    int rows = 4700, batch = 1, threads = 0, steps = 0;
+    std::string weights = "bf16";
+    uint64_t seed = 0;
+  };
+  auto a = std::make_shared<Args>();
+  a->backend = backend_names().front();
+  app.add_option("--out-dir", a->out_dir, "where the checkpoint, context and results go (reused when present)");
+  app.add_option("--size", a->size, "full (the seed's model: 64 layers, D 1536, ...) | small (4 layers, D 256)");
+  app.add_option("--rows", a->rows, "VLM cache rows S")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--batch", a->batch, "trajectories sampled at once")->check(CLI::Range(1, 64));
+  app.add_option("--backend", a->backend, "backend");
+  app.add_option("--threads", a->threads, "threads (default: all cores)");
+  app.add_option("--weights", a->weights, "bf16 | int8 (cpu backend)");
+  app.add_option("--steps", a->steps, "Euler steps (default from config)");
+  app.add_option("--seed", a->seed, "noise seed");
+  return [a] {
+    check(a->size == "full" || a->size == "small", "--size: expected full or small, found '" + a->size + "'");
+    SyntheticCheckpointSpec spec;  // defaults: the seed's architecture
+    if (a->size == "small") { spec.L = 4; spec.D = 256; spec.Hq = 4; spec.Hkv = 2; spec.d = 64; spec.I = 1024; spec.ain_hidden = 128; }
+    const fs::path dir = fs::path(a->out_dir) / ("checkpoint-" + a->size);
+    fs::create_directories(a->out_dir);
+    if (!fs::exists(dir / "config.json")) {
+      std::fprintf(stderr, "writing a synthetic %s checkpoint to %s ...\n", a->size.c_str(), dir.c_str());
+      write_synthetic_checkpoint(dir.string(), spec);
+    }
+    auto ck = Checkpoint::open(dir.string());
+    const fs::path ctx_path = fs::path(a->out_dir) / ("context-" + a->size + "-" + std::to_string(a->batch) + "x" +
+                                                      std::to_string(a->rows) + ".safetensors");
+    if (!fs::exists(ctx_path)) {
+      SyntheticContextSpec cs;
+      cs.B = a->batch;
+      cs.P = a->rows;
+      for (int b = 0; b < a->batch; ++b) {
+        cs.valid_len.push_back(a->rows - 37 * b);  // padded batch: shorter prompts for later samples
+        cs.rope_delta.push_back(-1200 + 5 * b);    // multimodal rope offsets are typically negative
+      }
+      check(cs.valid_len.back() > 0, "--rows too small for --batch");
+      std::fprintf(stderr, "writing a synthetic context (%d x %d rows) to %s ...\n", a->batch, a->rows, ctx_path.c_str());
+      write_synthetic_context(ctx_path.string(), ck->config(), cs);
+    }
+    const ExpertConfig& c = ck->config();
+    BackendOptions bo;
+    bo.threads = a->threads;
+    bo.weights = a->weights;
+    const auto t0 = std::chrono::steady_clock::now();
+    Engine engine(ck, make_backend(a->backend, bo));
+    engine.bind(Context::open(ctx_path.string()));
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    SampleOptions so;
+    so.steps = a->steps;
+    so.seed = a->seed;
+    so.progress = [](int k, int n, double s) { std::fprintf(stderr, "  step %d/%d  %.3f s\n", k + 1, n, s); };
+    SampleResult r = engine.sample(so);
+    const std::string out = (fs::path(a->out_dir) / "trajectories.safetensors").string();
+    const std::string js = (fs::path(a->out_dir) / "trajectories.json").string();
+    const std::string svg = (fs::path(a->out_dir) / "trajectories.svg").string();
+    write_result_safetensors(out, r);
+    write_result_json(js, r, a->backend);
+    write_result_svg(svg, r);
+    double total = 0;
+    for (double s : r.step_seconds) total += s;
+    std::printf("Alpamayo action expert demo (%s model, backend %s, %s weights)\n", a->size.c_str(), a->backend.c_str(),
+                a->backend == "reference" ? "fp32" : a->weights.c_str());
+    std::printf("  expert   L=%d D=%d heads=%d/%d head_dim=%d mlp=%d T=%d, %.2f B parameters\n", c.L, c.D, c.Hq, c.Hkv,
+                c.d, c.I, c.T, ck->expert_parameters() / 1e9);
+    std::printf("  context  B=%d, %d cache rows\n", a->batch, a->rows);
+    std::printf("  load+bind %.2f s; %d Euler steps: %.3f s per step, %.2f s per sample\n", load_s, r.steps,
+                total / r.steps, total);
+    for (int b = 0; b < r.B; ++b) {
+      const int64_t last = (int64_t(b) * r.T + r.T - 1) * 3;
+      std::printf("  sample %d: v0 %.2f m/s (%s) -> endpoint (%.1f, %.1f) m after %.1f s, yaw %.1f deg\n", b, r.v0[b],
+                  r.v0_source.c_str(), r.xyz[last], r.xyz[last + 1], r.T * c.dt,
+                  r.yaw[int64_t(b) * r.T + r.T - 1] * 180.0 / M_PI);
+    }
+    std::printf("  wrote %s, %s, %s\n", out.c_str(), js.c_str(), svg.c_str());
+  };
+}
+
+}  // namespace alpamayo::cli

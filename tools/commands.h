@@ -1,0 +1,18 @@
+// Subcommands of the alpamayo-expert CLI. Each registers its options and returns the function to run.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace alpamayo::cli {
+
+using Run = std::function<void()>;
+Run add_sample(CLI::App& app);
+Run add_inspect(CLI::App& app);
+Run add_make_checkpoint(CLI::App& app);
+Run add_make_context(CLI::App& app);
+Run add_demo(CLI::App& app);
+
+// Parses "1,2,-3" into integers; throws alpamayo::Error naming the option on bad input.
+std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option);
+
+}  // namespace alpamayo::cli

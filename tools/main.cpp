@@ -1,0 +1,37 @@
+// alpamayo-expert: sample driving trajectories with the Alpamayo action expert.
+#include <iostream>
+
+#include "alpamayo/error.h"
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"alpamayo-expert: the Alpamayo action expert (flow-matching trajectory head) in C++"};
+  app.require_subcommand(1);
+  std::vector<std::pair<CLI::App*, alpamayo::cli::Run>> cmds;
+  auto reg = [&](const char* name, const char* help, alpamayo::cli::Run (*add)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    cmds.emplace_back(sub, add(*sub));
+  };
+  reg("sample", "sample trajectories from a checkpoint and a VLM context", alpamayo::cli::add_sample);
+  reg("inspect", "show what a checkpoint holds and what the engine will use", alpamayo::cli::add_inspect);
+  reg("make-checkpoint", "write a synthetic, seeded checkpoint in a release layout", alpamayo::cli::add_make_checkpoint);
+  reg("make-context", "write a synthetic, seeded VLM context for a checkpoint", alpamayo::cli::add_make_context);
+  reg("demo", "synthetic full-size model + ~4,700-row context -> trajectories, timing, JSON and SVG",
+      alpamayo::cli::add_demo);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, run] : cmds)
+      if (sub->parsed()) run();
+  } catch (const alpamayo::Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

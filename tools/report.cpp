@@ -1,0 +1,85 @@
+#include "report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "alpamayo/safetensors.h"
+
+namespace alpamayo::cli {
+
+void write_result_safetensors(const std::string& path, const SampleResult& r) {
+  const int64_t B = r.B, T = r.T, A = r.A, N = r.steps;
+  std::vector<NamedTensor> t = {
+      {"action", {DType::F32, {B, T, A}, r.action.data(), ""}},
+      {"xyz", {DType::F32, {B, T, 3}, r.xyz.data(), ""}},
+      {"yaw", {DType::F32, {B, T}, r.yaw.data(), ""}},
+      {"rot", {DType::F32, {B, T, 3, 3}, r.rot.data(), ""}},
+      {"v0", {DType::F32, {B}, r.v0.data(), ""}},
+  };
+  if (!r.x_steps.empty()) {
+    t.push_back({"x_steps", {DType::F32, {N + 1, B, T, A}, r.x_steps.data(), ""}});
+    t.push_back({"v_steps", {DType::F32, {N, B, T, A}, r.v_steps.data(), ""}});
+  }
+  write_safetensors(path, t, {{"v0_source", r.v0_source}, {"steps", std::to_string(N)}});
+}
+
+void write_result_json(const std::string& path, const SampleResult& r, const std::string& backend) {
+  nlohmann::json j;
+  j["backend"] = backend;
+  j["steps"] = r.steps;
+  j["step_seconds"] = r.step_seconds;
+  j["v0_source"] = r.v0_source;
+  j["samples"] = nlohmann::json::array();
+  for (int b = 0; b < r.B; ++b) {
+    nlohmann::json s;
+    s["v0"] = r.v0[b];
+    for (int k = 0; k < r.T; ++k) {
+      const int64_t i = int64_t(b) * r.T + k;
+      s["xyz"].push_back({r.xyz[3 * i], r.xyz[3 * i + 1], r.xyz[3 * i + 2]});
+      s["yaw"].push_back(r.yaw[i]);
+      s["action"].push_back({r.action[i * r.A], r.action[i * r.A + 1]});
+    }
+    j["samples"].push_back(std::move(s));
+  }
+  write_text_file(path, j.dump(1));
+}
+
+void write_result_svg(const std::string& path, const SampleResult& r) {
+  // Ego frame: x forward (drawn upwards), y left (drawn leftwards), equal scales, origin = ego at t0.
+  double xmin = 0, xmax = 1, ymin = -1, ymax = 1;
+  for (int64_t i = 0; i < int64_t(r.B) * r.T; ++i) {
+    xmin = std::min(xmin, double(r.xyz[3 * i]));
+    xmax = std::max(xmax, double(r.xyz[3 * i]));
+    ymin = std::min(ymin, double(r.xyz[3 * i + 1]));
+    ymax = std::max(ymax, double(r.xyz[3 * i + 1]));
+  }
+  const double span = std::max({xmax - xmin, ymax - ymin, 10.0}) * 1.15;
+  const double cx = (xmin + xmax) / 2, cy = (ymin + ymax) / 2, W = 640, H = 640, sc = (W - 80) / span;
+  auto px = [&](double y) { return W / 2 - (y - cy) * sc; };
+  auto py = [&](double x) { return H / 2 - (x - cx) * sc; };
+  static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+  std::ostringstream s;
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H + 40 << "' font-family='sans-serif'>\n"
+    << "<rect width='100%' height='100%' fill='white'/>\n";
+  const double grid = std::pow(10.0, std::floor(std::log10(span / 2)));
+  for (double g = std::floor((cx - span / 2) / grid) * grid; g <= cx + span / 2; g += grid)
+    s << "<line x1='0' x2='" << W << "' y1='" << py(g) << "' y2='" << py(g) << "' stroke='#eee'/>\n";
+  for (double g = std::floor((cy - span / 2) / grid) * grid; g <= cy + span / 2; g += grid)
+    s << "<line y1='0' y2='" << H << "' x1='" << px(g) << "' x2='" << px(g) << "' stroke='#eee'/>\n";
+  s << "<circle cx='" << px(0) << "' cy='" << py(0) << "' r='5' fill='black'/>\n";
+  for (int b = 0; b < r.B; ++b) {
+    s << "<polyline fill='none' stroke-width='2' stroke='" << colors[b % 8] << "' points='" << px(0) << "," << py(0);
+    for (int k = 0; k < r.T; ++k) {
+      const int64_t i = int64_t(b) * r.T + k;
+      s << " " << px(r.xyz[3 * i + 1]) << "," << py(r.xyz[3 * i]);
+    }
+    s << "'/>\n";
+  }
+  s << "<text x='10' y='" << H + 25 << "' font-size='14'>" << r.B << " trajector" << (r.B == 1 ? "y" : "ies") << ", "
+    << r.T << " waypoints; grid " << grid << " m; x forward (up), y left</text>\n</svg>\n";
+  write_text_file(path, s.str());
+}
+
+}  // namespace alpamayo::cli
