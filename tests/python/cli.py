@@ -1,0 +1,73 @@
+"""Run the alpamayo-expert CLI and read its outputs."""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+DEFAULT_CLI = Path(__file__).resolve().parents[2] / "build" / "alpamayo-expert"
+
+
+def cli_path() -> Path:
+    return Path(os.environ.get("ALPAMAYO_CLI", str(DEFAULT_CLI)))
+
+
+def run(cli, *args, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str                   # reference | cpu
+    weights: str | None = None  # cpu only: bf16 | int8
+
+    @property
+    def id(self) -> str:
+        return self.name + (f"-{self.weights}" if self.weights else "")
+
+    def args(self) -> list[str]:
+        a = ["--backend", self.name]
+        if self.weights:
+            a += ["--weights", self.weights]
+        if self.name == "cpu":
+            a += ["--threads", os.environ.get("ALPAMAYO_TEST_THREADS", "2")]
+        return a
+
+
+REFERENCE = Backend("reference")
+
+
+class CliError(AssertionError):
+    pass
+
+
+def sample(cli, checkpoint, context, out_dir, *, backend: Backend = REFERENCE, noise=None, seed=None,
+           steps=None, all_steps=True, layers=True, extra=(), timeout: float = 600) -> dict[str, torch.Tensor]:
+    """Run `sample`; returns the output tensors, plus `layers` (dict) when layers=True."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"out-{backend.id}.safetensors"
+    args = ["sample", "--checkpoint", checkpoint, "--context", context, "--out", out, *backend.args()]
+    if noise is not None:
+        args += ["--noise", noise]
+    if seed is not None:
+        args += ["--seed", seed]
+    if steps is not None:
+        args += ["--steps", steps]
+    if all_steps:
+        args.append("--all-steps")
+    lay = out_dir / f"layers-{backend.id}.safetensors"
+    if layers:
+        args += ["--layers-out", lay]
+    args += list(extra)
+    r = run(cli, *args, timeout=timeout)
+    if r.returncode != 0:
+        raise CliError(f"{cli} {' '.join(map(str, args))}\nexit {r.returncode}\nstderr:\n{r.stderr}\nstdout:\n{r.stdout}")
+    res = dict(load_file(str(out)))
+    if layers:
+        res["layers"] = dict(load_file(str(lay)))
+    return res

@@ -1,0 +1,195 @@
+"""Random checkpoints and contexts for the oracle tests, scaled so activations are O(1) and attention
+is peaked (q_norm/k_norm gains ~1.7 give logits of std ~3) rather than uniform."""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+from alpamayo_expert import write_checkpoint, write_context  # noqa: E402
+
+RELEASED = dict(accel_mean=0.02902694707164455, accel_std=0.6810426736454882,
+                curvature_mean=0.0002692167976330542, curvature_std=0.026148280660833106)
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Dims:
+    L: int = 2
+    D: int = 64
+    Hq: int = 4
+    Hkv: int = 2
+    d: int = 32
+    I: int = 192
+    ain_hidden: int = 32
+    ain_layers: int = 2
+    F: int = 20
+    max_freq: float = 100.0
+    T: int = 16
+    steps: int = 4
+
+
+TINY = Dims()
+FULL_LAYER = Dims(L=1, D=1536, Hq=16, Hkv=8, d=128, I=6144, ain_hidden=64, ain_layers=2, T=64, steps=1)
+
+
+def _randn(g, *shape, std=1.0, mean=0.0):
+    return torch.randn(*shape, generator=g) * std + mean
+
+
+def expert_tensors(dm: Dims, seed: int) -> dict[str, torch.Tensor]:
+    """R1-named fp32 tensors for the expert, action_in_proj, action_out_proj (no derived buffers)."""
+    g = torch.Generator().manual_seed(seed)
+    t: dict[str, torch.Tensor] = {}
+    lin = lambda o, i: _randn(g, o, i, std=1 / math.sqrt(i))  # noqa: E731  keeps outputs O(1)
+    for l in range(dm.L):
+        p = f"expert.layers.{l}."
+        t[p + "input_layernorm.weight"] = _randn(g, dm.D, std=0.1, mean=1.0)
+        t[p + "post_attention_layernorm.weight"] = _randn(g, dm.D, std=0.1, mean=1.0)
+        t[p + "self_attn.q_proj.weight"] = lin(dm.Hq * dm.d, dm.D)
+        t[p + "self_attn.k_proj.weight"] = lin(dm.Hkv * dm.d, dm.D)
+        t[p + "self_attn.v_proj.weight"] = lin(dm.Hkv * dm.d, dm.D)
+        t[p + "self_attn.o_proj.weight"] = lin(dm.D, dm.Hq * dm.d)
+        t[p + "self_attn.q_norm.weight"] = _randn(g, dm.d, std=0.2, mean=1.7)
+        t[p + "self_attn.k_norm.weight"] = _randn(g, dm.d, std=0.2, mean=1.7)
+        t[p + "mlp.gate_proj.weight"] = lin(dm.I, dm.D)
+        t[p + "mlp.up_proj.weight"] = lin(dm.I, dm.D)
+        t[p + "mlp.down_proj.weight"] = lin(dm.D, dm.I)
+    t["expert.norm.weight"] = _randn(g, dm.D, std=0.1, mean=1.0)
+    n_in = 3 * dm.F
+    p = "action_in_proj.encoder.trunk."
+    t[p + "0.weight"], t[p + "0.bias"] = lin(dm.ain_hidden, n_in), _randn(g, dm.ain_hidden, std=0.1)
+    k = 2
+    for j in range(dm.ain_layers):
+        out = dm.D if j == dm.ain_layers - 1 else dm.ain_hidden
+        t[f"{p}{k}.weight"] = _randn(g, dm.ain_hidden, std=0.1, mean=1.0)
+        t[f"{p}{k + 1}.weight"], t[f"{p}{k + 1}.bias"] = lin(out, dm.ain_hidden), _randn(g, out, std=0.1)
+        k += 3
+    t["action_in_proj.norm.weight"] = _randn(g, dm.D, std=0.1, mean=1.0)
+    t["action_in_proj.norm.bias"] = _randn(g, dm.D, std=0.1)
+    t["action_out_proj.weight"] = lin(2, dm.D)
+    t["action_out_proj.bias"] = _randn(g, 2, std=0.1)
+    return t
+
+
+def config_json(dm: Dims, text_config: dict | None = None) -> dict:
+    cfg = {
+        "model_type": "alpamayo_r1",
+        "vlm_name_or_path": "Qwen/Qwen3-VL-8B-Instruct",
+        "expert_cfg": {"hidden_size": dm.D, "intermediate_size": dm.I, "num_attention_heads": dm.Hq,
+                       "num_key_value_heads": dm.Hkv, "head_dim": dm.d},
+        "action_in_proj_cfg": {"_target_": "alpamayo_r1.models.action_in_proj.PerWaypointActionInProjV2",
+                               "hidden_size": dm.ain_hidden, "num_enc_layers": dm.ain_layers,
+                               "num_fourier_feats": dm.F, "max_freq": dm.max_freq},
+        "action_space_cfg": {"n_waypoints": dm.T, "dt": 0.1, **RELEASED,
+                             "accel_bounds": [-9.8, 9.8], "curvature_bounds": [-0.33, 0.33],
+                             "v_lambda": 1e-6, "v_ridge": 1e-4},
+        "diffusion_cfg": {"num_inference_steps": dm.steps, "int_method": "euler"},
+        "expert_non_causal_attention": True,
+    }
+    if text_config is not None:
+        cfg["text_config"] = text_config
+    return cfg
+
+
+def checkpoint_tensors(dm: Dims, layout: str, dtype: str, seed: int) -> dict[str, torch.Tensor]:
+    """Tensors as stored: weights in `dtype`; R1 adds f32 freqs/action-space buffers; both get vlm.* decoys."""
+    from oracle import fourier_freqs
+    base = {k: v.to(DTYPES[dtype]) for k, v in expert_tensors(dm, seed).items()}
+    out: dict[str, torch.Tensor] = {"vlm.model.embed_tokens.weight": torch.randn(8, 16).to(DTYPES[dtype]),
+                                    "vlm.lm_head.weight": torch.full((8, 16), float("nan"))}
+    if layout == "r1":
+        out.update(base)
+        # The release keeps these buffers in bf16; hold the bf16 values (60.0, not 59.948).
+        f = fourier_freqs(dm.F, dm.max_freq).reshape(1, -1).to(torch.bfloat16)
+        for i in range(2):
+            out[f"action_in_proj.sinus.{i}.freqs"] = f
+        out["action_in_proj.timestep_fourier_encoder.freqs"] = f
+        for k, v in RELEASED.items():
+            out[f"action_space.{k}"] = torch.tensor(v, dtype=torch.float32)
+    elif layout == "a2":
+        for k, v in base.items():
+            out["expert." + ("expert." + k[len("expert."):] if k.startswith("expert.") else k)] = v
+    else:
+        raise ValueError(layout)
+    return out
+
+
+def make_checkpoint(directory, dm: Dims = TINY, layout: str = "r1", dtype: str = "f32", shards: int = 1,
+                    seed: int = 0, text_config: dict | None = None) -> Path:
+    return write_checkpoint(directory, checkpoint_tensors(dm, layout, dtype, seed), config_json(dm, text_config),
+                            shards=shards)
+
+
+@dataclass
+class CtxSpec:
+    valid_len: tuple[int, ...] = (37, 50, 23)
+    rope_delta: tuple[int, ...] = (5, -11, 0)
+    P: int = 50
+    kv_dtype: str = "f32"
+    motion: str = "history"          # "history" | "v0" | "none"
+    v0: tuple[float, ...] = (3.0, 0.0, 12.5)
+    seed: int = 1
+    garbage_seed: int = 2
+    garbage_scale: float = 30.0      # large enough to dominate attention if it were not masked
+
+    @property
+    def B(self) -> int:
+        return len(self.valid_len)
+
+
+def ego_history(B: int, H: int = 16, dt: float = 0.1, seed: int = 3):
+    """Arcs ending at the origin with heading 0 (the t0 frame): speeds 5..15 m/s, various curvatures."""
+    g = torch.Generator().manual_seed(seed)
+    speeds = torch.tensor([5.0, 10.0, 15.0, 8.0])[:B] if B <= 4 else 5 + 10 * torch.rand(B, generator=g)
+    curv = torch.tensor([0.0, 0.02, -0.05, 0.1])[:B] if B <= 4 else 0.1 * torch.randn(B, generator=g)
+    t = (torch.arange(H, dtype=torch.float64) - (H - 1)) * dt
+    xyz = torch.zeros(B, H, 3, dtype=torch.float64)
+    rot = torch.zeros(B, H, 3, 3, dtype=torch.float64)
+    for b in range(B):
+        v, c = float(speeds[b]), float(curv[b])
+        yaw = c * v * t
+        if abs(c) < 1e-9:
+            xyz[b, :, 0] = v * t
+        else:
+            xyz[b, :, 0], xyz[b, :, 1] = torch.sin(yaw) / c, (1 - torch.cos(yaw)) / c
+        xyz[b, :, :2] += 0.01 * torch.randn(H, 2, generator=g, dtype=torch.float64)  # GPS-like jitter
+        xyz[b, :, 2] = 0.3 + 0.1 * b
+        rot[b, :, 0, 0], rot[b, :, 0, 1] = torch.cos(yaw), -torch.sin(yaw)
+        rot[b, :, 1, 0], rot[b, :, 1, 1], rot[b, :, 2, 2] = torch.sin(yaw), torch.cos(yaw), 1.0
+    return xyz.float(), rot.float()
+
+
+def context_kv(dm: Dims, spec: CtxSpec):
+    """K/V [B, Hkv, P, d] per layer: valid rows ~ roped-key scale, padding rows large finite garbage."""
+    g = torch.Generator().manual_seed(spec.seed)
+    gg = torch.Generator().manual_seed(spec.garbage_seed)
+    kv = []
+    for _ in range(dm.L):
+        k = _randn(g, spec.B, dm.Hkv, spec.P, dm.d, std=1.7)
+        v = _randn(g, spec.B, dm.Hkv, spec.P, dm.d)
+        for b, s in enumerate(spec.valid_len):
+            n = spec.P - s
+            k[b, :, s:] = _randn(gg, dm.Hkv, n, dm.d, std=spec.garbage_scale)
+            v[b, :, s:] = _randn(gg, dm.Hkv, n, dm.d, std=spec.garbage_scale)
+        kv.append((k, v))
+    return kv
+
+
+def make_context(path, dm: Dims = TINY, spec: CtxSpec = CtxSpec()) -> Path:
+    kv = context_kv(dm, spec)
+    kw = {}
+    if spec.motion == "history":
+        kw["ego_history_xyz"], kw["ego_history_rot"] = ego_history(spec.B)
+    elif spec.motion == "v0":
+        kw["v0"] = torch.tensor(spec.v0[: spec.B])
+    write_context(path, kv, spec.valid_len, spec.rope_delta, dtype=DTYPES[spec.kv_dtype], **kw)
+    return Path(path)
+
+
+def make_noise(B: int, dm: Dims = TINY, seed: int = 4) -> torch.Tensor:
+    return torch.randn(B, dm.T, 2, generator=torch.Generator().manual_seed(seed))
