@@ -55,7 +55,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  // Packs or uploads the weights once. The views may be released after load() returns.
+  // Packs or uploads the weights once. The views stay valid for the backend's lifetime (the Engine keeps
+  // the checkpoint alive), so a backend may also read them lazily, as the reference backend does.
   virtual void load(const ExpertConfig& cfg, const ExpertWeights& w) = 0;
   // Binds a context for subsequent steps; T (tokens per sample) comes from rope.T.
   // Allocates every persistent buffer (activations, scratch) for this batch and cache size.

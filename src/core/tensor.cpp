@@ -72,7 +72,7 @@ uint16_t f32_to_f16(float f) {
   if (a < 0x38800000u) {                                  // subnormal or zero in f16
     if (a < 0x33000000u) return sign;                     // below half the smallest subnormal
     const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-    const int shift = 126 - static_cast<int>(a >> 23) + 1 + 13 - 1;  // 14..24
+    const int shift = 126 - static_cast<int>(a >> 23);  // value = mant * 2^(E-150) = r * 2^-24: 14..24
     uint32_t r = mant >> shift;
     const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rem > half || (rem == half && (r & 1u))) ++r;

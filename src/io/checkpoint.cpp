@@ -178,6 +178,11 @@ class CheckpointLoader {
     const std::string ip = heads_ + "action_in_proj.";
     const std::string tr = ip + "encoder.trunk.";
     const int n = c->ain_layers, F = c->n_fourier;
+    // A trunk longer than the config says: report the config mismatch, not a shape error.
+    const std::string extra = tr + std::to_string(3 * n + 1) + ".weight";
+    const std::string extra2 = tr + std::to_string(3 * n + 2) + ".weight";
+    check(!has(extra) && !has(extra2), dir_ + ": tensor '" + (has(extra) ? extra : extra2) +
+                                           "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n));
     const TensorView w0 = get(tr + "0.weight");
     check(w0.shape.size() == 2, w0.name + ": expected a 2-D Linear weight");
     const int64_t h = w0.shape[0], in = int64_t(c->A + 1) * F;
@@ -194,10 +199,6 @@ class CheckpointLoader {
       a.linear_w.push_back(get(tr + std::to_string(k + 1) + ".weight", {od, h}));
       a.linear_b.push_back(get(tr + std::to_string(k + 1) + ".bias", {od}));
     }
-    const std::string extra = tr + std::to_string(3 * n + 1) + ".weight";
-    const std::string extra2 = tr + std::to_string(3 * n + 2) + ".weight";
-    check(!has(extra) && !has(extra2), dir_ + ": tensor '" + (has(extra) ? extra : extra2) +
-                                           "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n));
     a.ln_w = get(ip + "norm.weight", {c->D});
     a.ln_b = get(ip + "norm.bias", {c->D});
 

@@ -11,8 +11,14 @@
 namespace alpamayo {
 namespace {
 
+// fp32 copy of one layer, made when the layer runs: the oracle reads the checkpoint's own values and
+// never holds more than one layer in fp32 (the full-size model is 9.6 GB in fp32).
 struct RefLayer {
   std::vector<float> input_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
+  explicit RefLayer(const LayerWeights& w)
+      : input_norm(to_f32(w.input_norm)), post_norm(to_f32(w.post_norm)), q(to_f32(w.q)), k(to_f32(w.k)),
+        v(to_f32(w.v)), o(to_f32(w.o)), q_norm(to_f32(w.q_norm)), k_norm(to_f32(w.k_norm)), gate(to_f32(w.gate)),
+        up(to_f32(w.up)), down(to_f32(w.down)) {}
 };
 
 class ReferenceBackend final : public Backend {
@@ -24,37 +30,16 @@ class ReferenceBackend final : public Backend {
 
   void load(const ExpertConfig& cfg, const ExpertWeights& w) override {
     cfg_ = cfg;
-    layers_.clear();
-    for (const LayerWeights& lw : w.layers) {
-      RefLayer r;
-      r.input_norm = to_f32(lw.input_norm);
-      r.post_norm = to_f32(lw.post_norm);
-      r.q = to_f32(lw.q);
-      r.k = to_f32(lw.k);
-      r.v = to_f32(lw.v);
-      r.o = to_f32(lw.o);
-      r.q_norm = to_f32(lw.q_norm);
-      r.k_norm = to_f32(lw.k_norm);
-      r.gate = to_f32(lw.gate);
-      r.up = to_f32(lw.up);
-      r.down = to_f32(lw.down);
-      layers_.push_back(std::move(r));
-    }
-    final_norm_ = to_f32(w.final_norm);
+    weights_ = w;
+    loaded_ = true;
   }
 
   void bind(const KVCache& kv, const RopeTables& rope) override {
-    check(!layers_.empty() || cfg_.L == 0, "reference backend: bind() before load()");
+    check(loaded_, "reference backend: bind() before load()");
     check(static_cast<int>(kv.key.size()) == cfg_.L, "reference backend: KV cache has " +
           std::to_string(kv.key.size()) + " layers, the expert has " + std::to_string(cfg_.L));
     kv_ = kv;
     rope_ = rope;
-    key_.assign(cfg_.L, {});
-    value_.assign(cfg_.L, {});
-    for (int l = 0; l < cfg_.L; ++l) {
-      key_[l] = to_f32(kv.key[l]);
-      value_[l] = to_f32(kv.value[l]);
-    }
   }
 
   void step(const float* emb, float* hidden, const LayerTap* tap) override {
@@ -64,7 +49,8 @@ class ReferenceBackend final : public Backend {
         k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d), att(int64_t(M) * Hq * d), tmp(int64_t(M) * D),
         g(int64_t(M) * I), u(int64_t(M) * I);
     for (int l = 0; l < cfg_.L; ++l) {
-      const RefLayer& w = layers_[l];
+      const RefLayer w(weights_.layers[l]);
+      const std::vector<float> key = to_f32(kv_.key[l]), value = to_f32(kv_.value[l]);
       ref::rms_norm(h.data(), w.input_norm.data(), M, D, cfg_.rms_eps, a.data());
       ref::matmul_nt(a.data(), M, D, w.q.data(), Hq * d, q.data(), threads_);
       ref::matmul_nt(a.data(), M, D, w.k.data(), Hkv * d, k.data(), threads_);
@@ -78,8 +64,8 @@ class ReferenceBackend final : public Backend {
         ref::rope_apply(k.data() + int64_t(b) * T * Hkv * d, T, Hkv, d, c, s);
         const int64_t cache_off = int64_t(b) * Hkv * kv_.P * d;
         ref::attention(q.data() + int64_t(b) * T * Hq * d, k.data() + int64_t(b) * T * Hkv * d,
-                       v.data() + int64_t(b) * T * Hkv * d, key_[l].data() + cache_off,
-                       value_[l].data() + cache_off, T, Hq, Hkv, d, kv_.P,
+                       v.data() + int64_t(b) * T * Hkv * d, key.data() + cache_off,
+                       value.data() + cache_off, T, Hq, Hkv, d, kv_.P,
                        static_cast<int>(kv_.valid_len[b]), att.data() + int64_t(b) * T * Hq * d, threads_);
       }
       ref::matmul_nt(att.data(), M, Hq * d, w.o.data(), D, tmp.data(), threads_);
@@ -92,17 +78,16 @@ class ReferenceBackend final : public Backend {
       for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
       if (tap && *tap) (*tap)(l, h.data());
     }
-    ref::rms_norm(h.data(), final_norm_.data(), M, D, cfg_.rms_eps, hidden);
+    ref::rms_norm(h.data(), to_f32(weights_.final_norm).data(), M, D, cfg_.rms_eps, hidden);
   }
 
  private:
   int threads_;
   ExpertConfig cfg_;
-  std::vector<RefLayer> layers_;
-  std::vector<float> final_norm_;
+  ExpertWeights weights_;  // views into the checkpoint, which outlives the backend
+  bool loaded_ = false;
   KVCache kv_;
   RopeTables rope_;
-  std::vector<std::vector<float>> key_, value_;
 };
 
 }  // namespace
