@@ -1,0 +1,61 @@
+// Flash-style GQA attention for the expert's shape. For one sample b and KV head g, the group*T query
+// rows (all query heads sharing g, all tokens) attend to the virtual key sequence
+// [cache rows 0..S_b) ++ [own rows 0..T), processed in blocks of kKeyBlock keys with an online softmax
+// (base-2, fp32), so no S x R score matrix exists. A chunk [j0, j1) of that sequence yields an
+// unnormalised partial (O, m, l); chunks of one (b, g) are merged by log-sum-exp.
+#pragma once
+#include <cstdint>
+
+#include "backends/cpu/aligned.h"
+
+namespace alpamayo::cpu {
+
+constexpr int kKeyBlock = 64;  // keys per online-softmax block (scratch stays in L1/L2)
+
+struct AttnGeometry {
+  int d = 0;    // head dim (even)
+  int dp = 0;   // d rounded up to 32 (output columns of O)
+  int R = 0;    // query rows per KV head: group * T
+  int Rp = 0;   // R rounded up to 16
+  float scale_log2 = 0.f;  // log2(e) / sqrt(d)
+  static AttnGeometry make(int d, int group, int T);
+};
+
+// Key/value rows of one (b, g): bf16, row stride d. Key j < S is a cache row, else own row j - S.
+struct KeyRows {
+  const uint16_t* k_cache = nullptr;
+  const uint16_t* v_cache = nullptr;
+  int S = 0;
+  const uint16_t* k_own = nullptr;
+  const uint16_t* v_own = nullptr;
+};
+
+// Per-thread scratch for one key block.
+struct AttnScratch {
+  AlignedBuf<const uint16_t*> kptr, vptr;
+  AlignedBuf<float> s;       // scores / probabilities [kKeyBlock][Rp]
+  AlignedBuf<uint32_t> p;    // probability pairs (bf16 x 2) [kKeyBlock/2][Rp]
+  AlignedBuf<uint32_t> v;    // value pairs (bf16 x 2) [kKeyBlock/2][dp]
+  AlignedBuf<float> alpha;   // per-row rescale of O for the current block [Rp]
+  AlignedBuf<uint16_t> zero; // a zero key/value row [dp]
+  void resize(const AttnGeometry& g);
+};
+
+// Queries of one (b, g) as bf16 pairs: qp[i * Rp + r] holds (q[r][2i], q[r][2i+1]); rows >= R zero.
+// O [Rp][dp], m, l [Rp] hold the running partial; init_partial() sets the empty state.
+void init_partial(const AttnGeometry& g, float* O, float* m, float* l);
+void attend_chunk(bool use_avx512_bf16, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv,
+                  int j0, int j1, float* O, float* m, float* l, AttnScratch& scratch);
+void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
+                           float* O, float* m, float* l);
+void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
+                             float* O, float* m, float* l, AttnScratch& scratch);
+
+// Merges n partials (O, m, l at stride Rp*dp / Rp) and writes query row r = hh*T + t (hh < group) of
+// head g*group + hh to out[t * ld + (g*group + hh) * d + c], as fp32 and/or bf16 (either may be null).
+void merge_partials(const AttnGeometry& g, int n, const float* O, const float* m, const float* l, int T,
+                    int group, int head0, int ld, float* out_f32, uint16_t* out_bf16);
+
+bool cpu_has_avx512_bf16();
+
+}  // namespace alpamayo::cpu

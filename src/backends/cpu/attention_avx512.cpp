@@ -1,0 +1,202 @@
+// The AVX512-BF16 attention block kernels (vdpbf16ps, fp32 accumulation). Compiled for that ISA with a
+// target pragma so the build does not need -march=native; callers check cpu_has_avx512_bf16() first.
+// The attribute (not a file-wide pragma) keeps inline library code used here compiled for the baseline
+// ISA, so no AVX-512 copy of it can be picked by the linker for other files.
+// GCC 12 warns falsely about _mm512_undefined_ps inside the max/roundscale/scalef intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/attention.h"
+
+#define ALP_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
+
+namespace alpamayo::cpu {
+namespace {
+
+constexpr int kQkKeys = 4;   // keys per QK register tile (x up to 4 vectors of 16 query rows)
+constexpr int kPvRows = 4;   // query rows per PV register tile (x up to 4 vectors of 16 columns)
+
+ALP_BF16 inline __m512 exp2_ps(__m512 x) {
+  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2; degree-6 Taylor of e^(f ln2), rel. error ~1e-7.
+  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline uint32_t load_pair(const uint16_t* row, int i) {
+  uint32_t v;
+  std::memcpy(&v, row + 2 * i, 4);
+  return v;
+}
+
+// S[k][v*16 + lane] = sum_c q[row][c] * key_k[c] for NQV query vectors and kQkKeys keys.
+template <int NQV>
+ALP_BF16 inline void qk_tile(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr, float* S) {
+  __m512 acc[NQV][kQkKeys];
+#pragma GCC unroll 16
+  for (int v = 0; v < NQV; ++v)
+#pragma GCC unroll 16
+    for (int k = 0; k < kQkKeys; ++k) acc[v][k] = _mm512_setzero_ps();
+  for (int i = 0; i < half; ++i) {
+    __m512bh q[NQV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NQV; ++v) q[v] = (__m512bh)_mm512_load_si512(qp + size_t(i) * Rp + v * 16);
+#pragma GCC unroll 16
+    for (int k = 0; k < kQkKeys; ++k) {
+      const __m512bh kb = (__m512bh)_mm512_set1_epi32(static_cast<int>(load_pair(kptr[k], i)));
+#pragma GCC unroll 16
+      for (int v = 0; v < NQV; ++v) acc[v][k] = _mm512_dpbf16_ps(acc[v][k], q[v], kb);
+    }
+  }
+#pragma GCC unroll 16
+  for (int k = 0; k < kQkKeys; ++k)
+#pragma GCC unroll 16
+    for (int v = 0; v < NQV; ++v) _mm512_store_ps(S + size_t(k) * Rp + v * 16, acc[v][k]);
+}
+
+// O[row][c] = O[row][c] * alpha[row] + sum_pairs P(row) . V(c) for kPvRows rows and NCV column vectors.
+template <int NCV>
+ALP_BF16 inline void pv_tile(const uint32_t* P, int Rp, const uint32_t* V, int dp, int pairs, const float* alpha,
+                    float* O) {
+  __m512 acc[kPvRows][NCV];
+#pragma GCC unroll 16
+  for (int r = 0; r < kPvRows; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+#pragma GCC unroll 16
+    for (int c = 0; c < NCV; ++c) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(O + size_t(r) * dp + c * 16), a);
+  }
+  for (int jp = 0; jp < pairs; ++jp) {
+    __m512bh vv[NCV];
+#pragma GCC unroll 16
+    for (int c = 0; c < NCV; ++c) vv[c] = (__m512bh)_mm512_load_si512(V + size_t(jp) * dp + c * 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < kPvRows; ++r) {
+      const __m512bh pb = (__m512bh)_mm512_set1_epi32(static_cast<int>(P[size_t(jp) * Rp + r]));
+#pragma GCC unroll 16
+      for (int c = 0; c < NCV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], vv[c], pb);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kPvRows; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < NCV; ++c) _mm512_store_ps(O + size_t(r) * dp + c * 16, acc[r][c]);
+}
+
+// Online-softmax update for one block of n valid keys (npad >= n, even): turns scores into bf16
+// probability pairs, updates m and l, and leaves the O rescale factors in alpha.
+ALP_BF16 inline void softmax_block(const AttnGeometry& g, int n, int npad, float* S, uint32_t* P, float* m, float* l,
+                          float* alpha) {
+  const __m512 scale = _mm512_set1_ps(g.scale_log2);
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int r = 0; r < g.Rp; r += 16) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int k = 0; k < n; ++k) mx = _mm512_max_ps(mx, _mm512_load_ps(S + size_t(k) * g.Rp + r));
+    const __m512 m_old = _mm512_loadu_ps(m + r);
+    const __m512 m_new = _mm512_max_ps(m_old, _mm512_mul_ps(mx, scale));
+    const __m512 a = exp2_ps(_mm512_sub_ps(m_old, m_new));
+    __m512 sum = _mm512_setzero_ps();
+    for (int k = 0; k < npad; k += 2) {
+      __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
+      if (k < n) p0 = exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(S + size_t(k) * g.Rp + r), scale, m_new));
+      if (k + 1 < n) p1 = exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(S + size_t(k + 1) * g.Rp + r), scale, m_new));
+      sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+      // cvtne2ps: low 16 bf16 from p0, high 16 from p1; interleave to (p0[r], p1[r]) pairs.
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+      _mm512_store_si512(P + size_t(k / 2) * g.Rp + r, _mm512_permutexvar_epi16(interleave, both));
+    }
+    _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
+    _mm512_storeu_ps(m + r, m_new);
+    _mm512_storeu_ps(alpha + r, a);
+  }
+}
+
+// Packs value rows (2jp, 2jp+1) into pairs: V[jp][c] = (v_2jp[c], v_2jp+1[c]), columns >= d zero.
+ALP_BF16 inline void pack_values(const AttnGeometry& g, const uint16_t* const* vptr, int npad, uint32_t* V) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                      6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int k = 0; k < npad; k += 2) {
+    for (int c = 0; c < g.dp; c += 32) {
+      const int left = g.d - c;
+      const __mmask32 mask = left >= 32 ? ~__mmask32(0) : ((__mmask32(1) << left) - 1);
+      const __m512i a = _mm512_maskz_loadu_epi16(mask, vptr[k] + c);
+      const __m512i b = _mm512_maskz_loadu_epi16(mask, vptr[k + 1] + c);
+      _mm512_store_si512(V + size_t(k / 2) * g.dp + c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(V + size_t(k / 2) * g.dp + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
+}  // namespace
+
+ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
+                             float* O, float* m, float* l, AttnScratch& sc) {
+  const int half = g.d / 2;
+  const uint16_t** kptr = sc.kptr.data();
+  const uint16_t** vptr = sc.vptr.data();
+  const uint16_t* zero = sc.zero.data();
+  float* S = sc.s.data();
+  uint32_t* P = sc.p.data();
+  uint32_t* V = sc.v.data();
+  float* alpha = sc.alpha.data();
+  for (int jb = j0; jb < j1; jb += kKeyBlock) {
+    const int n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
+    const int npad = (n + kQkKeys - 1) / kQkKeys * kQkKeys;  // multiple of 4, hence even
+    for (int k = 0; k < npad; ++k) {
+      const int j = jb + k;
+      if (k >= n) {
+        kptr[k] = vptr[k] = zero;
+      } else if (j < kv.S) {
+        kptr[k] = kv.k_cache + size_t(j) * g.d;
+        vptr[k] = kv.v_cache + size_t(j) * g.d;
+      } else {
+        kptr[k] = kv.k_own + size_t(j - kv.S) * g.d;
+        vptr[k] = kv.v_own + size_t(j - kv.S) * g.d;
+      }
+    }
+    // Scores for all query rows, 64 rows x 4 keys per register tile.
+    for (int r = 0; r < g.Rp; r += 64) {
+      const int nqv = (g.Rp - r) / 16 < 4 ? (g.Rp - r) / 16 : 4;
+      for (int k = 0; k < npad; k += kQkKeys) {
+        const uint32_t* q = qp + r;
+        float* s = S + size_t(k) * g.Rp + r;
+        switch (nqv) {
+          case 4: qk_tile<4>(q, g.Rp, half, kptr + k, s); break;
+          case 3: qk_tile<3>(q, g.Rp, half, kptr + k, s); break;
+          case 2: qk_tile<2>(q, g.Rp, half, kptr + k, s); break;
+          default: qk_tile<1>(q, g.Rp, half, kptr + k, s); break;
+        }
+      }
+    }
+    softmax_block(g, n, npad, S, P, m, l, alpha);
+    pack_values(g, vptr, npad, V);
+    const int pairs = npad / 2, ncv = g.dp / 16;
+    for (int r = 0; r < g.Rp; r += kPvRows) {
+      const uint32_t* p = P + r;
+      for (int c = 0; c < ncv; c += 4) {
+        const uint32_t* v = V + c * 16;
+        float* o = O + size_t(r) * g.dp + c * 16;
+        if (ncv - c >= 4)
+          pv_tile<4>(p, g.Rp, v, g.dp, pairs, alpha + r, o);
+        else
+          pv_tile<2>(p, g.Rp, v, g.dp, pairs, alpha + r, o);
+      }
+    }
+  }
+}
+
+}  // namespace alpamayo::cpu
+

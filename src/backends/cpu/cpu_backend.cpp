@@ -1,0 +1,256 @@
+// CpuBackend construction, weight packing (load) and context binding (bind).
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "alpamayo/error.h"
+#include "backends/cpu/cpu_backend_impl.h"
+
+namespace alpamayo {
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts) {
+  return std::make_unique<cpu::CpuBackend>(opts);
+}
+
+namespace cpu {
+namespace {
+
+WeightType parse_weights(const std::string& w) {
+  if (w == "bf16") return WeightType::BF16;
+  if (w == "int8") return WeightType::INT8;
+  throw Error("cpu backend: unknown weights '" + w + "' (expected bf16 or int8)");
+}
+
+int resolve_threads(int t) {
+  return t > 0 ? t : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// Splits N columns over `parts` threads in units of 64 (oneDNN's weight block), some may be empty.
+std::vector<Slice> split_cols(int N, int parts) {
+  const int unit = 64, units = (N + unit - 1) / unit;
+  std::vector<Slice> s(parts);
+  for (int t = 0; t < parts; ++t) {
+    s[t].n0 = std::min(N, int(int64_t(units) * t / parts) * unit);
+    s[t].n1 = std::min(N, int(int64_t(units) * (t + 1) / parts) * unit);
+  }
+  return s;
+}
+
+}  // namespace
+
+CpuBackend::CpuBackend(const BackendOptions& opts)
+    : opts_(opts),
+      wtype_(parse_weights(opts.weights)),
+      nthreads_(resolve_threads(opts.threads)),
+      use_bf16_attn_(cpu_has_avx512_bf16()),
+      pool_(nthreads_),
+      eng_(dnnl::engine::kind::cpu, 0) {
+  for (int t = 0; t < nthreads_; ++t) streams_.emplace_back(eng_);
+  kernels_ = std::make_unique<MatmulKernels>(eng_);
+  per_thread_.resize(nthreads_);
+}
+
+void CpuBackend::pack_layer(const LayerWeights& lw, CpuLayer& out, int tid) {
+  const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
+  const int Nqkv = (Hq + 2 * Hkv) * d, Mhint = cfg_.T > 0 ? cfg_.T : 64;
+  out.input_norm = to_f32(lw.input_norm);
+  out.post_norm = to_f32(lw.post_norm);
+  out.q_norm = to_f32(lw.q_norm);
+  out.k_norm = to_f32(lw.k_norm);
+  out.qkv.resize(nthreads_);
+  out.o.resize(nthreads_);
+  out.gate_up.resize(nthreads_);
+  out.down.resize(nthreads_);
+
+  std::vector<float> qkv(size_t(Nqkv) * D);
+  convert_to_f32(lw.q, qkv.data());
+  convert_to_f32(lw.k, qkv.data() + size_t(Hq) * d * D);
+  convert_to_f32(lw.v, qkv.data() + size_t(Hq + Hkv) * d * D);
+  for (int t = 0; t < nthreads_; ++t) {
+    const Slice s = qkv_slices_[t];
+    if (s.n1 > s.n0) out.qkv[t].pack(*kernels_, wtype_, D, s.n1 - s.n0, qkv.data() + size_t(s.n0) * D, Mhint, Nqkv);
+  }
+  qkv = {};
+  const std::vector<float> o = to_f32(lw.o);
+  for (int t = 0; t < nthreads_; ++t) {
+    const Slice s = o_slices_[t];
+    const int n = s.n1 - s.n0;
+    if (n > 0) out.o[t].pack(*kernels_, wtype_, Hq * d, n, o.data() + size_t(s.n0) * Hq * d, Mhint, n);
+  }
+  {
+    // Each thread's slice holds gate rows [n0, n1) then up rows [n0, n1): SiLU*up stays thread-local.
+    const std::vector<float> gate = to_f32(lw.gate), up = to_f32(lw.up);
+    for (int t = 0; t < nthreads_; ++t) {
+      const Slice s = mlp_slices_[t];
+      const int n = s.n1 - s.n0;
+      if (n == 0) continue;
+      std::vector<float> gu(size_t(2) * n * D);
+      std::copy(gate.begin() + size_t(s.n0) * D, gate.begin() + size_t(s.n1) * D, gu.begin());
+      std::copy(up.begin() + size_t(s.n0) * D, up.begin() + size_t(s.n1) * D, gu.begin() + size_t(n) * D);
+      out.gate_up[t].pack(*kernels_, wtype_, D, 2 * n, gu.data(), Mhint, 2 * n);
+    }
+  }
+  const std::vector<float> down = to_f32(lw.down);
+  for (int t = 0; t < nthreads_; ++t) {
+    const Slice s = down_slices_[t];
+    const int n = s.n1 - s.n0;
+    if (n > 0) out.down[t].pack(*kernels_, wtype_, I, n, down.data() + size_t(s.n0) * I, Mhint, n);
+  }
+  (void)tid;
+}
+
+void CpuBackend::load(const ExpertConfig& cfg, const ExpertWeights& w) {
+  const int D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d, I = cfg.I;
+  check(cfg.L >= 0 && D > 0 && Hq > 0 && Hkv > 0 && d > 0 && I > 0, "cpu backend: invalid expert sizes");
+  check(Hq % Hkv == 0, "cpu backend: Hq (" + std::to_string(Hq) + ") must be a multiple of Hkv (" +
+                           std::to_string(Hkv) + ")");
+  check(d % 2 == 0, "cpu backend: head dim must be even, got " + std::to_string(d));
+  check(static_cast<int>(w.layers.size()) == cfg.L, "cpu backend: " + std::to_string(w.layers.size()) +
+                                                         " layer weights for L=" + std::to_string(cfg.L));
+  for (const LayerWeights& lw : w.layers) {
+    expect_shape(lw.input_norm, {D});
+    expect_shape(lw.post_norm, {D});
+    expect_shape(lw.q, {int64_t(Hq) * d, D});
+    expect_shape(lw.k, {int64_t(Hkv) * d, D});
+    expect_shape(lw.v, {int64_t(Hkv) * d, D});
+    expect_shape(lw.o, {D, int64_t(Hq) * d});
+    expect_shape(lw.q_norm, {d});
+    expect_shape(lw.k_norm, {d});
+    expect_shape(lw.gate, {I, D});
+    expect_shape(lw.up, {I, D});
+    expect_shape(lw.down, {D, I});
+  }
+  expect_shape(w.final_norm, {D});
+
+  cfg_ = cfg;
+  loaded_ = bound_ = false;
+  qkv_slices_ = split_cols((Hq + 2 * Hkv) * d, nthreads_);
+  o_slices_ = split_cols(D, nthreads_);
+  mlp_slices_ = split_cols(I, nthreads_);
+  down_slices_ = o_slices_;
+  layers_.assign(cfg.L, {});
+  final_norm_ = to_f32(w.final_norm);
+  ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
+  pool_.run([&](int tid) {
+    for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.layers[l], layers_[l], tid);
+  });
+  loaded_ = true;
+}
+
+void CpuBackend::bind(const KVCache& kv, const RopeTables& rope) {
+  check(loaded_, "cpu backend: bind() before load()");
+  const int L = cfg_.L, Hkv = cfg_.Hkv, Hq = cfg_.Hq, d = cfg_.d, D = cfg_.D, I = cfg_.I;
+  check(static_cast<int>(kv.key.size()) == L && static_cast<int>(kv.value.size()) == L,
+        "cpu backend: KV cache has " + std::to_string(kv.key.size()) + " layers, the expert has " +
+            std::to_string(L));
+  check(kv.B > 0 && kv.Hkv == Hkv && kv.d == d && kv.P >= 0,
+        "cpu backend: KV cache [B=" + std::to_string(kv.B) + ", Hkv=" + std::to_string(kv.Hkv) + ", P=" +
+            std::to_string(kv.P) + ", d=" + std::to_string(kv.d) + "] does not fit Hkv=" + std::to_string(Hkv) +
+            ", d=" + std::to_string(d));
+  check(static_cast<int>(kv.valid_len.size()) == kv.B, "cpu backend: valid_len needs one entry per sample");
+  for (int64_t s : kv.valid_len)
+    check(s >= 0 && s <= kv.P, "cpu backend: valid_len " + std::to_string(s) + " outside [0, " +
+                                   std::to_string(kv.P) + "]");
+  check(rope.B == kv.B && rope.d == d && rope.T > 0 &&
+            rope.cos.size() == size_t(rope.B) * rope.T * d && rope.sin.size() == rope.cos.size(),
+        "cpu backend: rope tables do not match [B, T, d]");
+  bound_ = false;
+  B_ = kv.B;
+  T_ = rope.T;
+  P_ = kv.P;
+  M_ = B_ * T_;
+  S_.assign(kv.valid_len.begin(), kv.valid_len.end());
+  cos_ = rope.cos;
+  sin_ = rope.sin;
+
+  // KV cache: used in place when bf16, otherwise converted once here.
+  k_cache_.assign(L, nullptr);
+  v_cache_.assign(L, nullptr);
+  owned_cache_.clear();
+  const std::vector<int64_t> kv_shape{B_, Hkv, P_, d};
+  for (int l = 0; l < L; ++l)
+    for (int which = 0; which < 2; ++which) {
+      const TensorView& t = which == 0 ? kv.key[l] : kv.value[l];
+      expect_shape(t, kv_shape);
+      expect_float(t);
+      const uint16_t* p = static_cast<const uint16_t*>(t.data);
+      if (t.dtype != DType::BF16) {
+        owned_cache_.emplace_back(size_t(t.numel()));
+        convert_to_bf16(t, owned_cache_.back().data());
+        p = owned_cache_.back().data();
+      }
+      (which == 0 ? k_cache_ : v_cache_)[l] = p;
+    }
+
+  // Matmul plans for M rows; weights are repacked only if oneDNN changes its layout for this M.
+  const int Nqkv = (Hq + 2 * Hkv) * d;
+  {
+    ScopedOmpThreads one(1);
+    for (CpuLayer& layer : layers_)
+      for (int t = 0; t < nthreads_; ++t) {
+        if (layer.qkv[t].N()) layer.qkv[t].prepare(*kernels_, M_, Nqkv);
+        if (layer.o[t].N()) layer.o[t].prepare(*kernels_, M_, layer.o[t].N());
+        if (layer.gate_up[t].N()) layer.gate_up[t].prepare(*kernels_, M_, layer.gate_up[t].N());
+        if (layer.down[t].N()) layer.down[t].prepare(*kernels_, M_, layer.down[t].N());
+      }
+  }
+
+  const int wide = std::max({D, Hq * d, I});
+  const bool i8 = wtype_ == WeightType::INT8;
+  h_.resize(size_t(M_) * D);
+  qkv_.resize(size_t(M_) * Nqkv);
+  x_bf16_.resize(i8 ? 0 : size_t(M_) * D);
+  y_bf16_.resize(i8 ? 0 : size_t(M_) * wide);
+  x_s8_.resize(i8 ? size_t(M_) * D : 0);
+  y_s8_.resize(i8 ? size_t(M_) * wide : 0);
+  act_f32_.resize(i8 ? size_t(M_) * wide : 0);
+  x_scale_.resize(M_);
+  y_scale_.resize(M_);
+  geo_ = AttnGeometry::make(d, Hq / Hkv, T_);
+  k_own_.resize(size_t(B_) * Hkv * T_ * d);
+  v_own_.resize(size_t(B_) * Hkv * T_ * d);
+  qp_.resize(size_t(B_) * Hkv * (d / 2) * geo_.Rp);
+  plan_attention();
+  part_o_.resize(items_.size() * geo_.Rp * geo_.dp);
+  part_m_.resize(items_.size() * geo_.Rp);
+  part_l_.resize(items_.size() * geo_.Rp);
+
+  for (int t = 0; t < nthreads_; ++t) {
+    PerThread& pt = per_thread_[t];
+    size_t tmp = 0, scratch = 0;
+    for (const CpuLayer& layer : layers_)
+      for (const PackedLinear* p : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]}) {
+        if (p != &layer.qkv[t]) tmp = std::max(tmp, size_t(M_) * p->N());
+        scratch = std::max(scratch, p->scratch_bytes());
+      }
+    pt.tmp.resize(tmp);
+    pt.scratch.resize(scratch);
+    pt.row.resize(std::max({D, I, d}));
+    pt.attn.resize(geo_);
+  }
+  bound_ = true;
+}
+
+void CpuBackend::plan_attention() {
+  // Chunks of the key sequence so that every thread gets about two items of similar size; one chunk
+  // per (b, g) whenever that already balances (the seed: 8 heads over 2 threads), avoiding merges.
+  int64_t total = 0;
+  for (int b = 0; b < B_; ++b) total += int64_t(cfg_.Hkv) * (S_[b] + T_);
+  const int64_t target = (total + 2 * nthreads_ - 1) / (2 * nthreads_);
+  const int64_t chunk = std::max<int64_t>(4 * kKeyBlock, (target + kKeyBlock - 1) / kKeyBlock * kKeyBlock);
+  items_.clear();
+  single_chunk_ = true;
+  for (int b = 0; b < B_; ++b)
+    for (int g = 0; g < cfg_.Hkv; ++g) {
+      const int n = S_[b] + T_;
+      const int parts = static_cast<int>((n + chunk - 1) / chunk);
+      if (parts > 1) single_chunk_ = false;
+      for (int c = 0; c < parts; ++c)
+        items_.push_back({b, g, int(int64_t(n) * c / parts), int(int64_t(n) * (c + 1) / parts),
+                          static_cast<int>(items_.size())});
+    }
+}
+
+}  // namespace cpu
+}  // namespace alpamayo

@@ -1,0 +1,100 @@
+// The cpu backend's state. load() packs weights into per-thread column slices; bind() sizes every
+// buffer for the batch and cache; step() runs all layers inside one pool dispatch, phases separated by
+// barriers (see docs/CPU_BACKEND.md).
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "alpamayo/backend.h"
+#include "backends/cpu/aligned.h"
+#include "backends/cpu/attention.h"
+#include "backends/cpu/packed_matmul.h"
+#include "backends/cpu/thread_pool.h"
+
+namespace alpamayo::cpu {
+
+// A column range [n0, n1) of a linear layer owned by one thread.
+struct Slice {
+  int n0 = 0, n1 = 0;
+};
+
+struct CpuLayer {
+  std::vector<float> input_norm, post_norm, q_norm, k_norm;
+  std::vector<PackedLinear> qkv, o, gate_up, down;  // one per thread
+};
+
+// One attention work item: keys [j0, j1) of sample b, KV head g, partial buffer `slot`.
+struct AttnItem {
+  int b, g, j0, j1, slot;
+};
+
+enum Phase { kNorm1, kQkv, kRope, kAttn, kOproj, kNorm2, kGateUp, kDown, kPhases };
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& opts);
+  std::string name() const override { return "cpu"; }
+  void load(const ExpertConfig& cfg, const ExpertWeights& w) override;
+  void bind(const KVCache& kv, const RopeTables& rope) override;
+  void step(const float* emb, float* hidden, const LayerTap* tap) override;
+
+  // For tests: force the portable attention path.
+  void set_portable_attention(bool on) { use_bf16_attn_ = !on && cpu_has_avx512_bf16(); }
+
+ private:
+  void pack_layer(const LayerWeights& lw, CpuLayer& out, int tid);
+  void plan_attention();
+  void run_step(int tid, const float* emb, float* hidden, const LayerTap* tap);
+  void layer_phases(int tid, int l);
+  void attention_phase(int tid, int l);
+  void print_profile(double step_ms) const;
+
+  BackendOptions opts_;
+  WeightType wtype_;
+  int nthreads_;
+  bool use_bf16_attn_;
+  ThreadPool pool_;
+  dnnl::engine eng_;
+  std::vector<dnnl::stream> streams_;
+  std::unique_ptr<MatmulKernels> kernels_;
+
+  ExpertConfig cfg_;
+  bool loaded_ = false, bound_ = false;
+  std::vector<CpuLayer> layers_;
+  std::vector<float> final_norm_;
+  std::vector<Slice> qkv_slices_, o_slices_, mlp_slices_, down_slices_;
+
+  // Bound context.
+  int B_ = 0, T_ = 0, P_ = 0, M_ = 0;
+  std::vector<int> S_;
+  std::vector<const uint16_t*> k_cache_, v_cache_;  // per layer, [B, Hkv, P, d] bf16
+  std::vector<AlignedBuf<uint16_t>> owned_cache_;   // converted F32/F16 caches
+  std::vector<float> cos_, sin_;
+  AttnGeometry geo_;
+  std::vector<AttnItem> items_;
+  bool single_chunk_ = true;
+  std::atomic<int> next_item_{0};
+
+  // Activations (sized at bind).
+  AlignedBuf<float> h_, qkv_, act_f32_, x_scale_, y_scale_;
+  AlignedBuf<uint16_t> x_bf16_, y_bf16_, k_own_, v_own_;
+  AlignedBuf<int8_t> x_s8_, y_s8_;
+  AlignedBuf<uint32_t> qp_;
+  AlignedBuf<float> part_o_, part_m_, part_l_;
+  struct PerThread {
+    AlignedBuf<float> tmp, row;
+    AlignedBuf<uint8_t> scratch;
+    AttnScratch attn;
+  };
+  std::vector<PerThread> per_thread_;
+
+  // Profile: seconds per phase summed over the layers of the last step.
+  using Clock = std::chrono::steady_clock;
+  double phase_s_[kPhases] = {};
+  Clock::time_point mark_;
+};
+
+}  // namespace alpamayo::cpu

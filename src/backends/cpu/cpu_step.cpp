@@ -1,0 +1,203 @@
+// CpuBackend::step: all layers inside one pool dispatch. Each phase splits its work over the threads
+// (matmuls by the column slices packed at load, row-wise ops by rows, attention by work items) and
+// ends in a barrier; thread 0 timestamps the barriers for the profile table.
+#include <cstdio>
+
+#include "alpamayo/error.h"
+#include "backends/cpu/cpu_backend_impl.h"
+#include "backends/cpu/cpu_ops.h"
+#include "backends/reference/ops.h"
+
+namespace alpamayo::cpu {
+namespace {
+
+void scale_rows(float* y, int ld, int M, int n, const float* rs) {
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < n; ++c) y[int64_t(r) * ld + c] *= rs[r];
+}
+
+}  // namespace
+
+void CpuBackend::step(const float* emb, float* hidden, const LayerTap* tap) {
+  check(bound_, "cpu backend: step() before bind()");
+  ScopedOmpThreads one(1);
+  std::fill(std::begin(phase_s_), std::end(phase_s_), 0.0);
+  const auto t0 = Clock::now();
+  pool_.run([&](int tid) { run_step(tid, emb, hidden, tap); });
+  if (opts_.profile) print_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+}
+
+void CpuBackend::run_step(int tid, const float* emb, float* hidden, const LayerTap* tap) {
+  const int D = cfg_.D;
+  const int r0 = M_ * tid / nthreads_, r1 = M_ * (tid + 1) / nthreads_;
+  std::copy(emb + int64_t(r0) * D, emb + int64_t(r1) * D, h_.data() + int64_t(r0) * D);
+  pool_.barrier();
+  if (tid == 0) mark_ = Clock::now();
+  for (int l = 0; l < cfg_.L; ++l) {
+    layer_phases(tid, l);
+    // Other threads may already read h_ for the next layer's norm; nobody writes it before a barrier.
+    if (tid == 0 && tap && *tap) {
+      (*tap)(l, h_.data());
+      mark_ = Clock::now();
+    }
+  }
+  ref::rms_norm(h_.data() + int64_t(r0) * D, final_norm_.data(), r1 - r0, D, cfg_.rms_eps,
+                hidden + int64_t(r0) * D);
+  pool_.barrier();
+}
+
+void CpuBackend::layer_phases(int tid, int l) {
+  const CpuLayer& w = layers_[l];
+  const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I, M = M_;
+  const int Nqkv = (Hq + 2 * Hkv) * d;
+  const float eps = static_cast<float>(cfg_.rms_eps);
+  const bool i8 = wtype_ == WeightType::INT8;
+  const int r0 = M * tid / nthreads_, r1 = M * (tid + 1) / nthreads_;
+  PerThread& pt = per_thread_[tid];
+  dnnl::stream& st = streams_[tid];
+  const void* x_in = i8 ? static_cast<const void*>(x_s8_.data()) : x_bf16_.data();
+  const void* y_in = i8 ? static_cast<const void*>(y_s8_.data()) : y_bf16_.data();
+  auto sync = [&](Phase p) {
+    pool_.barrier();
+    if (tid == 0) {
+      const auto now = Clock::now();
+      phase_s_[p] += std::chrono::duration<double>(now - mark_).count();
+      mark_ = now;
+    }
+  };
+
+  rms_norm_rows(h_.data(), w.input_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
+                i8 ? x_s8_.data() : nullptr, x_scale_.data());
+  sync(kNorm1);
+
+  if (const Slice s = qkv_slices_[tid]; s.n1 > s.n0) {
+    w.qkv[tid].run(st, x_in, qkv_.data() + s.n0, pt.scratch.data());
+    if (i8) scale_rows(qkv_.data() + s.n0, Nqkv, M, s.n1 - s.n0, x_scale_.data());
+  }
+  if (tid == 0) next_item_.store(0, std::memory_order_relaxed);
+  sync(kQkv);
+
+  {
+    // Per (token, head): q/k RMSNorm + rotary, written in the layouts attention reads.
+    const int heads = Hq + 2 * Hkv, group = Hq / Hkv, half = d / 2;
+    const int64_t units = int64_t(M) * heads;
+    const int64_t u0 = units * tid / nthreads_, u1 = units * (tid + 1) / nthreads_;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int m = static_cast<int>(u / heads), hd = static_cast<int>(u % heads);
+      const int b = m / T_, t = m % T_;
+      float* x = qkv_.data() + int64_t(m) * Nqkv + int64_t(hd) * d;
+      const float* c = cos_.data() + int64_t(m) * d;
+      const float* sn = sin_.data() + int64_t(m) * d;
+      if (hd < Hq) {
+        head_norm_rope(x, d, w.q_norm.data(), eps, c, sn, pt.row.data());
+        const int g = hd / group, r = (hd % group) * T_ + t;
+        uint32_t* q = qp_.data() + int64_t(b * Hkv + g) * half * geo_.Rp + r;
+        for (int i = 0; i < half; ++i)
+          q[int64_t(i) * geo_.Rp] = uint32_t(f32_to_bf16(x[2 * i])) | (uint32_t(f32_to_bf16(x[2 * i + 1])) << 16);
+      } else {
+        const bool is_k = hd < Hq + Hkv;
+        const int g = is_k ? hd - Hq : hd - Hq - Hkv;
+        if (is_k) head_norm_rope(x, d, w.k_norm.data(), eps, c, sn, pt.row.data());
+        uint16_t* dst = (is_k ? k_own_.data() : v_own_.data()) + (int64_t(b * Hkv + g) * T_ + t) * d;
+        for (int i = 0; i < d; ++i) dst[i] = f32_to_bf16(x[i]);
+      }
+    }
+  }
+  sync(kRope);
+
+  attention_phase(tid, l);
+  sync(kAttn);
+
+  if (const Slice s = o_slices_[tid]; s.n1 > s.n0) {
+    w.o[tid].run(st, y_in, pt.tmp.data(), pt.scratch.data());
+    add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr);
+  }
+  sync(kOproj);
+
+  rms_norm_rows(h_.data(), w.post_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
+                i8 ? x_s8_.data() : nullptr, x_scale_.data());
+  sync(kNorm2);
+
+  if (const Slice s = mlp_slices_[tid]; s.n1 > s.n0) {
+    w.gate_up[tid].run(st, x_in, pt.tmp.data(), pt.scratch.data());
+    silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, I,
+                  i8 ? nullptr : y_bf16_.data() + s.n0, i8 ? act_f32_.data() + s.n0 : nullptr);
+  }
+  if (i8) {
+    pool_.barrier();
+    quantize_rows(act_f32_.data(), r0, r1, I, y_s8_.data(), y_scale_.data());
+  }
+  sync(kGateUp);
+
+  if (const Slice s = down_slices_[tid]; s.n1 > s.n0) {
+    w.down[tid].run(st, y_in, pt.tmp.data(), pt.scratch.data());
+    add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr);
+  }
+  sync(kDown);
+}
+
+void CpuBackend::attention_phase(int tid, int l) {
+  const int Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, group = Hq / Hkv, ld = Hq * d;
+  const bool i8 = wtype_ == WeightType::INT8;
+  const size_t ostride = size_t(geo_.Rp) * geo_.dp;
+  float* out_f32 = i8 ? act_f32_.data() : nullptr;
+  uint16_t* out_bf16 = i8 ? nullptr : y_bf16_.data();
+  auto out_off = [&](int b) { return int64_t(b) * T_ * ld; };
+  for (;;) {
+    const int idx = next_item_.fetch_add(1, std::memory_order_relaxed);
+    if (idx >= static_cast<int>(items_.size())) break;
+    const AttnItem& it = items_[idx];
+    float* O = part_o_.data() + it.slot * ostride;
+    float* m = part_m_.data() + size_t(it.slot) * geo_.Rp;
+    float* lsum = part_l_.data() + size_t(it.slot) * geo_.Rp;
+    const int64_t bg = int64_t(it.b) * Hkv + it.g;
+    KeyRows kv{k_cache_[l] + bg * P_ * d, v_cache_[l] + bg * P_ * d, S_[it.b], k_own_.data() + bg * T_ * d,
+               v_own_.data() + bg * T_ * d};
+    init_partial(geo_, O, m, lsum);
+    attend_chunk(use_bf16_attn_, geo_, qp_.data() + bg * (d / 2) * geo_.Rp, kv, it.j0, it.j1, O, m, lsum,
+                 per_thread_[tid].attn);
+    if (single_chunk_)
+      merge_partials(geo_, 1, O, m, lsum, T_, group, it.g * group, ld, out_f32 ? out_f32 + out_off(it.b) : nullptr,
+                     out_bf16 ? out_bf16 + out_off(it.b) : nullptr);
+  }
+  if (!single_chunk_) {
+    pool_.barrier();
+    // Items of one (b, g) have consecutive slots.
+    size_t first = 0;
+    for (int bg = 0; bg < B_ * Hkv; ++bg) {
+      size_t end = first;
+      while (end < items_.size() && items_[end].b * Hkv + items_[end].g == bg) ++end;
+      if (bg % nthreads_ == tid) {
+        const int b = bg / Hkv, g = bg % Hkv, n = static_cast<int>(end - first);
+        merge_partials(geo_, n, part_o_.data() + first * ostride, part_m_.data() + first * geo_.Rp,
+                       part_l_.data() + first * geo_.Rp, T_, group, g * group, ld,
+                       out_f32 ? out_f32 + out_off(b) : nullptr, out_bf16 ? out_bf16 + out_off(b) : nullptr);
+      }
+      first = end;
+    }
+  }
+  if (i8) {
+    pool_.barrier();
+    const int r0 = M_ * tid / nthreads_, r1 = M_ * (tid + 1) / nthreads_;
+    quantize_rows(act_f32_.data(), r0, r1, ld, y_s8_.data(), y_scale_.data());
+  }
+}
+
+void CpuBackend::print_profile(double step_ms) const {
+  static const char* names[kPhases] = {"rms_norm",          "qkv matmul",         "q/k norm + rope",
+                                       "attention",         "o_proj + residual",  "rms_norm2",
+                                       "gate_up + silu*mul", "down + residual"};
+  double sum = 0;
+  for (double s : phase_s_) sum += s;
+  const int L = cfg_.L > 0 ? cfg_.L : 1;
+  std::fprintf(stderr, "cpu backend profile (%s weights, %d threads, B=%d T=%d S_max=%d, L=%d)\n",
+               opts_.weights.c_str(), nthreads_, B_, T_, *std::max_element(S_.begin(), S_.end()), cfg_.L);
+  std::fprintf(stderr, "  %-20s %12s %12s %7s\n", "op", "ms/layer", "ms/step", "%");
+  for (int p = 0; p < kPhases; ++p)
+    std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", names[p], 1e3 * phase_s_[p] / L, 1e3 * phase_s_[p],
+                 sum > 0 ? 100.0 * phase_s_[p] / sum : 0.0);
+  std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", "total (layers)", 1e3 * sum / L, 1e3 * sum, 100.0);
+  std::fprintf(stderr, "  %-20s %12s %12.2f\n", "step (wall)", "", step_ms);
+}
+
+}  // namespace alpamayo::cpu

@@ -1,0 +1,102 @@
+#include "backends/cpu/packed_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_map>
+
+#include "alpamayo/error.h"
+#include "alpamayo/tensor.h"
+
+namespace alpamayo::cpu {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+dt act_type(WeightType t) { return t == WeightType::INT8 ? dt::s8 : dt::bf16; }
+
+}  // namespace
+
+std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int K, int N, int ldy) {
+  const auto key = std::make_tuple(static_cast<int>(t), M, K, N, ldy);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  try {
+    const memory::desc src({M, K}, act_type(t), memory::dims{K, 1});
+    const memory::desc wei({K, N}, act_type(t), tag::any);
+    const memory::desc dst({M, N}, dt::f32, memory::dims{ldy, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (t == WeightType::INT8) attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+    auto k = std::make_shared<MatmulKernel>();
+    k->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, eng_);
+    k->prim = dnnl::matmul(k->pd);
+    k->scratch_bytes = k->pd.scratchpad_desc().get_size();
+    cache_[key] = k;
+    return k;
+  } catch (const dnnl::error& e) {
+    throw Error(std::string("cpu backend: oneDNN matmul ") + std::to_string(M) + "x" + std::to_string(K) +
+                "x" + std::to_string(N) + " unavailable: " + e.what());
+  }
+}
+
+void PackedLinear::pack(MatmulKernels& kernels, WeightType t, int K, int N, const float* W, int M, int ldy) {
+  type_ = t;
+  K_ = K;
+  N_ = N;
+  M_ = M;
+  kernel_ = kernels.get(t, M, K, N, ldy);
+  const auto& eng = kernels.engine();
+  // W is [N, K] row-major, i.e. the [K, N] matrix oneDNN wants with strides {1, K}.
+  const memory::desc user_md({K, N}, act_type(t), memory::dims{1, K});
+  memory user(user_md, eng);
+  if (t == WeightType::BF16) {
+    auto* p = static_cast<uint16_t*>(user.get_data_handle());
+    for (int64_t i = 0; i < int64_t(N) * K; ++i) p[i] = f32_to_bf16(W[i]);
+  } else {
+    scales_ = memory(memory::desc({N}, dt::f32, tag::a), eng);
+    auto* sc = static_cast<float*>(scales_.get_data_handle());
+    auto* p = static_cast<int8_t*>(user.get_data_handle());
+    for (int n = 0; n < N; ++n) {
+      const float* w = W + int64_t(n) * K;
+      float mx = 0.f;
+      for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(w[k]));
+      const float s = mx > 0.f ? mx / 127.f : 1.f;
+      sc[n] = s;
+      for (int k = 0; k < K; ++k)
+        p[int64_t(n) * K + k] = static_cast<int8_t>(std::lrintf(std::clamp(w[k] / s, -127.f, 127.f)));
+    }
+  }
+  weights_ = memory(kernel_->pd.weights_desc(), eng);
+  dnnl::stream s(eng);
+  dnnl::reorder(user, weights_).execute(s, user, weights_);
+  s.wait();
+}
+
+void PackedLinear::prepare(MatmulKernels& kernels, int M, int ldy) {
+  auto k = kernels.get(type_, M, K_, N_, ldy);
+  if (k->pd.weights_desc() != weights_.get_desc()) {
+    memory repacked(k->pd.weights_desc(), kernels.engine());
+    dnnl::stream s(kernels.engine());
+    dnnl::reorder(weights_, repacked).execute(s, weights_, repacked);
+    s.wait();
+    weights_ = repacked;
+  }
+  kernel_ = k;
+  M_ = M;
+}
+
+void PackedLinear::run(dnnl::stream& s, const void* x, float* y, void* scratch) const {
+  const auto& pd = kernel_->pd;
+  const dnnl::engine eng = pd.get_engine();
+  memory src(pd.src_desc(), eng, const_cast<void*>(x));
+  memory dst(pd.dst_desc(), eng, y);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst}};
+  if (kernel_->scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(pd.scratchpad_desc(), eng, scratch));
+  if (type_ == WeightType::INT8) args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES, scales_);
+  kernel_->prim.execute(s, args);
+}
+
+}  // namespace alpamayo::cpu

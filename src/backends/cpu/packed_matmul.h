@@ -1,0 +1,58 @@
+// Weight-stationary matmuls on oneDNN: y[M, N] = x[M, K] W[N, K]^T with W packed once into the layout
+// the primitive prefers (memory format `any`). bf16 x bf16 -> fp32, or s8 x s8 -> fp32 with per-output-
+// channel weight scales applied by oneDNN (activation row scales are the caller's epilogue).
+// Each PackedLinear is one column slice run by one pool thread with single-threaded oneDNN.
+#pragma once
+#include <dnnl.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+namespace alpamayo::cpu {
+
+enum class WeightType { BF16, INT8 };
+
+// One compiled matmul shape, shared by every slice with the same sizes.
+struct MatmulKernel {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  size_t scratch_bytes = 0;
+};
+
+// Creates kernels on first use (thread-safe). Must be called with OpenMP limited to one thread
+// (ScopedOmpThreads), so that oneDNN plans for the single thread that will run it.
+class MatmulKernels {
+ public:
+  explicit MatmulKernels(const dnnl::engine& eng) : eng_(eng) {}
+  std::shared_ptr<const MatmulKernel> get(WeightType t, int M, int K, int N, int ldy);
+  const dnnl::engine& engine() const { return eng_; }
+
+ private:
+  dnnl::engine eng_;
+  std::mutex mu_;
+  std::map<std::tuple<int, int, int, int, int>, std::shared_ptr<const MatmulKernel>> cache_;
+};
+
+class PackedLinear {
+ public:
+  // Packs W [N, K] (fp32 rows) for M-row inputs and an output leading dimension ldy; int8 quantizes
+  // each row symmetrically (scale = max|w| / 127).
+  void pack(MatmulKernels& kernels, WeightType t, int K, int N, const float* W, int M, int ldy);
+  // Re-plans for M rows / ldy (at bind); repacks only if oneDNN wants another weight layout.
+  void prepare(MatmulKernels& kernels, int M, int ldy);
+  // y[M, ldy] (first N columns written) = x W^T (* weight scales). x: bf16 or s8 [M, K].
+  void run(dnnl::stream& s, const void* x, float* y, void* scratch) const;
+  size_t scratch_bytes() const { return kernel_ ? kernel_->scratch_bytes : 0; }
+  int N() const { return N_; }
+  int K() const { return K_; }
+
+ private:
+  WeightType type_ = WeightType::BF16;
+  int K_ = 0, N_ = 0, M_ = 0;
+  std::shared_ptr<const MatmulKernel> kernel_;
+  dnnl::memory weights_, scales_;
+};
+
+}  // namespace alpamayo::cpu

@@ -1,0 +1,60 @@
+// A persistent pool owned by one backend instance: threads-1 workers plus the calling thread, which
+// takes part as thread 0 (so layer taps run on the caller). One dispatch per step; the phases inside a
+// step are separated by a spinning barrier, which is cheap when threads <= cores and yields otherwise.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace alpamayo::cpu {
+
+// Sets the calling thread's OpenMP thread count (oneDNN here is built on OpenMP) for a scope; a no-op
+// when the process has no OpenMP runtime loaded.
+class ScopedOmpThreads {
+ public:
+  explicit ScopedOmpThreads(int n);
+  ~ScopedOmpThreads();
+  ScopedOmpThreads(const ScopedOmpThreads&) = delete;
+  ScopedOmpThreads& operator=(const ScopedOmpThreads&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_; }
+  // Runs fn(tid) on every thread (tid 0 = caller) and waits. The first exception is rethrown here.
+  // fn must not throw between barriers (the other threads would wait forever).
+  void run(const std::function<void(int)>& fn);
+  // Waits until all threads of the current run() arrive.
+  void barrier();
+
+ private:
+  void worker(int tid);
+  void call(int tid);
+
+  int n_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::atomic<int> pending_{0};
+  std::exception_ptr error_;
+  std::mutex error_mu_;
+  alignas(64) std::atomic<int> bar_count_{0};
+  alignas(64) std::atomic<uint32_t> bar_gen_{0};
+};
+
+}  // namespace alpamayo::cpu
