@@ -63,6 +63,14 @@ def expert_tensors(dm: Dims, seed: int) -> dict[str, torch.Tensor]:
     n_in = 3 * dm.F
     p = "action_in_proj.encoder.trunk."
     t[p + "0.weight"], t[p + "0.bias"] = lin(dm.ain_hidden, n_in), _randn(g, dm.ain_hidden, std=0.1)
+    # A trained velocity field is smooth in x; random weights on sin(2*pi*100*x) features make the sampler
+    # chaotic (a 1e-4 change of the noise moves the action by ~1). Damping the action features' columns by
+    # 1/f keeps every frequency in play (d/dx ~ 2*pi each) with a sampler gain of ~10-50.
+    half = dm.F // 2
+    damp = 1.0 / torch.logspace(0, math.log10(dm.max_freq), half)
+    for a in range(2):
+        t[p + "0.weight"][:, a * dm.F: a * dm.F + half] *= damp
+        t[p + "0.weight"][:, a * dm.F + half: (a + 1) * dm.F] *= damp
     k = 2
     for j in range(dm.ain_layers):
         out = dm.D if j == dm.ain_layers - 1 else dm.ain_hidden
@@ -71,7 +79,7 @@ def expert_tensors(dm: Dims, seed: int) -> dict[str, torch.Tensor]:
         k += 3
     t["action_in_proj.norm.weight"] = _randn(g, dm.D, std=0.1, mean=1.0)
     t["action_in_proj.norm.bias"] = _randn(g, dm.D, std=0.1)
-    t["action_out_proj.weight"] = lin(2, dm.D)
+    t["action_out_proj.weight"] = 0.5 * lin(2, dm.D)
     t["action_out_proj.bias"] = _randn(g, 2, std=0.1)
     return t
 

@@ -84,24 +84,25 @@ def verify_sample(ck: Checkpoint, oracle: Oracle, res: dict, noise: torch.Tensor
     # 2. Every Euler step, teacher-forced: oracle step_fn at the engine's own x_k isolates the step's error.
     xs, vs = res.get("x_steps"), res.get("v_steps")
     times = ref["times"]
-    tol_v = []
+    tol_v, err_v = [], []
     if xs is not None and vs is not None:
         checks.add("x_0 == noise", xs[0], noise, 0.0)
         for k in range(steps):
             v_ref, _ = oracle.step(xs[k], times[k].expand(xs.shape[1]))
             tol_v.append(bounds("v", float(v_ref.abs().max())))
-            checks.add(f"v_{k} (teacher-forced)", vs[k], v_ref, tol_v[-1], min_pcc)
+            err_v.append(checks.add(f"v_{k} (teacher-forced)", vs[k], v_ref, tol_v[-1], min_pcc).err)
             # Euler update in fp32: x + dt*v rounds twice.
             x_next = xs[k] + (times[k + 1] - times[k]) * vs[k]
             checks.add(f"x_{k + 1} = x_{k} + dt v_{k}", xs[k + 1], x_next, 2 * U32 * float(x_next.abs().max()) + 1e-30)
         checks.add("action == x_N", res["action"], xs[steps], 0.0)
 
-    # 3. Free-running sample vs the oracle's own: the step errors amplified by the sampler's gain.
+    # 3. Free-running sample vs the oracle's own. Steps 1-2 already pin every step; this checks that the
+    # end-to-end difference is no more than the per-step differences amplified by the sampler's gain.
     if free_running and tol_v and backend.name == "reference":
         gain = max(1.0, oracle_gain(oracle, noise, steps, ref["action"]))
         dts = (times[1:] - times[:-1]).tolist()
-        tol_action = 2 * gain * sum(dt * t for dt, t in zip(dts, tol_v)) + steps * 2 * U32 * xmax
-        checks.add(f"action (free-running, gain {gain:.0f})", res["action"], ref["action"], tol_action, min_pcc)
+        tol_action = 2 * gain * sum(dt * e for dt, e in zip(dts, err_v)) + steps * 2 * U32 * xmax
+        checks.add(f"action (free-running, gain {gain:.0f})", res["action"], ref["action"], tol_action, 0.9999)
     elif free_running:
         checks.note(f"[{backend.id}] free-running action: pcc {__import__('compare').pcc(res['action'], ref['action']):.6f} "
                     f"max|d| {max_abs(res['action'], ref['action']):.3e}")
