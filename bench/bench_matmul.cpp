@@ -1,0 +1,82 @@
+// Throughput of the expert's weight matmuls (M = B*T rows) on oneDNN, as packed by the cpu backend:
+// per-thread column slices run single-threaded from our pool ("pool") versus one matmul threaded by
+// oneDNN's own OpenMP runtime ("omp"), for bf16 and int8 weights.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "backends/cpu/aligned.h"
+#include "backends/cpu/packed_matmul.h"
+#include "backends/cpu/thread_pool.h"
+
+using namespace alpamayo::cpu;
+
+int main(int argc, char** argv) {
+  int M = 64, threads = 2, reps = 20;
+  CLI::App app{"oneDNN matmul throughput for the expert's shapes"};
+  app.add_option("--M", M, "rows (B*T)");
+  app.add_option("--threads", threads, "threads");
+  app.add_option("--reps", reps, "repetitions");
+  CLI11_PARSE(app, argc, argv);
+  struct Shape { const char* name; int K, N; };
+  const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
+                          {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  MatmulKernels kernels(eng);
+  ThreadPool pool(threads);
+  std::vector<dnnl::stream> streams;
+  for (int t = 0; t < threads; ++t) streams.emplace_back(eng);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  for (WeightType wt : {WeightType::BF16, WeightType::INT8}) {
+    for (const Shape& s : shapes) {
+      std::vector<float> W(size_t(s.N) * s.K);
+      for (auto& x : W) x = nd(rng);
+      AlignedBuf<uint16_t> x(size_t(M) * s.K);
+      AlignedBuf<float> y(size_t(M) * s.N);
+      const double flop = 2.0 * M * s.K * s.N;
+      // pool: one slice per thread, single-threaded oneDNN in each.
+      std::vector<PackedLinear> slices(threads);
+      {
+        ScopedOmpThreads one(1);
+        for (int t = 0; t < threads; ++t) {
+          const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
+          slices[t].pack(kernels, wt, s.K, n1 - n0, W.data() + size_t(n0) * s.K, M, s.N);
+        }
+      }
+      std::vector<AlignedBuf<uint8_t>> scratch(threads);
+      for (int t = 0; t < threads; ++t) scratch[t].resize(slices[t].scratch_bytes() + 1);
+      auto run_pool = [&] {
+        ScopedOmpThreads one(1);
+        pool.run([&](int t) {
+          slices[t].run(streams[t], x.data(), y.data() + s.N * t / threads, scratch[t].data());
+        });
+      };
+      // omp: one matmul, oneDNN threads it itself.
+      PackedLinear whole;
+      MatmulKernels omp_kernels(eng);
+      AlignedBuf<uint8_t> wscratch;
+      {
+        ScopedOmpThreads n(threads);
+        whole.pack(omp_kernels, wt, s.K, s.N, W.data(), M, s.N);
+        wscratch.resize(whole.scratch_bytes() + 1);
+      }
+      auto run_omp = [&] {
+        ScopedOmpThreads n(threads);
+        whole.run(streams[0], x.data(), y.data(), wscratch.data());
+      };
+      for (auto [mode, fn] : {std::pair<const char*, std::function<void()>>{"pool", run_pool}, {"omp", run_omp}}) {
+        fn();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < reps; ++r) fn();
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+        std::printf("%-5s %-20s %-4s M=%d threads=%d: %8.3f ms  %7.1f G%s/s\n", wt == WeightType::BF16 ? "bf16" : "int8",
+                    s.name, mode, M, threads, sec * 1e3, flop / sec / 1e9, wt == WeightType::BF16 ? "FLOP" : "OP");
+      }
+    }
+  }
+  return 0;
+}
