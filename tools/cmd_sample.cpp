@@ -1,5 +1,7 @@
 // `sample` and `inspect`.
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -7,6 +9,8 @@
 #include "alpamayo/error.h"
 #include "commands.h"
 #include "report.h"
+
+namespace fs = std::filesystem;
 
 namespace alpamayo::cli {
 
@@ -52,7 +56,19 @@ std::vector<float> read_noise(const std::string& path, int B, int T, int A) {
   return x;
 }
 
+// Fails before any work when an output could not be written, so a bad path never leaves partial results.
+void check_output_path(const std::string& path, const char* option) {
+  if (path.empty()) return;
+  const fs::path parent = fs::absolute(path).parent_path();
+  check(fs::is_directory(parent), std::string(option) + " " + path + ": directory " + parent.string() + " does not exist");
+  check(!fs::is_directory(path), std::string(option) + " " + path + ": is a directory");
+}
+
 void run_sample(const SampleArgs& a) {
+  check_output_path(a.out, "--out");
+  check_output_path(a.json, "--json");
+  check_output_path(a.svg, "--svg");
+  check_output_path(a.layers_out, "--layers-out");
   auto ck = Checkpoint::open(a.checkpoint, a.vlm_config);
   BackendOptions bo;
   bo.threads = a.threads;
