@@ -2,11 +2,41 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "alpamayo/tensor.h"
 
 namespace alpamayo::cpu {
 namespace {
+
+// Branch-free forms of the scalar helpers, so the loops below vectorize.
+inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+// e^x to ~2 ulp for x in [-87, 88] (clamped outside): 2^n * 2^f, |f| <= 1/2, degree-6 polynomial.
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.f), 88.f);
+  const float t = x * 1.4426950408889634f;
+  const float n = std::nearbyint(t);
+  const float f = t - n;
+  float p = 1.5403530393381606e-4f;
+  p = p * f + 1.3333558146428443e-3f;
+  p = p * f + 9.6181291076284772e-3f;
+  p = p * f + 5.5504108664821580e-2f;
+  p = p * f + 2.4022650695910071e-1f;
+  p = p * f + 6.9314718055994531e-1f;
+  p = p * f + 1.f;
+  uint32_t u;
+  std::memcpy(&u, &p, 4);
+  u += static_cast<uint32_t>(static_cast<int32_t>(n)) << 23;
+  std::memcpy(&p, &u, 4);
+  return p;
+}
 
 float inv_rms(const float* x, int n, float eps) {
   float ss = 0.f;
@@ -22,7 +52,7 @@ void quantize_row(const float* x, int n, int8_t* q, float* scale) {
   const float s = mx > 0.f ? mx / 127.f : 1.f, inv = 1.f / s;
   *scale = s;
 #pragma omp simd
-  for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inv));
+  for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(static_cast<int>(std::nearbyint(x[i] * inv)));
 }
 
 }  // namespace
@@ -34,7 +64,8 @@ void rms_norm_rows(const float* x, const float* w, int r0, int r1, int n, float 
     const float inv = inv_rms(xr, n, eps);
     if (out_bf16) {
       uint16_t* o = out_bf16 + int64_t(r) * n;
-      for (int i = 0; i < n; ++i) o[i] = f32_to_bf16(w[i] * (xr[i] * inv));
+#pragma omp simd
+      for (int i = 0; i < n; ++i) o[i] = to_bf16(w[i] * (xr[i] * inv));
     } else {
 #pragma omp simd
       for (int i = 0; i < n; ++i) tmp[i] = w[i] * (xr[i] * inv);
@@ -62,13 +93,20 @@ void silu_mul_rows(const float* y, int M, int n, const float* rs, int ldo, uint1
     const float* g = y + int64_t(r) * 2 * n;
     const float* u = g + n;
     const float s = rs ? rs[r] : 1.f;
-    for (int c = 0; c < n; ++c) {
-      const float gv = g[c] * s;
-      const float v = gv / (1.0f + std::exp(-gv)) * (u[c] * s);
-      if (out_bf16)
-        out_bf16[int64_t(r) * ldo + c] = f32_to_bf16(v);
-      else
-        out_f32[int64_t(r) * ldo + c] = v;
+    if (out_bf16) {
+      uint16_t* o = out_bf16 + int64_t(r) * ldo;
+#pragma omp simd
+      for (int c = 0; c < n; ++c) {
+        const float gv = g[c] * s;
+        o[c] = to_bf16(gv / (1.0f + exp_approx(-gv)) * (u[c] * s));
+      }
+    } else {
+      float* o = out_f32 + int64_t(r) * ldo;
+#pragma omp simd
+      for (int c = 0; c < n; ++c) {
+        const float gv = g[c] * s;
+        o[c] = gv / (1.0f + exp_approx(-gv)) * (u[c] * s);
+      }
     }
   }
 }
