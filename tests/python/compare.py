@@ -63,6 +63,7 @@ class Checks:
             c = Check(f"{name} shape {tuple(got.shape)} != {tuple(ref.shape)}", 0.0, float("inf"), bound, min_pcc)
         else:
             c = Check(name, pcc(got, ref), max_abs(got, ref), bound, min_pcc)
+        c.scale = float(ref.double().abs().max()) if ref.numel() else 0.0
         self.items.append(c)
         return c
 

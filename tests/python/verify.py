@@ -35,6 +35,17 @@ class Bounds:
         self.K_layer = max(ck.D, ck.Hq * ck.d, ck.I, oracle.P + oracle.T)
         self.L = ck.L
 
+    def depth(self, what: str) -> int:
+        if what == "emb":
+            return 1
+        if what in ("hidden", "v"):
+            return self.L + (1 if what == "hidden" else 2)
+        return int(what.split(".")[1]) + 2
+
+    def accumulation_only(self, what: str, scale: float) -> float:
+        """The sqrt(K) part of the fp32 bound alone (no angle rounding term), for the tables."""
+        return fp32_bound(scale, self.K_emb if what == "emb" else self.K_layer, 0.0, self.depth(what))
+
     def __call__(self, what: str, scale: float) -> float:
         if self.backend.name != "reference":
             depth = {"emb": 1, "hidden": self.L + 1, "v": self.L + 2}.get(what, None)
@@ -76,6 +87,7 @@ def verify_sample(ck: Checkpoint, oracle: Oracle, res: dict, noise: torch.Tensor
     ref = oracle.sample(noise, steps)
     xmax = float(max(ref["x_steps"].abs().max(), res["x_steps"].abs().max() if "x_steps" in res else 0))
     bounds = Bounds(ck, oracle, xmax, backend)
+    checks.bounds = bounds
 
     # 1. Per-layer hidden states of Euler step 0 (identical input x_0 = noise).
     if "layers" in res:
