@@ -112,8 +112,6 @@ def test_sample_matches_oracle(cli, tmp_path, case, backend):
 
 def test_full_size_layer(cli, tmp_path, backend):
     """One layer at the seed model's sizes with a 4700-row cache: per-layer and velocity vs the oracle."""
-    if backend.weights == "int8":
-        pytest.skip("the full-size layer runs once per backend: bf16 covers the cpu kernels")  # keep the suite short
     dm = FULL_LAYER
     spec = CtxSpec(valid_len=(4700,), rope_delta=(-1500,), P=4736, kv_dtype="bf16", motion="v0", v0=(9.0,))
     ck_dir = make_checkpoint(tmp_path / "ck", dm, "a2", "bf16", shards=2)
