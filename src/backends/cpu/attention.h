@@ -10,7 +10,7 @@
 
 namespace alpamayo::cpu {
 
-constexpr int kKeyBlock = 64;  // keys per online-softmax block (scratch stays in L1/L2)
+constexpr int kKeyBlock = 128;  // keys per online-softmax block (scratch stays in L1/L2)
 
 struct AttnGeometry {
   int d = 0;    // head dim (even)

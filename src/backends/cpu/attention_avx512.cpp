@@ -20,18 +20,18 @@ namespace {
 constexpr int kQkKeys = 4;   // keys per QK register tile (x up to 4 vectors of 16 query rows)
 constexpr int kPvRows = 4;   // query rows per PV register tile (x up to 4 vectors of 16 columns)
 
+// 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, Taylor polynomial of e^(f ln2). Degree 6 (rel. error
+// ~1e-7) for the rescale factors; degree 4 (~4e-5) for the probabilities, which are rounded to bf16
+// (2^-9) anyway. x <= 0 here; very negative x underflows to 0 through scalef.
+template <int Degree>
 ALP_BF16 inline __m512 exp2_ps(__m512 x) {
-  // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2; degree-6 Taylor of e^(f ln2), rel. error ~1e-7.
-  x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  constexpr float c[7] = {1.f, 6.9314718055994531e-1f, 2.4022650695910071e-1f, 5.5504108664821580e-2f,
+                          9.6181291076284772e-3f, 1.3333558146428443e-3f, 1.5403530393381606e-4f};
+  __m512 p = _mm512_set1_ps(c[Degree]);
+#pragma GCC unroll 8
+  for (int k = Degree - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[k]));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -106,12 +106,13 @@ ALP_BF16 inline void softmax_block(const AttnGeometry& g, int n, int npad, float
     for (int k = 0; k < n; ++k) mx = _mm512_max_ps(mx, _mm512_load_ps(S + size_t(k) * g.Rp + r));
     const __m512 m_old = _mm512_loadu_ps(m + r);
     const __m512 m_new = _mm512_max_ps(m_old, _mm512_mul_ps(mx, scale));
-    const __m512 a = exp2_ps(_mm512_sub_ps(m_old, m_new));
+    // m_old is -inf before the first block: clamp so that alpha is 0 rather than NaN.
+    const __m512 a = exp2_ps<6>(_mm512_max_ps(_mm512_sub_ps(m_old, m_new), _mm512_set1_ps(-200.f)));
     __m512 sum = _mm512_setzero_ps();
     for (int k = 0; k < npad; k += 2) {
       __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
-      if (k < n) p0 = exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(S + size_t(k) * g.Rp + r), scale, m_new));
-      if (k + 1 < n) p1 = exp2_ps(_mm512_fmsub_ps(_mm512_load_ps(S + size_t(k + 1) * g.Rp + r), scale, m_new));
+      if (k < n) p0 = exp2_ps<4>(_mm512_fmsub_ps(_mm512_load_ps(S + size_t(k) * g.Rp + r), scale, m_new));
+      if (k + 1 < n) p1 = exp2_ps<4>(_mm512_fmsub_ps(_mm512_load_ps(S + size_t(k + 1) * g.Rp + r), scale, m_new));
       sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
       // cvtne2ps: low 16 bf16 from p0, high 16 from p1; interleave to (p0[r], p1[r]) pairs.
       const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
