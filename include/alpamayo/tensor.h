@@ -62,8 +62,10 @@ struct Tensor {
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;
 
-  static Tensor f32(std::vector<int64_t> shape, const float* src = nullptr);
-  static Tensor i64(std::vector<int64_t> shape, const int64_t* src = nullptr);
+  // Zero-filled, or a copy of src's bytes.
+  static Tensor make(DType dtype, std::vector<int64_t> shape, const void* src = nullptr);
+  static Tensor f32(std::vector<int64_t> shape, const float* src = nullptr) { return make(DType::F32, std::move(shape), src); }
+  static Tensor i64(std::vector<int64_t> shape, const int64_t* src = nullptr) { return make(DType::I64, std::move(shape), src); }
   float* f32_data() { return reinterpret_cast<float*>(bytes.data()); }
   const float* f32_data() const { return reinterpret_cast<const float*>(bytes.data()); }
   TensorView view(std::string name = {}) const { return {dtype, shape, bytes.data(), std::move(name)}; }

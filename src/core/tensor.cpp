@@ -145,20 +145,11 @@ void expect_shape(const TensorView& t, const std::vector<int64_t>& shape) {
   check(t.shape == shape, t.name + ": expected shape " + shape_str(shape) + ", found " + shape_str(t.shape));
 }
 
-Tensor Tensor::f32(std::vector<int64_t> shape, const float* src) {
+Tensor Tensor::make(DType dtype, std::vector<int64_t> shape, const void* src) {
   Tensor t;
-  t.dtype = DType::F32;
+  t.dtype = dtype;
   t.shape = std::move(shape);
-  t.bytes.assign(static_cast<size_t>(t.view().numel()) * 4, 0);
-  if (src) std::memcpy(t.bytes.data(), src, t.bytes.size());
-  return t;
-}
-
-Tensor Tensor::i64(std::vector<int64_t> shape, const int64_t* src) {
-  Tensor t;
-  t.dtype = DType::I64;
-  t.shape = std::move(shape);
-  t.bytes.assign(static_cast<size_t>(t.view().numel()) * 8, 0);
+  t.bytes.assign(t.view().nbytes(), 0);
   if (src) std::memcpy(t.bytes.data(), src, t.bytes.size());
   return t;
 }

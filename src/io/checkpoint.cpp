@@ -137,8 +137,9 @@ class CheckpointLoader {
     c->D = static_cast<int>(q.shape[1]);
     c->d = static_cast<int>(qn.shape[0]);
     check(c->d > 0 && c->d % 2 == 0, qn.name + ": head dim must be even and positive, found " + std::to_string(c->d));
-    check(q.shape[0] % c->d == 0 && kk.shape[0] % c->d == 0,
-          q.name + ": rows must be a multiple of the head dim " + std::to_string(c->d));
+    for (const TensorView* t : {&q, &kk})
+      check(t->shape[0] % c->d == 0, t->name + ": " + std::to_string(t->shape[0]) +
+                                         " rows are not a multiple of the head dim " + std::to_string(c->d) + " (from q_norm)");
     c->Hq = static_cast<int>(q.shape[0] / c->d);
     c->Hkv = static_cast<int>(kk.shape[0] / c->d);
     check(c->Hkv > 0 && c->Hq % c->Hkv == 0, kk.name + ": query heads " + std::to_string(c->Hq) +
