@@ -25,6 +25,7 @@ void AttnScratch::resize(const AttnGeometry& g) {
   p.resize(size_t(kKeyBlock / 2) * g.Rp);
   v.resize(size_t(kKeyBlock / 2) * g.dp);
   alpha.resize(g.Rp);
+  lblk.resize(g.Rp);
   zero.resize(g.dp);
 }
 

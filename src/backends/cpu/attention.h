@@ -37,6 +37,7 @@ struct AttnScratch {
   AlignedBuf<uint32_t> p;    // probability pairs (bf16 x 2) [kKeyBlock/2][Rp]
   AlignedBuf<uint32_t> v;    // value pairs (bf16 x 2) [kKeyBlock/2][dp]
   AlignedBuf<float> alpha;   // per-row rescale of O for the current block [Rp]
+  AlignedBuf<float> lblk;    // per-row probability sums of the current block [Rp]
   AlignedBuf<uint16_t> zero; // a zero key/value row [dp]
   void resize(const AttnGeometry& g);
 };

@@ -41,10 +41,10 @@ inline uint32_t load_pair(const uint16_t* row, int i) {
   return v;
 }
 
-// S[k][v*16 + lane] = sum_c q[row][c] * key_k[c] for NQV query vectors and kQkKeys keys.
+// acc[v][k] = sum_c q[v*16 + lane][c] * key_k[c] for NQV query vectors and kQkKeys keys.
 template <int NQV>
-ALP_BF16 inline void qk_tile(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr, float* S) {
-  __m512 acc[NQV][kQkKeys];
+ALP_BF16 inline void qk_acc(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr,
+                            __m512 (&acc)[NQV][kQkKeys]) {
 #pragma GCC unroll 16
   for (int v = 0; v < NQV; ++v)
 #pragma GCC unroll 16
@@ -60,22 +60,69 @@ ALP_BF16 inline void qk_tile(const uint32_t* qp, int Rp, int half, const uint16_
       for (int v = 0; v < NQV; ++v) acc[v][k] = _mm512_dpbf16_ps(acc[v][k], q[v], kb);
     }
   }
+}
+
+// Raw scores S[k][row] for the exact (two-pass) block path.
+template <int NQV>
+ALP_BF16 inline void qk_tile(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr, float* S) {
+  __m512 acc[NQV][kQkKeys];
+  qk_acc<NQV>(qp, Rp, half, kptr, acc);
 #pragma GCC unroll 16
   for (int k = 0; k < kQkKeys; ++k)
 #pragma GCC unroll 16
     for (int v = 0; v < NQV; ++v) _mm512_store_ps(S + size_t(k) * Rp + v * 16, acc[v][k]);
 }
 
+// Fused path: probabilities against the running max m (kept fixed for the block, so O needs no
+// rescale), written as bf16 pairs P[k/2][row]; row sums added to lsum. Keys >= nvalid get p = 0.
+// Returns false if a score exceeds m by more than 2^64, which the caller then redoes exactly.
+template <int NQV>
+ALP_BF16 inline bool qk_exp_tile(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr, int nvalid,
+                                 const float* m, __m512 scale, uint32_t* P, float* lsum) {
+  __m512 acc[NQV][kQkKeys];
+  qk_acc<NQV>(qp, Rp, half, kptr, acc);
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __mmask16 over = 0;
+#pragma GCC unroll 16
+  for (int v = 0; v < NQV; ++v) {
+    const __m512 mv = _mm512_loadu_ps(m + v * 16);
+    __m512 p[kQkKeys];
+    __m512 sum = _mm512_loadu_ps(lsum + v * 16);
+#pragma GCC unroll 16
+    for (int k = 0; k < kQkKeys; ++k) {
+      const __m512 x = _mm512_fmsub_ps(acc[v][k], scale, mv);
+      if (k < nvalid) {
+        over |= _mm512_cmp_ps_mask(x, _mm512_set1_ps(64.f), _CMP_GT_OQ);
+        p[k] = exp2_ps<4>(x);
+      } else {
+        p[k] = _mm512_setzero_ps();
+      }
+      sum = _mm512_add_ps(sum, p[k]);
+    }
+    _mm512_storeu_ps(lsum + v * 16, sum);
+#pragma GCC unroll 16
+    for (int k = 0; k < kQkKeys; k += 2) {
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[k + 1], p[k]);
+      _mm512_store_si512(P + size_t(k / 2) * Rp + v * 16, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+  return over == 0;
+}
+
 // O[row][c] = O[row][c] * alpha[row] + sum_pairs P(row) . V(c) for kPvRows rows and NCV column vectors.
+// alpha == nullptr: no rescale.
 template <int NCV>
 ALP_BF16 inline void pv_tile(const uint32_t* P, int Rp, const uint32_t* V, int dp, int pairs, const float* alpha,
-                    float* O) {
+                             float* O) {
   __m512 acc[kPvRows][NCV];
 #pragma GCC unroll 16
   for (int r = 0; r < kPvRows; ++r) {
-    const __m512 a = _mm512_set1_ps(alpha[r]);
+    const __m512 a = _mm512_set1_ps(alpha ? alpha[r] : 1.f);
 #pragma GCC unroll 16
-    for (int c = 0; c < NCV; ++c) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(O + size_t(r) * dp + c * 16), a);
+    for (int c = 0; c < NCV; ++c)
+      acc[r][c] = alpha ? _mm512_mul_ps(_mm512_load_ps(O + size_t(r) * dp + c * 16), a)
+                        : _mm512_load_ps(O + size_t(r) * dp + c * 16);
   }
   for (int jp = 0; jp < pairs; ++jp) {
     __m512bh vv[NCV];
@@ -153,6 +200,9 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
   uint32_t* P = sc.p.data();
   uint32_t* V = sc.v.data();
   float* alpha = sc.alpha.data();
+  float* lblk = sc.lblk.data();
+  const __m512 scale = _mm512_set1_ps(g.scale_log2);
+  bool first = true;
   for (int jb = j0; jb < j1; jb += kKeyBlock) {
     const int n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
     const int npad = (n + kQkKeys - 1) / kQkKeys * kQkKeys;  // multiple of 4, hence even
@@ -168,32 +218,69 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
         vptr[k] = kv.v_own + size_t(j - kv.S) * g.d;
       }
     }
-    // Scores for all query rows, 64 rows x 4 keys per register tile.
-    for (int r = 0; r < g.Rp; r += 64) {
-      const int nqv = (g.Rp - r) / 16 < 4 ? (g.Rp - r) / 16 : 4;
-      for (int k = 0; k < npad; k += kQkKeys) {
-        const uint32_t* q = qp + r;
-        float* s = S + size_t(k) * g.Rp + r;
-        switch (nqv) {
-          case 4: qk_tile<4>(q, g.Rp, half, kptr + k, s); break;
-          case 3: qk_tile<3>(q, g.Rp, half, kptr + k, s); break;
-          case 2: qk_tile<2>(q, g.Rp, half, kptr + k, s); break;
-          default: qk_tile<1>(q, g.Rp, half, kptr + k, s); break;
+    pack_values(g, vptr, npad, V);
+    // After the first block, try the fused path against the running max; fall back to the exact
+    // two-pass block (scores, max, exp, rescale) when there is no max yet or a score jumps too far.
+    bool fused = !first;
+    if (fused) {
+      for (int r = 0; r < g.Rp; ++r) lblk[r] = 0.f;
+      for (int r = 0; r < g.Rp && fused; r += 64) {
+        const int nqv = (g.Rp - r) / 16 < 4 ? (g.Rp - r) / 16 : 4;
+        for (int k = 0; k < npad && fused; k += kQkKeys) {
+          const uint32_t* q = qp + r;
+          uint32_t* p = P + size_t(k / 2) * g.Rp + r;
+          const int nv = n - k;
+          switch (nqv) {
+            case 4: fused = qk_exp_tile<4>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            case 3: fused = qk_exp_tile<3>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            case 2: fused = qk_exp_tile<2>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            default: fused = qk_exp_tile<1>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+          }
         }
       }
+      if (fused)
+        for (int r = 0; r < g.Rp; ++r) l[r] += lblk[r];
     }
-    softmax_block(g, n, npad, S, P, m, l, alpha);
-    pack_values(g, vptr, npad, V);
+    if (!fused) {
+      for (int r = 0; r < g.Rp; r += 64) {
+        const int nqv = (g.Rp - r) / 16 < 4 ? (g.Rp - r) / 16 : 4;
+        for (int k = 0; k < npad; k += kQkKeys) {
+          const uint32_t* q = qp + r;
+          float* s = S + size_t(k) * g.Rp + r;
+          switch (nqv) {
+            case 4: qk_tile<4>(q, g.Rp, half, kptr + k, s); break;
+            case 3: qk_tile<3>(q, g.Rp, half, kptr + k, s); break;
+            case 2: qk_tile<2>(q, g.Rp, half, kptr + k, s); break;
+            default: qk_tile<1>(q, g.Rp, half, kptr + k, s); break;
+          }
+        }
+      }
+      softmax_block(g, n, npad, S, P, m, l, alpha);
+    }
+    first = false;
+    const float* rescale = fused ? nullptr : alpha;
     const int pairs = npad / 2, ncv = g.dp / 16;
+    // The next block's cache rows (contiguous) stream in from memory while PV computes: spread L2
+    // prefetches over the row tiles so the next block's first touches do not stall.
+    const int next0 = jb + kKeyBlock, next1 = jb + 2 * kKeyBlock < kv.S ? jb + 2 * kKeyBlock : kv.S;
+    const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
+    const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
+    const char* pf_v = reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
+    const size_t pf_step = (pf_bytes / 64 + g.Rp / kPvRows - 1) / (g.Rp / kPvRows) * 64;
+    size_t pf_off = 0;
     for (int r = 0; r < g.Rp; r += kPvRows) {
+      for (size_t e = pf_off + pf_step; pf_off < e && pf_off < pf_bytes; pf_off += 64) {
+        _mm_prefetch(pf_k + pf_off, _MM_HINT_T1);
+        _mm_prefetch(pf_v + pf_off, _MM_HINT_T1);
+      }
       const uint32_t* p = P + r;
       for (int c = 0; c < ncv; c += 4) {
         const uint32_t* v = V + c * 16;
         float* o = O + size_t(r) * g.dp + c * 16;
         if (ncv - c >= 4)
-          pv_tile<4>(p, g.Rp, v, g.dp, pairs, alpha + r, o);
+          pv_tile<4>(p, g.Rp, v, g.dp, pairs, rescale ? rescale + r : nullptr, o);
         else
-          pv_tile<2>(p, g.Rp, v, g.dp, pairs, alpha + r, o);
+          pv_tile<2>(p, g.Rp, v, g.dp, pairs, rescale ? rescale + r : nullptr, o);
       }
     }
   }

@@ -69,7 +69,7 @@ void CpuBackend::pack_layer(const LayerWeights& lw, CpuLayer& out, int tid) {
   convert_to_f32(lw.v, qkv.data() + size_t(Hq + Hkv) * d * D);
   for (int t = 0; t < nthreads_; ++t) {
     const Slice s = qkv_slices_[t];
-    if (s.n1 > s.n0) out.qkv[t].pack(*kernels_, wtype_, D, s.n1 - s.n0, qkv.data() + size_t(s.n0) * D, Mhint, Nqkv);
+    if (s.n1 > s.n0) out.qkv[t].pack(*kernels_, wtype_, D, s.n1 - s.n0, qkv.data() + size_t(s.n0) * D, Mhint, s.n1 - s.n0);
   }
   qkv = {};
   const std::vector<float> o = to_f32(lw.o);
@@ -189,7 +189,7 @@ void CpuBackend::bind(const KVCache& kv, const RopeTables& rope) {
     ScopedOmpThreads one(1);
     for (CpuLayer& layer : layers_)
       for (int t = 0; t < nthreads_; ++t) {
-        if (layer.qkv[t].N()) layer.qkv[t].prepare(*kernels_, M_, Nqkv);
+        if (layer.qkv[t].N()) layer.qkv[t].prepare(*kernels_, M_, layer.qkv[t].N());
         if (layer.o[t].N()) layer.o[t].prepare(*kernels_, M_, layer.o[t].N());
         if (layer.gate_up[t].N()) layer.gate_up[t].prepare(*kernels_, M_, layer.gate_up[t].N());
         if (layer.down[t].N()) layer.down[t].prepare(*kernels_, M_, layer.down[t].N());
@@ -221,7 +221,7 @@ void CpuBackend::bind(const KVCache& kv, const RopeTables& rope) {
     size_t tmp = 0, scratch = 0;
     for (const CpuLayer& layer : layers_)
       for (const PackedLinear* p : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]}) {
-        if (p != &layer.qkv[t]) tmp = std::max(tmp, size_t(M_) * p->N());
+        tmp = std::max(tmp, size_t(M_) * p->N());
         scratch = std::max(scratch, p->scratch_bytes());
       }
     pt.tmp.resize(tmp);

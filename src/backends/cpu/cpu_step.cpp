@@ -11,10 +11,6 @@
 namespace alpamayo::cpu {
 namespace {
 
-void scale_rows(float* y, int ld, int M, int n, const float* rs) {
-  for (int r = 0; r < M; ++r)
-    for (int c = 0; c < n; ++c) y[int64_t(r) * ld + c] *= rs[r];
-}
 
 }  // namespace
 
@@ -71,8 +67,15 @@ void CpuBackend::layer_phases(int tid, int l) {
   sync(kNorm1);
 
   if (const Slice s = qkv_slices_[tid]; s.n1 > s.n0) {
-    w.qkv[tid].run(st, x_in, qkv_.data() + s.n0, pt.scratch.data());
-    if (i8) scale_rows(qkv_.data() + s.n0, Nqkv, M, s.n1 - s.n0, x_scale_.data());
+    // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
+    const int n = s.n1 - s.n0;
+    w.qkv[tid].run(st, x_in, pt.tmp.data(), pt.scratch.data());
+    for (int r = 0; r < M; ++r) {
+      const float* src = pt.tmp.data() + int64_t(r) * n;
+      float* dst = qkv_.data() + int64_t(r) * Nqkv + s.n0;
+      const float sc = i8 ? x_scale_[r] : 1.f;
+      for (int c = 0; c < n; ++c) dst[c] = src[c] * sc;
+    }
   }
   if (tid == 0) next_item_.store(0, std::memory_order_relaxed);
   sync(kQkv);
