@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
         ScopedOmpThreads one(1);
         for (int t = 0; t < threads; ++t) {
           const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
-          slices[t].pack(kernels, wt, s.K, n1 - n0, W.data() + size_t(n0) * s.K, M, s.N);
+          // Dense per-thread destinations: with a strided one (ldy = N) oneDNN 2.6 leaves brgemm.
+          slices[t].pack(kernels, wt, s.K, n1 - n0, W.data() + size_t(n0) * s.K, M, n1 - n0);
         }
       }
       std::vector<AlignedBuf<uint8_t>> scratch(threads);
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
       auto run_pool = [&] {
         ScopedOmpThreads one(1);
         pool.run([&](int t) {
-          slices[t].run(streams[t], x.data(), y.data() + s.N * t / threads, scratch[t].data());
+          slices[t].run(streams[t], x.data(), y.data() + size_t(M) * (s.N * t / threads), scratch[t].data());
         });
       };
       // omp: one matmul, oneDNN threads it itself.

@@ -125,13 +125,18 @@ TEST_P(Matmul, MatchesReference) {
     for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
     lin.run(st, xb.data(), y.data(), scratch.data());
   } else {
-    std::vector<int8_t> xq(x.size());
+    std::vector<uint8_t> xq(x.size());
     quantize_rows(x.data(), 0, M, K, xq.data(), rs.data());
     lin.run(st, xq.data(), y.data(), scratch.data());
   }
+  const float *corr = lin.col_correction(), *cs = lin.col_scale();
+  ASSERT_EQ(corr == nullptr, wt == WeightType::BF16);
   double err = 0;
   for (int m = 0; m < M; ++m)
-    for (int n = 0; n < N; ++n) err = std::max(err, std::fabs(double(y[size_t(m) * (N + 3) + n]) * rs[m] - ref[size_t(m) * N + n]));
+    for (int n = 0; n < N; ++n) {
+      const double v = (double(y[size_t(m) * (N + 3) + n]) - (corr ? corr[n] : 0.0)) * (cs ? cs[n] : 1.0) * rs[m];
+      err = std::max(err, std::fabs(v - ref[size_t(m) * N + n]));
+    }
   // bf16: identical operands, fp32 accumulation: only summation order differs. int8: two 8-bit
   // roundings (steps of max/127) measured <= 1.2% of the largest output.
   EXPECT_LE(err, (wt == WeightType::BF16 ? 1e-4 : 3e-2) * max_abs(ref));
@@ -149,14 +154,14 @@ TEST(CpuOps, RmsNormRowsBf16AndInt8) {
   std::vector<float> ref(x.size()), tmp(n), scale(rows);
   ref::rms_norm(x.data(), w.data(), rows, n, 1e-6, ref.data());
   std::vector<uint16_t> ob(x.size());
-  std::vector<int8_t> oq(x.size());
+  std::vector<uint8_t> oq(x.size());
   rms_norm_rows(x.data(), w.data(), 0, rows, n, 1e-6f, tmp.data(), ob.data(), nullptr, nullptr);
   rms_norm_rows(x.data(), w.data(), 0, rows, n, 1e-6f, tmp.data(), nullptr, oq.data(), scale.data());
   for (int r = 0; r < rows; ++r)
     for (int i = 0; i < n; ++i) {
       const float v = ref[size_t(r) * n + i];
       EXPECT_NEAR(bf16_to_f32(ob[size_t(r) * n + i]), v, std::fabs(v) * 0x1p-8 + 1e-6);
-      EXPECT_NEAR(oq[size_t(r) * n + i] * scale[r], v, 0.5f * scale[r] + 1e-6);
+      EXPECT_NEAR((oq[size_t(r) * n + i] - 128) * scale[r], v, 0.5f * scale[r] + 1e-6);
     }
 }
 
@@ -176,14 +181,17 @@ TEST(CpuOps, SiluMulAndResidual) {
   const int M = 3, n = 10;
   std::vector<float> y(size_t(M) * 2 * n), out(size_t(M) * n), rs = {1.f, 0.5f, 2.f};
   for (size_t i = 0; i < y.size(); ++i) y[i] = std::sin(float(i));
-  silu_mul_rows(y.data(), M, n, rs.data(), n, nullptr, out.data());
+  std::vector<float> corr(2 * n), cs(2 * n);
+  for (int c = 0; c < 2 * n; ++c) corr[c] = 0.01f * c, cs[c] = 1.f + 0.1f * c;
+  silu_mul_rows(y.data(), M, n, rs.data(), corr.data(), cs.data(), n, nullptr, out.data());
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < n; ++c) {
-      const float g = y[size_t(r) * 2 * n + c] * rs[r], u = y[size_t(r) * 2 * n + n + c] * rs[r];
+      const float g = (y[size_t(r) * 2 * n + c] - corr[c]) * cs[c] * rs[r],
+                  u = (y[size_t(r) * 2 * n + n + c] - corr[n + c]) * cs[n + c] * rs[r];
       EXPECT_NEAR(out[size_t(r) * n + c], ref::silu(g) * u, 1e-6);
     }
   std::vector<float> h(size_t(M) * 12, 1.f);
-  add_rows(h.data(), 12, out.data(), n, M, n, rs.data());
+  add_rows(h.data(), 12, out.data(), n, M, n, rs.data(), nullptr, nullptr);
   EXPECT_FLOAT_EQ(h[12 + 3], 1.f + out[n + 3] * 0.5f);
   EXPECT_FLOAT_EQ(h[12 + 11], 1.f);  // beyond n untouched
 }

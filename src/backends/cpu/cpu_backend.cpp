@@ -202,8 +202,8 @@ void CpuBackend::bind(const KVCache& kv, const RopeTables& rope) {
   qkv_.resize(size_t(M_) * Nqkv);
   x_bf16_.resize(i8 ? 0 : size_t(M_) * D);
   y_bf16_.resize(i8 ? 0 : size_t(M_) * wide);
-  x_s8_.resize(i8 ? size_t(M_) * D : 0);
-  y_s8_.resize(i8 ? size_t(M_) * wide : 0);
+  x_u8_.resize(i8 ? size_t(M_) * D : 0);
+  y_u8_.resize(i8 ? size_t(M_) * wide : 0);
   act_f32_.resize(i8 ? size_t(M_) * wide : 0);
   x_scale_.resize(M_);
   y_scale_.resize(M_);

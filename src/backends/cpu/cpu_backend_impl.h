@@ -81,7 +81,7 @@ class CpuBackend final : public Backend {
   // Activations (sized at bind).
   AlignedBuf<float> h_, qkv_, act_f32_, x_scale_, y_scale_;
   AlignedBuf<uint16_t> x_bf16_, y_bf16_, k_own_, v_own_;
-  AlignedBuf<int8_t> x_s8_, y_s8_;
+  AlignedBuf<uint8_t> x_u8_, y_u8_;  // int8 activations, stored q + 128
   AlignedBuf<uint32_t> qp_;
   AlignedBuf<float> part_o_, part_m_, part_l_;
   struct PerThread {

@@ -45,20 +45,20 @@ float inv_rms(const float* x, int n, float eps) {
   return 1.0f / std::sqrt(ss / n + eps);
 }
 
-void quantize_row(const float* x, int n, int8_t* q, float* scale) {
+void quantize_row(const float* x, int n, uint8_t* q, float* scale) {
   float mx = 0.f;
 #pragma omp simd reduction(max : mx)
   for (int i = 0; i < n; ++i) mx = std::max(mx, std::fabs(x[i]));
   const float s = mx > 0.f ? mx / 127.f : 1.f, inv = 1.f / s;
   *scale = s;
 #pragma omp simd
-  for (int i = 0; i < n; ++i) q[i] = static_cast<int8_t>(static_cast<int>(std::nearbyint(x[i] * inv)));
+  for (int i = 0; i < n; ++i) q[i] = static_cast<uint8_t>(static_cast<int>(std::nearbyint(x[i] * inv)) + 128);
 }
 
 }  // namespace
 
 void rms_norm_rows(const float* x, const float* w, int r0, int r1, int n, float eps, float* tmp,
-                   uint16_t* out_bf16, int8_t* out_s8, float* out_scale) {
+                   uint16_t* out_bf16, uint8_t* out_u8, float* out_scale) {
   for (int r = r0; r < r1; ++r) {
     const float* xr = x + int64_t(r) * n;
     const float inv = inv_rms(xr, n, eps);
@@ -69,31 +69,53 @@ void rms_norm_rows(const float* x, const float* w, int r0, int r1, int n, float 
     } else {
 #pragma omp simd
       for (int i = 0; i < n; ++i) tmp[i] = w[i] * (xr[i] * inv);
-      quantize_row(tmp, n, out_s8 + int64_t(r) * n, out_scale + r);
+      quantize_row(tmp, n, out_u8 + int64_t(r) * n, out_scale + r);
     }
   }
 }
 
-void quantize_rows(const float* x, int r0, int r1, int n, int8_t* q, float* scale) {
+void quantize_rows(const float* x, int r0, int r1, int n, uint8_t* q, float* scale) {
   for (int r = r0; r < r1; ++r) quantize_row(x + int64_t(r) * n, n, q + int64_t(r) * n, scale + r);
 }
 
-void add_rows(float* h, int ldh, const float* y, int ldy, int M, int n, const float* rs) {
+void add_rows(float* h, int ldh, const float* y, int ldy, int M, int n, const float* rs, const float* corr,
+              const float* cs) {
   for (int r = 0; r < M; ++r) {
     float* hr = h + int64_t(r) * ldh;
     const float* yr = y + int64_t(r) * ldy;
     const float s = rs ? rs[r] : 1.f;
+    if (corr) {
 #pragma omp simd
-    for (int c = 0; c < n; ++c) hr[c] += yr[c] * s;
+      for (int c = 0; c < n; ++c) hr[c] += (yr[c] - corr[c]) * (cs[c] * s);
+    } else {
+#pragma omp simd
+      for (int c = 0; c < n; ++c) hr[c] += yr[c] * s;
+    }
   }
 }
 
-void silu_mul_rows(const float* y, int M, int n, const float* rs, int ldo, uint16_t* out_bf16, float* out_f32) {
+void copy_rows(float* out, int ldo, const float* y, int M, int n, const float* rs, const float* corr,
+               const float* cs) {
+  for (int r = 0; r < M; ++r) {
+    float* o = out + int64_t(r) * ldo;
+    const float* yr = y + int64_t(r) * n;
+    const float s = rs ? rs[r] : 1.f;
+    if (corr) {
+#pragma omp simd
+      for (int c = 0; c < n; ++c) o[c] = (yr[c] - corr[c]) * (cs[c] * s);
+    } else {
+      std::memcpy(o, yr, sizeof(float) * n);
+    }
+  }
+}
+
+void silu_mul_rows(const float* y, int M, int n, const float* rs, const float* corr, const float* cs, int ldo,
+                   uint16_t* out_bf16, float* out_f32) {
   for (int r = 0; r < M; ++r) {
     const float* g = y + int64_t(r) * 2 * n;
     const float* u = g + n;
     const float s = rs ? rs[r] : 1.f;
-    if (out_bf16) {
+    if (out_bf16) {  // bf16 path: no correction
       uint16_t* o = out_bf16 + int64_t(r) * ldo;
 #pragma omp simd
       for (int c = 0; c < n; ++c) {
@@ -102,10 +124,18 @@ void silu_mul_rows(const float* y, int M, int n, const float* rs, int ldo, uint1
       }
     } else {
       float* o = out_f32 + int64_t(r) * ldo;
+      if (corr) {
 #pragma omp simd
-      for (int c = 0; c < n; ++c) {
-        const float gv = g[c] * s;
-        o[c] = gv / (1.0f + exp_approx(-gv)) * (u[c] * s);
+        for (int c = 0; c < n; ++c) {
+          const float gv = (g[c] - corr[c]) * (cs[c] * s);
+          o[c] = gv / (1.0f + exp_approx(-gv)) * ((u[c] - corr[n + c]) * (cs[n + c] * s));
+        }
+      } else {
+#pragma omp simd
+        for (int c = 0; c < n; ++c) {
+          const float gv = g[c] * s;
+          o[c] = gv / (1.0f + exp_approx(-gv)) * (u[c] * s);
+        }
       }
     }
   }

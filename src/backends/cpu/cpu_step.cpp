@@ -51,8 +51,8 @@ void CpuBackend::layer_phases(int tid, int l) {
   const int r0 = M * tid / nthreads_, r1 = M * (tid + 1) / nthreads_;
   PerThread& pt = per_thread_[tid];
   dnnl::stream& st = streams_[tid];
-  const void* x_in = i8 ? static_cast<const void*>(x_s8_.data()) : x_bf16_.data();
-  const void* y_in = i8 ? static_cast<const void*>(y_s8_.data()) : y_bf16_.data();
+  const void* x_in = i8 ? static_cast<const void*>(x_u8_.data()) : x_bf16_.data();
+  const void* y_in = i8 ? static_cast<const void*>(y_u8_.data()) : y_bf16_.data();
   auto sync = [&](Phase p) {
     pool_.barrier();
     if (tid == 0) {
@@ -63,19 +63,15 @@ void CpuBackend::layer_phases(int tid, int l) {
   };
 
   rms_norm_rows(h_.data(), w.input_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
-                i8 ? x_s8_.data() : nullptr, x_scale_.data());
+                i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm1);
 
   if (const Slice s = qkv_slices_[tid]; s.n1 > s.n0) {
     // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
-    const int n = s.n1 - s.n0;
-    w.qkv[tid].run(st, x_in, pt.tmp.data(), pt.scratch.data());
-    for (int r = 0; r < M; ++r) {
-      const float* src = pt.tmp.data() + int64_t(r) * n;
-      float* dst = qkv_.data() + int64_t(r) * Nqkv + s.n0;
-      const float sc = i8 ? x_scale_[r] : 1.f;
-      for (int c = 0; c < n; ++c) dst[c] = src[c] * sc;
-    }
+    const PackedLinear& lin = w.qkv[tid];
+    lin.run(st, x_in, pt.tmp.data(), pt.scratch.data());
+    copy_rows(qkv_.data() + s.n0, Nqkv, pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr,
+              lin.col_correction(), lin.col_scale());
   }
   if (tid == 0) next_item_.store(0, std::memory_order_relaxed);
   sync(kQkv);
@@ -113,28 +109,31 @@ void CpuBackend::layer_phases(int tid, int l) {
 
   if (const Slice s = o_slices_[tid]; s.n1 > s.n0) {
     w.o[tid].run(st, y_in, pt.tmp.data(), pt.scratch.data());
-    add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr);
+    add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
+             w.o[tid].col_correction(), w.o[tid].col_scale());
   }
   sync(kOproj);
 
   rms_norm_rows(h_.data(), w.post_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
-                i8 ? x_s8_.data() : nullptr, x_scale_.data());
+                i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm2);
 
   if (const Slice s = mlp_slices_[tid]; s.n1 > s.n0) {
     w.gate_up[tid].run(st, x_in, pt.tmp.data(), pt.scratch.data());
-    silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, I,
+    silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, w.gate_up[tid].col_correction(),
+                  w.gate_up[tid].col_scale(), I,
                   i8 ? nullptr : y_bf16_.data() + s.n0, i8 ? act_f32_.data() + s.n0 : nullptr);
   }
   if (i8) {
     pool_.barrier();
-    quantize_rows(act_f32_.data(), r0, r1, I, y_s8_.data(), y_scale_.data());
+    quantize_rows(act_f32_.data(), r0, r1, I, y_u8_.data(), y_scale_.data());
   }
   sync(kGateUp);
 
   if (const Slice s = down_slices_[tid]; s.n1 > s.n0) {
     w.down[tid].run(st, y_in, pt.tmp.data(), pt.scratch.data());
-    add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr);
+    add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
+             w.down[tid].col_correction(), w.down[tid].col_scale());
   }
   sync(kDown);
 }
@@ -182,7 +181,7 @@ void CpuBackend::attention_phase(int tid, int l) {
   if (i8) {
     pool_.barrier();
     const int r0 = M_ * tid / nthreads_, r1 = M_ * (tid + 1) / nthreads_;
-    quantize_rows(act_f32_.data(), r0, r1, ld, y_s8_.data(), y_scale_.data());
+    quantize_rows(act_f32_.data(), r0, r1, ld, y_u8_.data(), y_scale_.data());
   }
 }
 

@@ -15,7 +15,8 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-dt act_type(WeightType t) { return t == WeightType::INT8 ? dt::s8 : dt::bf16; }
+dt src_type(WeightType t) { return t == WeightType::INT8 ? dt::u8 : dt::bf16; }
+dt wei_type(WeightType t) { return t == WeightType::INT8 ? dt::s8 : dt::bf16; }
 
 }  // namespace
 
@@ -24,12 +25,11 @@ std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int 
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   try {
-    const memory::desc src({M, K}, act_type(t), memory::dims{K, 1});
-    const memory::desc wei({K, N}, act_type(t), tag::any);
+    const memory::desc src({M, K}, src_type(t), memory::dims{K, 1});
+    const memory::desc wei({K, N}, wei_type(t), tag::any);
     const memory::desc dst({M, N}, dt::f32, memory::dims{ldy, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (t == WeightType::INT8) attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
     auto k = std::make_shared<MatmulKernel>();
     k->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, eng_);
     k->prim = dnnl::matmul(k->pd);
@@ -50,23 +50,28 @@ void PackedLinear::pack(MatmulKernels& kernels, WeightType t, int K, int N, cons
   kernel_ = kernels.get(t, M, K, N, ldy);
   const auto& eng = kernels.engine();
   // W is [N, K] row-major, i.e. the [K, N] matrix oneDNN wants with strides {1, K}.
-  const memory::desc user_md({K, N}, act_type(t), memory::dims{1, K});
+  const memory::desc user_md({K, N}, wei_type(t), memory::dims{1, K});
   memory user(user_md, eng);
   if (t == WeightType::BF16) {
     auto* p = static_cast<uint16_t*>(user.get_data_handle());
     for (int64_t i = 0; i < int64_t(N) * K; ++i) p[i] = f32_to_bf16(W[i]);
   } else {
-    scales_ = memory(memory::desc({N}, dt::f32, tag::a), eng);
-    auto* sc = static_cast<float*>(scales_.get_data_handle());
+    scale_.assign(N, 0.f);
     auto* p = static_cast<int8_t*>(user.get_data_handle());
+    corr_.assign(N, 0.f);
     for (int n = 0; n < N; ++n) {
       const float* w = W + int64_t(n) * K;
       float mx = 0.f;
       for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(w[k]));
       const float s = mx > 0.f ? mx / 127.f : 1.f;
-      sc[n] = s;
-      for (int k = 0; k < K; ++k)
-        p[int64_t(n) * K + k] = static_cast<int8_t>(std::lrintf(std::clamp(w[k] / s, -127.f, 127.f)));
+      scale_[n] = s;
+      int64_t sum = 0;
+      for (int k = 0; k < K; ++k) {
+        const int q = static_cast<int>(std::lrintf(std::clamp(w[k] / s, -127.f, 127.f)));
+        p[int64_t(n) * K + k] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      corr_[n] = static_cast<float>(128 * sum);
     }
   }
   weights_ = memory(kernel_->pd.weights_desc(), eng);
@@ -95,7 +100,6 @@ void PackedLinear::run(dnnl::stream& s, const void* x, float* y, void* scratch) 
   memory dst(pd.dst_desc(), eng, y);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst}};
   if (kernel_->scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(pd.scratchpad_desc(), eng, scratch));
-  if (type_ == WeightType::INT8) args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES, scales_);
   kernel_->prim.execute(s, args);
 }
 

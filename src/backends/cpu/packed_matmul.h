@@ -1,6 +1,9 @@
 // Weight-stationary matmuls on oneDNN: y[M, N] = x[M, K] W[N, K]^T with W packed once into the layout
-// the primitive prefers (memory format `any`). bf16 x bf16 -> fp32, or s8 x s8 -> fp32 with per-output-
-// channel weight scales applied by oneDNN (activation row scales are the caller's epilogue).
+// the primitive prefers (memory format `any`). bf16 x bf16 -> fp32, or u8 x s8 -> fp32 (integer sums).
+// int8 activations are symmetric s8 values stored as u8 = q + 128 (vpdpbusd's native u8 x s8 form); the
+// caller's epilogue subtracts col_correction()[n] = 128 * sum_k w_q[n][k] and multiplies by
+// col_scale()[n] and the activation row scale. No oneDNN output scales: oneDNN 2.6 drops from brgemm to
+// a 30% slower gemm for int8 matmuls with runtime scales.
 // Each PackedLinear is one column slice run by one pool thread with single-threaded oneDNN.
 #pragma once
 #include <dnnl.hpp>
@@ -38,13 +41,17 @@ class MatmulKernels {
 class PackedLinear {
  public:
   // Packs W [N, K] (fp32 rows) for M-row inputs and an output leading dimension ldy; int8 quantizes
-  // each row symmetrically (scale = max|w| / 127).
+  // each row symmetrically (scale = max|w| / 127, values in [-127, 127]).
   void pack(MatmulKernels& kernels, WeightType t, int K, int N, const float* W, int M, int ldy);
   // Re-plans for M rows / ldy (at bind); repacks only if oneDNN wants another weight layout.
   void prepare(MatmulKernels& kernels, int M, int ldy);
-  // y[M, ldy] (first N columns written) = x W^T (* weight scales). x: bf16 or s8 [M, K].
+  // y[M, ldy] (first N columns written) = x W^T. x: bf16 or u8 [M, K].
   void run(dnnl::stream& s, const void* x, float* y, void* scratch) const;
   size_t scratch_bytes() const { return kernel_ ? kernel_->scratch_bytes : 0; }
+  // int8: the per-column offset the +128 shift of the activations adds to y, and the weight scales;
+  // nullptr for bf16.
+  const float* col_correction() const { return corr_.empty() ? nullptr : corr_.data(); }
+  const float* col_scale() const { return scale_.empty() ? nullptr : scale_.data(); }
   int N() const { return N_; }
   int K() const { return K_; }
 
@@ -52,7 +59,8 @@ class PackedLinear {
   WeightType type_ = WeightType::BF16;
   int K_ = 0, N_ = 0, M_ = 0;
   std::shared_ptr<const MatmulKernel> kernel_;
-  dnnl::memory weights_, scales_;
+  dnnl::memory weights_;
+  std::vector<float> corr_, scale_;
 };
 
 }  // namespace alpamayo::cpu
