@@ -144,7 +144,8 @@ Stats compare(const std::vector<float>& a, const std::vector<float>& ref) {
   for (size_t i = 0; i < a.size(); ++i) {
     const double x = a[i] - ma, y = ref[i] - mr;
     saa += x * x; srr += y * y; sar += x * y;
-    mx = std::max(mx, std::fabs(double(a[i]) - ref[i]));
+    const double diff = std::fabs(double(a[i]) - ref[i]);
+    mx = std::isnan(diff) || std::isnan(mx) ? NAN : std::max(mx, diff);
     rmax = std::max(rmax, std::fabs(double(ref[i])));
   }
   return {sar / std::sqrt(saa * srr), mx, rmax};

@@ -203,8 +203,11 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
   float* lblk = sc.lblk.data();
   const __m512 scale = _mm512_set1_ps(g.scale_log2);
   bool first = true;
-  for (int jb = j0; jb < j1; jb += kKeyBlock) {
-    const int n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
+  // The first block only establishes the running max (exact two-pass path), so it is kept short.
+  constexpr int kFirstBlock = 16;
+  for (int jb = j0, n = 0; jb < j1; jb += n) {
+    const int want = first ? kFirstBlock : kKeyBlock;
+    n = j1 - jb < want ? j1 - jb : want;
     const int npad = (n + kQkKeys - 1) / kQkKeys * kQkKeys;  // multiple of 4, hence even
     for (int k = 0; k < npad; ++k) {
       const int j = jb + k;
@@ -262,7 +265,7 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
     const int pairs = npad / 2, ncv = g.dp / 16;
     // The next block's cache rows (contiguous) stream in from memory while PV computes: spread L2
     // prefetches over the row tiles so the next block's first touches do not stall.
-    const int next0 = jb + kKeyBlock, next1 = jb + 2 * kKeyBlock < kv.S ? jb + 2 * kKeyBlock : kv.S;
+    const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
     const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
     const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
     const char* pf_v = reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
