@@ -141,6 +141,16 @@ void silu_mul_rows(const float* y, int M, int n, const float* rs, const float* c
   }
 }
 
+void store_bf16(const float* x, int n, uint16_t* out) {
+#pragma omp simd
+  for (int i = 0; i < n; ++i) out[i] = to_bf16(x[i]);
+}
+
+void store_bf16_pairs(const float* x, int half, uint32_t* out, int64_t stride) {
+  for (int i = 0; i < half; ++i)
+    out[i * stride] = uint32_t(to_bf16(x[2 * i])) | (uint32_t(to_bf16(x[2 * i + 1])) << 16);
+}
+
 void head_norm_rope(float* x, int d, const float* w, float eps, const float* cos, const float* sin, float* tmp) {
   const float inv = inv_rms(x, d, eps);
   for (int i = 0; i < d; ++i) tmp[i] = w[i] * (x[i] * inv);

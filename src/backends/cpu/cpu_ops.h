@@ -25,6 +25,10 @@ void copy_rows(float* out, int ldo, const float* y, int M, int n, const float* r
 void silu_mul_rows(const float* y, int M, int n, const float* rs, const float* corr, const float* cs, int ldo,
                    uint16_t* out_bf16, float* out_f32);
 
+// bf16 stores of fp32 rows: contiguous, and as pairs (x[2i], x[2i+1]) at out[i * stride] (query layout).
+void store_bf16(const float* x, int n, uint16_t* out);
+void store_bf16_pairs(const float* x, int half, uint32_t* out, int64_t stride);
+
 // In-place RMSNorm over d followed by HF rotate_half rotary with tables cos/sin [d]. tmp: d floats.
 void head_norm_rope(float* x, int d, const float* w, float eps, const float* cos, const float* sin, float* tmp);
 

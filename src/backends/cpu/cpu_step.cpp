@@ -90,15 +90,13 @@ void CpuBackend::layer_phases(int tid, int l) {
       if (hd < Hq) {
         head_norm_rope(x, d, w.q_norm.data(), eps, c, sn, pt.row.data());
         const int g = hd / group, r = (hd % group) * T_ + t;
-        uint32_t* q = qp_.data() + int64_t(b * Hkv + g) * half * geo_.Rp + r;
-        for (int i = 0; i < half; ++i)
-          q[int64_t(i) * geo_.Rp] = uint32_t(f32_to_bf16(x[2 * i])) | (uint32_t(f32_to_bf16(x[2 * i + 1])) << 16);
+        store_bf16_pairs(x, half, qp_.data() + int64_t(b * Hkv + g) * half * geo_.Rp + r, geo_.Rp);
       } else {
         const bool is_k = hd < Hq + Hkv;
         const int g = is_k ? hd - Hq : hd - Hq - Hkv;
         if (is_k) head_norm_rope(x, d, w.k_norm.data(), eps, c, sn, pt.row.data());
         uint16_t* dst = (is_k ? k_own_.data() : v_own_.data()) + (int64_t(b * Hkv + g) * T_ + t) * d;
-        for (int i = 0; i < d; ++i) dst[i] = f32_to_bf16(x[i]);
+        store_bf16(x, d, dst);
       }
     }
   }
