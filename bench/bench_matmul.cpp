@@ -1,11 +1,14 @@
 // Throughput of the expert's weight matmuls (M = B*T rows) on oneDNN, as packed by the cpu backend:
 // per-thread column slices run single-threaded from our pool ("pool") versus one matmul threaded by
-// oneDNN's own OpenMP runtime ("omp"), for bf16 and int8 weights.
+// oneDNN's own OpenMP runtime ("omp"), for bf16 and int8 weights. The "pool" times include one pool
+// dispatch per call (a step has one per step). Then, single-threaded, which oneDNN implementation
+// the attribute choices the backend avoids would get (--study).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/cpu/aligned.h"
@@ -14,17 +17,63 @@
 
 using namespace alpamayo::cpu;
 
+namespace {
+
+// One oneDNN matmul M x K x N with the given source type, destination stride and runtime output scales.
+void study_one(const dnnl::engine& eng, int M, int K, int N, dnnl::memory::data_type src_t,
+               dnnl::memory::data_type wei_t, int ldy, bool runtime_scales, int reps) {
+  using dnnl::memory;
+  const memory::desc src({M, K}, src_t, memory::dims{K, 1}), wei({K, N}, wei_t, memory::format_tag::any),
+      dst({M, N}, memory::data_type::f32, memory::dims{ldy, 1});
+  dnnl::primitive_attr attr;
+  if (runtime_scales) attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), attr, eng);
+  dnnl::matmul mm(pd);
+  memory ms(src, eng), mw(pd.weights_desc(), eng), md(memory::desc({M, ldy}, memory::data_type::f32, memory::format_tag::ab), eng),
+      sc(memory::desc({N}, memory::data_type::f32, memory::format_tag::a), eng);
+  memory mdv(dst, eng, md.get_data_handle());
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, mdv}};
+  if (runtime_scales) args[DNNL_ARG_ATTR_OUTPUT_SCALES] = sc;
+  dnnl::stream st(eng);
+  mm.execute(st, args);
+  st.wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < reps; ++r) mm.execute(st, args);
+  st.wait();
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+  std::printf("study %dx%dx%d src %-4s ldy %-5d runtime scales %d: %7.3f ms %7.1f G(FL)OP/s  impl %s\n", M, K, N,
+              src_t == memory::data_type::bf16 ? "bf16" : src_t == memory::data_type::u8 ? "u8" : "s8", ldy,
+              int(runtime_scales), sec * 1e3, 2.0 * M * K * N / sec / 1e9, pd.impl_info_str());
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   int M = 64, threads = 2, reps = 20;
+  bool study = false;
   CLI::App app{"oneDNN matmul throughput for the expert's shapes"};
   app.add_option("--M", M, "rows (B*T)");
   app.add_option("--threads", threads, "threads");
   app.add_option("--reps", reps, "repetitions");
+  app.add_flag("--study", study, "only the single-thread oneDNN attribute study");
   CLI11_PARSE(app, argc, argv);
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
                           {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  if (study) {
+    ScopedOmpThreads one(1);
+    using dt = dnnl::memory::data_type;
+    const int K = 1536, N = 3072;  // one thread's gate_up slice on 2 threads
+    study_one(eng, M, K, 2 * N, dt::bf16, dt::bf16, 2 * N, false, reps);
+    study_one(eng, M, K, 2 * N, dt::bf16, dt::bf16, 4 * N, false, reps);
+    study_one(eng, M, K, 2 * N, dt::u8, dt::s8, 2 * N, false, reps);
+    study_one(eng, M, K, 2 * N, dt::u8, dt::s8, 4 * N, false, reps);
+    study_one(eng, M, K, 2 * N, dt::u8, dt::s8, 2 * N, true, reps);
+    study_one(eng, M, K, 2 * N, dt::s8, dt::s8, 2 * N, false, reps);
+    study_one(eng, M, K, 2 * N, dt::s8, dt::s8, 2 * N, true, reps);
+    return 0;
+  }
   MatmulKernels kernels(eng);
   ThreadPool pool(threads);
   std::vector<dnnl::stream> streams;
