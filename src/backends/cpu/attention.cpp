@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "alpamayo/tensor.h"
+#include "backends/cpu/cpu_ops.h"
 
 namespace alpamayo::cpu {
 
@@ -81,8 +82,7 @@ void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyR
 void merge_partials(const AttnGeometry& g, int n, const float* O, const float* m, const float* l, int T,
                     int group, int head0, int ld, float* out_f32, uint16_t* out_bf16) {
   const size_t ostride = size_t(g.Rp) * g.dp;
-  std::vector<float> w(n);
-  std::vector<float> acc(g.d);
+  std::vector<float> w(n), acc(g.d);
   for (int r = 0; r < g.R; ++r) {
     float mx = -INFINITY;
     for (int c = 0; c < n; ++c) mx = std::max(mx, m[size_t(c) * g.Rp + r]);
@@ -93,17 +93,20 @@ void merge_partials(const AttnGeometry& g, int n, const float* O, const float* m
       denom += w[c] * l[size_t(c) * g.Rp + r];
     }
     const float inv = denom > 0.f ? 1.f / denom : 0.f;
-    std::fill(acc.begin(), acc.end(), 0.f);
-    for (int c = 0; c < n; ++c) {
+    const float* o0 = O + size_t(r) * g.dp;
+    const float w0 = w[0] * inv;
+#pragma omp simd
+    for (int i = 0; i < g.d; ++i) acc[i] = w0 * o0[i];
+    for (int c = 1; c < n; ++c) {
       const float* o = O + c * ostride + size_t(r) * g.dp;
       const float wc = w[c] * inv;
+#pragma omp simd
       for (int i = 0; i < g.d; ++i) acc[i] += wc * o[i];
     }
     const int hh = r / T, t = r % T;
     const size_t off = size_t(t) * ld + size_t(head0 + hh) * g.d;
     if (out_f32) std::copy(acc.begin(), acc.end(), out_f32 + off);
-    if (out_bf16)
-      for (int i = 0; i < g.d; ++i) out_bf16[off + i] = f32_to_bf16(acc[i]);
+    if (out_bf16) store_bf16(acc.data(), g.d, out_bf16 + off);
   }
 }
 
