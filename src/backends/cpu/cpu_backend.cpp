@@ -51,7 +51,7 @@ CpuBackend::CpuBackend(const BackendOptions& opts)
   per_thread_.resize(nthreads_);
 }
 
-void CpuBackend::pack_layer(const LayerWeights& lw, CpuLayer& out, int tid) {
+void CpuBackend::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
   const int Nqkv = (Hq + 2 * Hkv) * d, Mhint = cfg_.T > 0 ? cfg_.T : 64;
   out.input_norm = to_f32(lw.input_norm);
@@ -97,7 +97,6 @@ void CpuBackend::pack_layer(const LayerWeights& lw, CpuLayer& out, int tid) {
     const int n = s.n1 - s.n0;
     if (n > 0) out.down[t].pack(*kernels_, wtype_, I, n, down.data() + size_t(s.n0) * I, Mhint, n);
   }
-  (void)tid;
 }
 
 void CpuBackend::load(const ExpertConfig& cfg, const ExpertWeights& w) {
@@ -133,7 +132,7 @@ void CpuBackend::load(const ExpertConfig& cfg, const ExpertWeights& w) {
   final_norm_ = to_f32(w.final_norm);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
   pool_.run([&](int tid) {
-    for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.layers[l], layers_[l], tid);
+    for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.layers[l], layers_[l]);
   });
   loaded_ = true;
 }

@@ -45,7 +45,7 @@ class CpuBackend final : public Backend {
   void set_portable_attention(bool on) { use_bf16_attn_ = !on && cpu_has_avx512_bf16(); }
 
  private:
-  void pack_layer(const LayerWeights& lw, CpuLayer& out, int tid);
+  void pack_layer(const LayerWeights& lw, CpuLayer& out);
   void plan_attention();
   void run_step(int tid, const float* emb, float* hidden, const LayerTap* tap);
   void layer_phases(int tid, int l);

@@ -1,7 +1,9 @@
 // CpuBackend::step: all layers inside one pool dispatch. Each phase splits its work over the threads
 // (matmuls by the column slices packed at load, row-wise ops by rows, attention by work items) and
 // ends in a barrier; thread 0 timestamps the barriers for the profile table.
+#include <algorithm>
 #include <cstdio>
+#include <iterator>
 
 #include "alpamayo/error.h"
 #include "backends/cpu/cpu_backend_impl.h"
