@@ -37,6 +37,7 @@ uint64_t hash_name(const std::string& s, uint64_t seed) {
 struct Init {
   float center = 0.f, scale = 0.f;
   std::vector<float> fixed;
+  std::vector<float> col_scale;  // optional per-column factor (last dimension)
 };
 
 void store(DType dt, const float* src, int64_t n, void* dst) {
@@ -65,6 +66,8 @@ void fill_entry(const Entry& e, uint64_t seed, void* dst) {
   } else {
     Rng rng(hash_name(e.name, seed));
     for (auto& v : buf) v = e.init.center + e.init.scale * rng.uniform();
+    const size_t cols = e.init.col_scale.size();
+    for (size_t i = 0; cols && i < buf.size(); ++i) buf[i] *= e.init.col_scale[i % cols];
   }
   store(e.dtype, buf.data(), n, dst);
 }
@@ -105,7 +108,15 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
   }
   add(ep + "norm.weight", {D}, norm_init(), w);
   const std::string ip = hp + "action_in_proj.", tr = ip + "encoder.trunk.";
-  add(tr + "0.weight", {h, (A + 1) * F}, linear_init((A + 1) * F), w);
+  // A trained velocity field is smooth in x; random weights on sin(2 pi 100 x) features make the sampler
+  // chaotic (a 1e-4 change of the noise moves the action by O(1)). Damping the action features' columns
+  // by 1/f keeps every frequency in play with a moderate sampler gain; the time features stay undamped.
+  Init in0 = linear_init((A + 1) * F);
+  const std::vector<float> fr_exact = fourier_freqs(s.n_fourier, s.max_freq, false);
+  in0.col_scale.assign((A + 1) * F, 1.f);
+  for (int a = 0; a < A; ++a)
+    for (int j = 0; j < F / 2; ++j) in0.col_scale[a * F + j] = in0.col_scale[a * F + F / 2 + j] = 1.f / fr_exact[j];
+  add(tr + "0.weight", {h, (A + 1) * F}, in0, w);
   add(tr + "0.bias", {h}, {0.f, 0.1f, {}}, w);
   for (int i = 0; i < s.ain_layers; ++i) {
     const int k = 2 + 3 * i;
