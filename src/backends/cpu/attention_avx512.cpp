@@ -21,8 +21,9 @@ constexpr int kQkKeys = 4;   // keys per QK register tile (x up to 4 vectors of 
 constexpr int kPvRows = 4;   // query rows per PV register tile (x up to 4 vectors of 16 columns)
 
 // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, Taylor polynomial of e^(f ln2). Degree 6 (rel. error
-// ~1e-7) for the rescale factors; degree 4 (~4e-5) for the probabilities, which are rounded to bf16
-// (2^-9) anyway. x <= 0 here; very negative x underflows to 0 through scalef.
+// ~1e-7) for the rescale factors; degree 3 (~6e-4) for the probabilities, which are rounded to bf16
+// (2^-9 = 2e-3) for PV anyway and whose fp32 sum carries the same error, so it cancels in O / l to
+// first order. Very negative x underflows to 0 through scalef.
 template <int Degree>
 ALP_BF16 inline __m512 exp2_ps(__m512 x) {
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -75,15 +76,14 @@ ALP_BF16 inline void qk_tile(const uint32_t* qp, int Rp, int half, const uint16_
 
 // Fused path: probabilities against the running max m (kept fixed for the block, so O needs no
 // rescale), written as bf16 pairs P[k/2][row]; row sums added to lsum. Keys >= nvalid get p = 0.
-// Returns false if a score exceeds m by more than 2^64, which the caller then redoes exactly.
+// A score far above m shows up as a huge (or infinite) row sum, which the caller checks.
 template <int NQV>
-ALP_BF16 inline bool qk_exp_tile(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr, int nvalid,
+ALP_BF16 inline void qk_exp_tile(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr, int nvalid,
                                  const float* m, __m512 scale, uint32_t* P, float* lsum) {
   __m512 acc[NQV][kQkKeys];
   qk_acc<NQV>(qp, Rp, half, kptr, acc);
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                               23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  __mmask16 over = 0;
 #pragma GCC unroll 16
   for (int v = 0; v < NQV; ++v) {
     const __m512 mv = _mm512_loadu_ps(m + v * 16);
@@ -92,12 +92,7 @@ ALP_BF16 inline bool qk_exp_tile(const uint32_t* qp, int Rp, int half, const uin
 #pragma GCC unroll 16
     for (int k = 0; k < kQkKeys; ++k) {
       const __m512 x = _mm512_fmsub_ps(acc[v][k], scale, mv);
-      if (k < nvalid) {
-        over |= _mm512_cmp_ps_mask(x, _mm512_set1_ps(64.f), _CMP_GT_OQ);
-        p[k] = exp2_ps<4>(x);
-      } else {
-        p[k] = _mm512_setzero_ps();
-      }
+      p[k] = k < nvalid ? exp2_ps<3>(x) : _mm512_setzero_ps();
       sum = _mm512_add_ps(sum, p[k]);
     }
     _mm512_storeu_ps(lsum + v * 16, sum);
@@ -107,7 +102,6 @@ ALP_BF16 inline bool qk_exp_tile(const uint32_t* qp, int Rp, int half, const uin
       _mm512_store_si512(P + size_t(k / 2) * Rp + v * 16, _mm512_permutexvar_epi16(interleave, both));
     }
   }
-  return over == 0;
 }
 
 // O[row][c] = O[row][c] * alpha[row] + sum_pairs P(row) . V(c) for kPvRows rows and NCV column vectors.
@@ -227,20 +221,23 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
     bool fused = !first;
     if (fused) {
       for (int r = 0; r < g.Rp; ++r) lblk[r] = 0.f;
-      for (int r = 0; r < g.Rp && fused; r += 64) {
+      for (int r = 0; r < g.Rp; r += 64) {
         const int nqv = (g.Rp - r) / 16 < 4 ? (g.Rp - r) / 16 : 4;
-        for (int k = 0; k < npad && fused; k += kQkKeys) {
+        for (int k = 0; k < npad; k += kQkKeys) {
           const uint32_t* q = qp + r;
           uint32_t* p = P + size_t(k / 2) * g.Rp + r;
           const int nv = n - k;
           switch (nqv) {
-            case 4: fused = qk_exp_tile<4>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
-            case 3: fused = qk_exp_tile<3>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
-            case 2: fused = qk_exp_tile<2>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
-            default: fused = qk_exp_tile<1>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            case 4: qk_exp_tile<4>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            case 3: qk_exp_tile<3>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            case 2: qk_exp_tile<2>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            default: qk_exp_tile<1>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
           }
         }
       }
+      // A score more than 64 (log2) above the running max makes its row sum exceed 2^64 (or inf):
+      // redo the block exactly, so that fp32 never overflows in O or l.
+      for (int r = 0; r < g.Rp && fused; ++r) fused = lblk[r] < 0x1p64f;
       if (fused)
         for (int r = 0; r < g.Rp; ++r) l[r] += lblk[r];
     }
