@@ -2,7 +2,7 @@
 // per-thread column slices run single-threaded from our pool ("pool") versus one matmul threaded by
 // oneDNN's own OpenMP runtime ("omp"), for bf16 and int8 weights. The "pool" times include one pool
 // dispatch per call (a step has one per step). Then, single-threaded, which oneDNN implementation
-// the attribute choices the backend avoids would get (--study).
+// the attribute choices the backend avoids would get (--study), and what cold weights cost (--cold).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -46,21 +46,61 @@ void study_one(const dnnl::engine& eng, int M, int K, int N, dnnl::memory::data_
               int(runtime_scales), sec * 1e3, 2.0 * M * K * N / sec / 1e9, pd.impl_info_str());
 }
 
+// Single-threaded per-thread slices of the seed on 2 threads, weights cold (a 256 MB buffer is swept
+// before each call, as the step's 64 layers sweep 4.8 GB) versus hot (the same call repeated).
+void cold_vs_hot(const dnnl::engine& eng, int M, int reps) {
+  MatmulKernels kernels(eng);
+  dnnl::stream st(eng);
+  ScopedOmpThreads one(1);
+  struct Shape { const char* name; int K, N; };
+  const Shape shapes[] = {{"qkv slice", 1536, 2048}, {"o slice", 2048, 768}, {"gate_up slice", 1536, 6144},
+                          {"down slice", 6144, 768}};
+  std::vector<char> sweep(size_t(256) << 20, 1);
+  long sink = 0;
+  for (const Shape& sh : shapes) {
+    const std::vector<float> W(size_t(sh.N) * sh.K, 0.01f);
+    PackedLinear lin;
+    lin.pack(kernels, WeightType::BF16, sh.K, sh.N, W.data(), M, sh.N);
+    AlignedBuf<uint16_t> x(size_t(M) * sh.K);
+    AlignedBuf<float> y(size_t(M) * sh.N);
+    AlignedBuf<uint8_t> scratch(lin.scratch_bytes() + 1);
+    double cold = 0, hot = 0;
+    for (int r = 0; r < reps; ++r) {
+      for (size_t i = 0; i < sweep.size(); i += 64) sink += sweep[i]++;
+      const auto t0 = std::chrono::steady_clock::now();
+      lin.run(st, x.data(), y.data(), scratch.data());
+      const auto t1 = std::chrono::steady_clock::now();
+      lin.run(st, x.data(), y.data(), scratch.data());
+      const auto t2 = std::chrono::steady_clock::now();
+      cold += std::chrono::duration<double>(t1 - t0).count();
+      hot += std::chrono::duration<double>(t2 - t1).count();
+    }
+    std::printf("bf16 %-14s M=%d: cold %.3f ms, hot %.3f ms, cold/hot %.2f\n", sh.name, M, cold / reps * 1e3,
+                hot / reps * 1e3, cold / hot);
+  }
+  if (sink == 42) std::printf(" \n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int M = 64, threads = 2, reps = 20;
-  bool study = false;
+  bool study = false, cold = false;
   CLI::App app{"oneDNN matmul throughput for the expert's shapes"};
   app.add_option("--M", M, "rows (B*T)");
   app.add_option("--threads", threads, "threads");
   app.add_option("--reps", reps, "repetitions");
   app.add_flag("--study", study, "only the single-thread oneDNN attribute study");
+  app.add_flag("--cold", cold, "only single-thread slices with cold versus hot weights");
   CLI11_PARSE(app, argc, argv);
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
                           {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  if (cold) {
+    cold_vs_hot(eng, M, reps < 5 ? reps : 5);
+    return 0;
+  }
   if (study) {
     ScopedOmpThreads one(1);
     using dt = dnnl::memory::data_type;
