@@ -28,6 +28,10 @@ struct KeyRows {
   int S = 0;
   const uint16_t* k_own = nullptr;
   const uint16_t* v_own = nullptr;
+  // Optional memory the caller needs next (the thread's o_proj weights), prefetched into L2 spread
+  // over the chunk's blocks so that it arrives without stalling anyone.
+  const char* prefetch = nullptr;
+  size_t prefetch_bytes = 0;
 };
 
 // Per-thread scratch for one key block.

@@ -197,6 +197,7 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
   float* lblk = sc.lblk.data();
   const __m512 scale = _mm512_set1_ps(g.scale_log2);
   bool first = true;
+  size_t ex_off = 0;  // progress through kv.prefetch
   // The first block only establishes the running max (exact two-pass path), so it is kept short.
   constexpr int kFirstBlock = 16;
   for (int jb = j0, n = 0; jb < j1; jb += n) {
@@ -268,11 +269,17 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
     const char* pf_v = reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
     const size_t pf_step = (pf_bytes / 64 + g.Rp / kPvRows - 1) / (g.Rp / kPvRows) * 64;
     size_t pf_off = 0;
+    // The caller's region: this block's share (blocks are ~kKeyBlock keys), spread over the row tiles.
+    const size_t ex_block = ((kv.prefetch_bytes * kKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;
+    const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
+    const size_t ex_step = ((ex_end - ex_off) / 64 + g.Rp / kPvRows - 1) / (g.Rp / kPvRows) * 64;
     for (int r = 0; r < g.Rp; r += kPvRows) {
       for (size_t e = pf_off + pf_step; pf_off < e && pf_off < pf_bytes; pf_off += 64) {
         _mm_prefetch(pf_k + pf_off, _MM_HINT_T1);
         _mm_prefetch(pf_v + pf_off, _MM_HINT_T1);
       }
+      for (size_t e = ex_off + ex_step; ex_off < e && ex_off < ex_end; ex_off += 64)
+        _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
       const uint32_t* p = P + r;
       for (int c = 0; c < ncv; c += 4) {
         const uint32_t* v = V + c * 16;

@@ -155,6 +155,10 @@ void CpuBackend::attention_phase(int tid, int l) {
     const int64_t bg = int64_t(it.b) * Hkv + it.g;
     KeyRows kv{k_cache_[l] + bg * P_ * d, v_cache_[l] + bg * P_ * d, S_[it.b], k_own_.data() + bg * T_ * d,
                v_own_.data() + bg * T_ * d};
+    // Each item also pulls in this thread's o_proj weights (repeats hit L2/L3 and cost little).
+    const PackedLinear& o = layers_[l].o[tid];
+    kv.prefetch = o.packed_data();
+    kv.prefetch_bytes = o.packed_bytes();
     init_partial(geo_, O, m, lsum);
     attend_chunk(use_bf16_attn_, geo_, qp_.data() + bg * (d / 2) * geo_.Rp, kv, it.j0, it.j1, O, m, lsum,
                  per_thread_[tid].attn);

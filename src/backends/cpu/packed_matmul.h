@@ -48,6 +48,9 @@ class PackedLinear {
   // y[M, ldy] (first N columns written) = x W^T. x: bf16 or u8 [M, K].
   void run(dnnl::stream& s, const void* x, float* y, void* scratch) const;
   size_t scratch_bytes() const { return kernel_ ? kernel_->scratch_bytes : 0; }
+  // The packed weights, for prefetching.
+  const char* packed_data() const { return N_ ? static_cast<const char*>(weights_.get_data_handle()) : nullptr; }
+  size_t packed_bytes() const { return N_ ? weights_.get_desc().get_size() : 0; }
   // int8: the per-column offset the +128 shift of the activations adds to y, and the weight scales;
   // nullptr for bf16.
   const float* col_correction() const { return corr_.empty() ? nullptr : corr_.data(); }
