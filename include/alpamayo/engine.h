@@ -15,13 +15,13 @@ namespace alpamayo {
 
 struct SampleOptions {
   int steps = 0;                        // 0: diffusion_cfg.num_inference_steps
-  std::optional<uint64_t> seed;         // noise from gaussian_noise(seed) when no noise is given
-  std::vector<float> noise;             // [B, T, A]; empty: draw from seed (0 if unset)
+  std::optional<uint64_t> seed{};       // noise from gaussian_noise(seed) when no noise is given
+  std::vector<float> noise{};           // [B, T, A]; empty: draw from seed (0 if unset)
   bool all_steps = false;               // keep every x_k and v_k
-  std::optional<double> v0;             // overrides the context's v0 / ego-history estimate
+  std::optional<double> v0{};           // overrides the context's v0 / ego-history estimate
   const LayerTap* layer_tap = nullptr;  // called for each layer during step 0 only
-  std::function<void(const std::vector<float>& emb, const std::vector<float>& hidden)> step0_io;  // step 0 I/O
-  std::function<void(int step, int steps, double seconds)> progress;
+  std::function<void(const std::vector<float>& emb, const std::vector<float>& hidden)> step0_io{};  // step 0 I/O
+  std::function<void(int step, int steps, double seconds)> progress{};
 };
 
 struct SampleResult {
