@@ -36,8 +36,8 @@ uint64_t hash_name(const std::string& s, uint64_t seed) {
 // How a tensor's values are drawn: center + scale * U(-1, 1), or fixed values.
 struct Init {
   float center = 0.f, scale = 0.f;
-  std::vector<float> fixed;
-  std::vector<float> col_scale;  // optional per-column factor (last dimension)
+  std::vector<float> fixed{};
+  std::vector<float> col_scale{};  // optional per-column factor (last dimension)
 };
 
 void store(DType dt, const float* src, int64_t n, void* dst) {
