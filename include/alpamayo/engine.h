@@ -35,6 +35,8 @@ struct SampleResult {
   std::string v0_source;
 };
 
+// One engine per thread: an Engine (and its backend) is not safe to call concurrently. Engines share
+// nothing, so several may run in parallel, each with its own backend threads.
 class Engine {
  public:
   Engine(std::shared_ptr<const Checkpoint> ckpt, std::unique_ptr<Backend> backend, bool exact_freqs = false);
