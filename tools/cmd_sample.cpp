@@ -77,6 +77,7 @@ void run_sample(const SampleArgs& a) {
   Engine engine(ck, make_backend(a.backend, bo), a.exact_freqs);
   Context ctx = Context::open(a.context);
   const int B = ctx.batch();
+  const std::optional<EgoHistory> history = ctx.history();
   engine.bind(std::move(ctx));
   SampleOptions so;
   so.steps = a.steps;
@@ -107,7 +108,7 @@ void run_sample(const SampleArgs& a) {
     write_safetensors(a.layers_out, t);
   }
   if (!a.json.empty()) write_result_json(a.json, r, a.backend);
-  if (!a.svg.empty()) write_result_svg(a.svg, r);
+  if (!a.svg.empty()) write_result_svg(a.svg, r, history ? &*history : nullptr);
   double total = 0;
   for (double s : r.step_seconds) total += s;
   if (!a.quiet)

@@ -139,7 +139,9 @@ Run add_demo(CLI::App& app) {
     bo.weights = a->weights;
     const auto t0 = std::chrono::steady_clock::now();
     Engine engine(ck, make_backend(a->backend, bo));
-    engine.bind(Context::open(ctx_path.string()));
+    Context ctx = Context::open(ctx_path.string());
+    const std::optional<EgoHistory> history = ctx.history();
+    engine.bind(std::move(ctx));
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     SampleOptions so;
     so.steps = a->steps;
@@ -151,7 +153,7 @@ Run add_demo(CLI::App& app) {
     const std::string svg = (fs::path(a->out_dir) / "trajectories.svg").string();
     write_result_safetensors(out, r);
     write_result_json(js, r, a->backend);
-    write_result_svg(svg, r);
+    write_result_svg(svg, r, history ? &*history : nullptr);
     double total = 0;
     for (double s : r.step_seconds) total += s;
     std::printf("Alpamayo action expert demo (%s model, backend %s, %s weights)\n", a->size.c_str(), a->backend.c_str(),

@@ -46,7 +46,7 @@ void write_result_json(const std::string& path, const SampleResult& r, const std
   write_text_file(path, j.dump(1));
 }
 
-void write_result_svg(const std::string& path, const SampleResult& r) {
+void write_result_svg(const std::string& path, const SampleResult& r, const EgoHistory* history) {
   // Ego frame: x forward (drawn upwards), y left (drawn leftwards), equal scales, origin = ego at t0.
   double xmin = 0, xmax = 1, ymin = -1, ymax = 1;
   for (int64_t i = 0; i < int64_t(r.B) * r.T; ++i) {
@@ -54,6 +54,12 @@ void write_result_svg(const std::string& path, const SampleResult& r) {
     xmax = std::max(xmax, double(r.xyz[3 * i]));
     ymin = std::min(ymin, double(r.xyz[3 * i + 1]));
     ymax = std::max(ymax, double(r.xyz[3 * i + 1]));
+  }
+  const size_t nh = history ? history->xyz.size() / 3 : 0;
+  for (size_t i = 0; i < nh; ++i) {
+    xmin = std::min(xmin, double(history->xyz[3 * i]));
+    ymin = std::min(ymin, double(history->xyz[3 * i + 1]));
+    ymax = std::max(ymax, double(history->xyz[3 * i + 1]));
   }
   const double span = std::max({xmax - xmin, ymax - ymin, 10.0}) * 1.15;
   const double cx = (xmin + xmax) / 2, cy = (ymin + ymax) / 2, W = 640, H = 640, sc = (W - 80) / span;
@@ -68,6 +74,14 @@ void write_result_svg(const std::string& path, const SampleResult& r) {
     s << "<line x1='0' x2='" << W << "' y1='" << py(g) << "' y2='" << py(g) << "' stroke='#eee'/>\n";
   for (double g = std::floor((cy - span / 2) / grid) * grid; g <= cy + span / 2; g += grid)
     s << "<line y1='0' y2='" << H << "' x1='" << px(g) << "' x2='" << px(g) << "' stroke='#eee'/>\n";
+  for (int b = 0; history && b < r.B; ++b) {
+    s << "<polyline fill='none' stroke='#999' stroke-width='2' stroke-dasharray='4 3' points='";
+    for (int k = 0; k < history->H; ++k) {
+      const float* p = history->xyz.data() + (int64_t(b) * history->H + k) * 3;
+      s << (k ? " " : "") << px(p[1]) << "," << py(p[0]);
+    }
+    s << "'/>\n";
+  }
   s << "<circle cx='" << px(0) << "' cy='" << py(0) << "' r='5' fill='black'/>\n";
   for (int b = 0; b < r.B; ++b) {
     s << "<polyline fill='none' stroke-width='2' stroke='" << colors[b % 8] << "' points='" << px(0) << "," << py(0);
@@ -78,7 +92,8 @@ void write_result_svg(const std::string& path, const SampleResult& r) {
     s << "'/>\n";
   }
   s << "<text x='10' y='" << H + 25 << "' font-size='14'>" << r.B << " trajector" << (r.B == 1 ? "y" : "ies") << ", "
-    << r.T << " waypoints; grid " << grid << " m; x forward (up), y left</text>\n</svg>\n";
+    << r.T << " waypoints" << (history ? " (ego history dashed)" : "") << "; grid " << grid
+    << " m; x forward (up), y left</text>\n</svg>\n";
   write_text_file(path, s.str());
 }
 
