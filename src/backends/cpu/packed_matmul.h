@@ -13,6 +13,8 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/cpu/huge_buf.h"
+
 namespace alpamayo::cpu {
 
 enum class WeightType { BF16, INT8 };
@@ -60,8 +62,12 @@ class PackedLinear {
 
  private:
   WeightType type_ = WeightType::BF16;
+  // Memory for packed weights of layout md (sets buf_ for bf16).
+  dnnl::memory new_weights(const dnnl::memory::desc& md, const dnnl::engine& eng);
+
   int K_ = 0, N_ = 0, M_ = 0;
   std::shared_ptr<const MatmulKernel> kernel_;
+  std::shared_ptr<const HugeBuf> buf_;  // weights_' data (huge pages); shared by copies like weights_
   dnnl::memory weights_;
   std::vector<float> corr_, scale_;
 };
