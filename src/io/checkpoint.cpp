@@ -42,8 +42,6 @@ class CheckpointLoader {
     apply_config_json(root, cfg_path, tp, text_path, &c, &ck_->notes_);
     check_sizes_against_config(root, cfg_path, tp, text_path, c);
     load_heads(&c);
-    for (const auto& [name, file] : key_file_)
-      if (opened_.count(file)) ++n_keys_used_;
     for (const auto& [file, sf] : opened_) ck_->files_.push_back(file);
     ck_->notes_.push_back(std::string("layout ") + layout_name(ck_->layout_));
   }
@@ -235,7 +233,6 @@ class CheckpointLoader {
   std::string dir_, expert_, heads_;
   std::map<std::string, std::string> key_file_;
   std::map<std::string, const SafetensorsFile*> opened_;
-  int64_t n_keys_used_ = 0;
 };
 
 std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& dir, const std::string& vlm_config) {

@@ -16,8 +16,8 @@ namespace {
 
 std::vector<float> read_f32(const SafetensorsFile& f, const std::string& key, const std::vector<int64_t>& shape) {
   TensorView v = f.view(key);
-  check(v.dtype == DType::F32 || v.dtype == DType::F64 || is_float(v.dtype),
-        v.name + ": expected F32, found " + dtype_name(v.dtype));
+  check(v.dtype == DType::F64 || is_float(v.dtype), v.name + ": expected F32 (F64/F16/BF16 accepted), found " +
+                                                        dtype_name(v.dtype));
   expect_shape(v, shape);
   if (v.dtype == DType::F64) {
     std::vector<float> out(v.numel());

@@ -40,11 +40,12 @@ double estimate_v0(const float* xyz, const float* rot, int H, const ExpertConfig
   check(H >= 2, "estimate_v0: need at least 2 history poses, found " + std::to_string(H));
   const int n = H;  // unknown speeds s_0 .. s_{H-1}
   const double dt = c.dt;
-  std::vector<double> yaw(n);
-  for (int i = 0; i < n; ++i) yaw[i] = std::atan2(rot[9 * i + 3], rot[9 * i + 0]);
+  std::vector<double> raw(n), yaw(n);
+  for (int i = 0; i < n; ++i) raw[i] = std::atan2(rot[9 * i + 3], rot[9 * i + 0]);
+  yaw[0] = raw[0];
   for (int i = 1; i < n; ++i) {  // unwrap: successive differences wrapped into [-pi, pi]
-    const double raw = std::atan2(rot[9 * i + 3], rot[9 * i + 0]) - std::atan2(rot[9 * (i - 1) + 3], rot[9 * (i - 1)]);
-    yaw[i] = yaw[i - 1] + std::atan2(std::sin(raw), std::cos(raw));
+    const double dy = raw[i] - raw[i - 1];
+    yaw[i] = yaw[i - 1] + std::atan2(std::sin(dy), std::cos(dy));
   }
   // Normal equations (A^T A + lambda/dt^6 D3^T D3 + ridge I) s = A^T g.
   std::vector<double> M(int64_t(n) * n, 0.0), rhs(n, 0.0);

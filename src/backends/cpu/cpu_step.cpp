@@ -107,11 +107,14 @@ void CpuBackend::layer_phases(int tid, int l) {
   attention_phase(tid, l);
   sync(kAttn);
 
-  if (const Slice s = o_slices_[tid]; s.n1 > s.n0) {
-    w.o[tid].run(st, y_in, pt.tmp.data(), pt.scratch.data());
+  // This thread's column slice of a projection of y_in, added to the residual stream.
+  auto matmul_residual = [&](const PackedLinear& lin, Slice s) {
+    if (s.n1 <= s.n0) return;
+    lin.run(st, y_in, pt.tmp.data(), pt.scratch.data());
     add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
-             w.o[tid].col_correction(), w.o[tid].col_scale());
-  }
+             lin.col_correction(), lin.col_scale());
+  };
+  matmul_residual(w.o[tid], o_slices_[tid]);
   sync(kOproj);
 
   rms_norm_rows(h_.data(), w.post_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
@@ -130,11 +133,7 @@ void CpuBackend::layer_phases(int tid, int l) {
   }
   sync(kGateUp);
 
-  if (const Slice s = down_slices_[tid]; s.n1 > s.n0) {
-    w.down[tid].run(st, y_in, pt.tmp.data(), pt.scratch.data());
-    add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
-             w.down[tid].col_correction(), w.down[tid].col_scale());
-  }
+  matmul_residual(w.down[tid], down_slices_[tid]);
   sync(kDown);
 }
 
