@@ -56,9 +56,10 @@ int main(int argc, char** argv) {
   for (auto& x : W) x = nd(rng) * 0.02f;
   PackedLinear lin;
   lin.pack(kernels, WeightType::BF16, K, N, W.data(), M, N);
+  const MatmulPlan plan = lin.plan(kernels, M, N);
   AlignedBuf<uint16_t> x(size_t(M) * K);
   AlignedBuf<float> y(size_t(M) * N);
-  AlignedBuf<uint8_t> scratch(lin.scratch_bytes() + 1);
+  AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
   const double mm_flop = 2.0 * M * K * N;
 
   double ta = 0, tm = 0;
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
     init_partial(g, O.data(), m.data(), l.data());
     attend_chunk(!portable && cpu_has_avx512_bf16(), g, qp.data(), kv, 0, S + T, O.data(), m.data(), l.data(), sc);
     const double t1 = now();
-    lin.run(st, x.data(), y.data(), scratch.data());
+    lin.run(st, plan, x.data(), y.data(), scratch.data());
     const double t2 = now();
     if (r == 0) continue;  // warm-up
     ta += t1 - t0;

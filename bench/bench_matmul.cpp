@@ -61,16 +61,17 @@ void cold_vs_hot(const dnnl::engine& eng, int M, int reps) {
     const std::vector<float> W(size_t(sh.N) * sh.K, 0.01f);
     PackedLinear lin;
     lin.pack(kernels, WeightType::BF16, sh.K, sh.N, W.data(), M, sh.N);
+    const MatmulPlan plan = lin.plan(kernels, M, sh.N);
     AlignedBuf<uint16_t> x(size_t(M) * sh.K);
     AlignedBuf<float> y(size_t(M) * sh.N);
-    AlignedBuf<uint8_t> scratch(lin.scratch_bytes() + 1);
+    AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
     double cold = 0, hot = 0;
     for (int r = 0; r < reps; ++r) {
       for (size_t i = 0; i < sweep.size(); i += 64) sink += sweep[i]++;
       const auto t0 = std::chrono::steady_clock::now();
-      lin.run(st, x.data(), y.data(), scratch.data());
+      lin.run(st, plan, x.data(), y.data(), scratch.data());
       const auto t1 = std::chrono::steady_clock::now();
-      lin.run(st, x.data(), y.data(), scratch.data());
+      lin.run(st, plan, x.data(), y.data(), scratch.data());
       const auto t2 = std::chrono::steady_clock::now();
       cold += std::chrono::duration<double>(t1 - t0).count();
       hot += std::chrono::duration<double>(t2 - t1).count();
@@ -129,34 +130,38 @@ int main(int argc, char** argv) {
       const double flop = 2.0 * M * s.K * s.N;
       // pool: one slice per thread, single-threaded oneDNN in each.
       std::vector<PackedLinear> slices(threads);
+      std::vector<MatmulPlan> plans(threads);
       {
         ScopedOmpThreads one(1);
         for (int t = 0; t < threads; ++t) {
           const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
           // Dense per-thread destinations: with a strided one (ldy = N) oneDNN 2.6 leaves brgemm.
           slices[t].pack(kernels, wt, s.K, n1 - n0, W.data() + size_t(n0) * s.K, M, n1 - n0);
+          plans[t] = slices[t].plan(kernels, M, n1 - n0);
         }
       }
       std::vector<AlignedBuf<uint8_t>> scratch(threads);
-      for (int t = 0; t < threads; ++t) scratch[t].resize(slices[t].scratch_bytes() + 1);
+      for (int t = 0; t < threads; ++t) scratch[t].resize(plans[t].scratch_bytes() + 1);
       auto run_pool = [&] {
         ScopedOmpThreads one(1);
         pool.run([&](int t) {
-          slices[t].run(streams[t], x.data(), y.data() + size_t(M) * (s.N * t / threads), scratch[t].data());
+          slices[t].run(streams[t], plans[t], x.data(), y.data() + size_t(M) * (s.N * t / threads), scratch[t].data());
         });
       };
       // omp: one matmul, oneDNN threads it itself.
       PackedLinear whole;
       MatmulKernels omp_kernels(eng);
       AlignedBuf<uint8_t> wscratch;
+      MatmulPlan wplan;
       {
         ScopedOmpThreads n(threads);
         whole.pack(omp_kernels, wt, s.K, s.N, W.data(), M, s.N);
-        wscratch.resize(whole.scratch_bytes() + 1);
+        wplan = whole.plan(omp_kernels, M, s.N);
+        wscratch.resize(wplan.scratch_bytes() + 1);
       }
       auto run_omp = [&] {
         ScopedOmpThreads n(threads);
-        whole.run(streams[0], x.data(), y.data(), wscratch.data());
+        whole.run(streams[0], wplan, x.data(), y.data(), wscratch.data());
       };
       for (auto [mode, fn] : {std::pair<const char*, std::function<void()>>{"pool", run_pool}, {"omp", run_omp}}) {
         fn();

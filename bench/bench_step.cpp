@@ -1,8 +1,10 @@
-// Times one denoising step (Backend::step only) of the full-size expert with random weights and a
-// random bf16 VLM cache built in memory. Every layer gets its own packed copy of one random layer's
-// weights (so the weight traffic is real) and its own cache rows.
-// Prints the per-op table (backend profile, stderr), time per step, 10-step estimate and peak memory, and a
-// final JSON line for scripts (bench/bench_vs_torch.py).
+// Times the denoising steps of the full-size expert (Model + Session, the action projections included)
+// with random weights and a random bf16 VLM cache built in memory. Every layer gets its own packed copy of
+// one random layer's weights (so the weight traffic is real) and its own cache rows.
+// Prints the per-op table (backend profile, stderr), time per step, 10-step estimate, the memory of the
+// model and of one session, and a final JSON line for scripts (bench/bench_vs_torch.py).
+// --sessions 2 also binds a second session on the same model and runs both at once: it reports what the
+// second session costs and checks that each gives bitwise the result it gives alone.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -12,7 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "alpamayo/backend.h"
+#include <thread>
+
+#include "alpamayo/engine.h"
 #include "alpamayo/tensor.h"
 
 namespace {
@@ -54,10 +58,10 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 int main(int argc, char** argv) {
   int L = 64, D = 1536, Hq = 16, Hkv = 8, d = 128, I = 6144, T = 64, S = 4700, Smax = 8192, B = 1, threads = 2,
-      steps = 3, warmup = 1;
+      steps = 3, warmup = 1, sessions = 1;
   std::string weights = "bf16", backend = "cpu";
   bool profile = true;
-  CLI::App app{"Time Backend::step of the full-size expert on random weights"};
+  CLI::App app{"Time the denoising steps of the full-size expert on random weights"};
   app.add_option("--L", L, "layers");
   app.add_option("--D", D, "hidden size");
   app.add_option("--Hq", Hq, "query heads");
@@ -68,42 +72,54 @@ int main(int argc, char** argv) {
   app.add_option("--S", S, "valid cache rows per sample");
   app.add_option("--Smax", Smax, "cache capacity P");
   app.add_option("--B", B, "batch");
-  app.add_option("--threads", threads, "threads (0: all cores)");
-  app.add_option("--weights", weights, "bf16 | int8");
+  app.add_option("--threads", threads, "threads per session (0: all cores)");
+  app.add_option("--weights", weights, "weight format (cpu: bf16 | int8)");
   app.add_option("--backend", backend, "backend name");
-  app.add_option("--steps", steps, "timed steps");
+  app.add_option("--steps", steps, "timed Euler steps (one sample)");
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--profile", profile, "print the per-op table after each step (1/0)");
+  app.add_option("--sessions", sessions, "1, or 2: also run a second session on the same model concurrently")
+      ->check(CLI::Range(1, 2));
   CLI11_PARSE(app, argc, argv);
 
   try {
     Rng rng{0x9E3779B97F4A7C15ull};
     ExpertConfig cfg;
     cfg.L = L; cfg.D = D; cfg.Hq = Hq; cfg.Hkv = Hkv; cfg.d = d; cfg.I = I; cfg.T = T;
+    cfg.ain_layers = 1; cfg.ain_hidden = 256;
     auto mat = [&](int out, int in) { return random_bf16(size_t(out) * in, 1.f / std::sqrt(float(in)), rng); };
     auto ones = [&](int n) { return std::vector<uint16_t>(n, f32_to_bf16(1.f)); };
     const auto wq = mat(Hq * d, D), wk = mat(Hkv * d, D), wv = mat(Hkv * d, D), wo = mat(D, Hq * d),
                wg = mat(I, D), wu = mat(I, D), wd = mat(D, I), nD = ones(D), nd = ones(d);
+    const int F = cfg.n_fourier, h = cfg.ain_hidden;
+    const auto a0 = mat(h, (cfg.A + 1) * F), a1 = mat(D, h), b0 = ones(h), b1 = ones(D), nh = ones(h),
+               ao = mat(cfg.A, D), bo = ones(cfg.A);
     auto view = [](const std::vector<uint16_t>& v, std::vector<int64_t> shape) {
       return TensorView{DType::BF16, std::move(shape), v.data(), "bench"};
     };
-    ExpertWeights w;
+    ModelWeights w;
     for (int l = 0; l < L; ++l) {
       LayerWeights lw{view(nD, {D}), view(nD, {D}), view(wq, {Hq * d, D}), view(wk, {Hkv * d, D}),
                       view(wv, {Hkv * d, D}), view(wo, {D, Hq * d}), view(nd, {d}), view(nd, {d}),
                       view(wg, {I, D}), view(wu, {I, D}), view(wd, {D, I})};
-      w.layers.push_back(lw);
+      w.expert.layers.push_back(lw);
     }
-    w.final_norm = view(nD, {D});
+    w.expert.final_norm = view(nD, {D});
+    w.action_in.linear_w = {view(a0, {h, (cfg.A + 1) * F}), view(a1, {D, h})};
+    w.action_in.linear_b = {view(b0, {h}), view(b1, {D})};
+    w.action_in.norm_w = {view(nh, {h})};
+    w.action_in.ln_w = view(b1, {D});
+    w.action_in.ln_b = view(b1, {D});
+    w.action_out = {view(ao, {cfg.A, D}), view(bo, {cfg.A})};
 
     BackendOptions opts;
     opts.threads = threads;
     opts.weights = weights;
     opts.profile = profile;  // the table goes to stderr after every step
-    auto be = make_backend(backend, opts);
     auto t0 = std::chrono::steady_clock::now();
-    be->load(cfg, w);
+    auto model = Model::from_weights(cfg, w, nullptr, backend, opts);
     const double load_s = seconds_since(t0);
+    const long hwm_model = vm_hwm_kb();
 
     // Cache: valid rows random, the rest zero (never read).
     KVCache kv;
@@ -117,40 +133,57 @@ int main(int argc, char** argv) {
           for (size_t i = 0; i < size_t(S) * d; ++i) c[bh * Smax * d + i] = f32_to_bf16(rng.normal());
         (which ? kv.value : kv.key).push_back(TensorView{DType::BF16, {B, Hkv, Smax, d}, c.data(), "cache"});
       }
-    RopeTables rope;
-    rope.B = B; rope.T = T; rope.d = d;
-    for (int b = 0; b < B; ++b)
-      for (int t = 0; t < T; ++t)
-        for (int i = 0; i < d; ++i) {
-          const double a = (S + t) * std::pow(5e6, -2.0 * (i % (d / 2)) / d);
-          rope.cos.push_back(float(std::cos(a)));
-          rope.sin.push_back(float(std::sin(a)));
-        }
+    auto context = [&] { return Context::from_views(kv, std::vector<int64_t>(B, 0), std::nullopt, std::vector<float>(B, 8.f)); };
+    Session session(model);
     t0 = std::chrono::steady_clock::now();
-    be->bind(kv, rope);
+    session.bind(context());
     const double bind_s = seconds_since(t0);
+    const long hwm_one = vm_hwm_kb();
 
-    std::vector<float> emb(size_t(B) * T * D), out(emb.size());
-    for (auto& x : emb) x = rng.normal();
-    for (int i = 0; i < warmup; ++i) be->step(emb.data(), out.data());
-    std::vector<double> times;
-    for (int i = 0; i < steps; ++i) {
-      t0 = std::chrono::steady_clock::now();
-      be->step(emb.data(), out.data());
-      times.push_back(seconds_since(t0));
+    SampleOptions so;
+    so.seed = 7;
+    if (warmup > 0) {
+      so.steps = warmup;
+      session.sample(so);
     }
+    so.steps = steps;
+    const SampleResult r = session.sample(so);
+    const std::vector<double>& times = r.step_seconds;
     double mean = 0, best = 1e30;
     for (double t : times) { mean += t; best = std::min(best, t); }
     mean /= times.size();
     std::printf("backend %s, weights %s, threads %d: L=%d D=%d Hq=%d Hkv=%d d=%d I=%d T=%d S=%d Smax=%d B=%d\n",
-                backend.c_str(), weights.c_str(), threads, L, D, Hq, Hkv, d, I, T, S, Smax, B);
+                backend.c_str(), model->weights().c_str(), threads, L, D, Hq, Hkv, d, I, T, S, Smax, B);
     std::printf("load %.2f s, bind %.3f s\n", load_s, bind_s);
     std::printf("step: mean %.4f s, min %.4f s over %d steps; 10-step sample ~ %.2f s\n", mean, best, steps,
                 10 * mean);
-    std::printf("peak memory (VmHWM): %.1f MiB\n", vm_hwm_kb() / 1024.0);
+    std::printf("model weights %.1f MiB; session buffers %.1f MiB; peak memory (VmHWM): %.1f MiB after load, "
+                "%.1f MiB after the first bind, %.1f MiB now\n",
+                model->backend().weight_bytes() / 1048576.0, session.buffer_bytes() / 1048576.0, hwm_model / 1024.0,
+                hwm_one / 1024.0, vm_hwm_kb() / 1024.0);
+    if (sessions == 2) {
+      // A second session on the same model: only its own buffers. Then both at once, each compared bitwise
+      // with its result alone (the same context and seed, so also with each other).
+      Session second(model);
+      second.bind(context());
+      const long hwm_two = vm_hwm_kb();
+      so.steps = 2;
+      const SampleResult alone = session.sample(so);
+      SampleResult ra, rb;
+      t0 = std::chrono::steady_clock::now();
+      std::thread th([&] { rb = second.sample(so); });
+      ra = session.sample(so);
+      th.join();
+      const double both_s = seconds_since(t0);
+      const bool same = ra.action == alone.action && rb.action == alone.action;
+      std::printf("second session: buffers %.1f MiB, VmHWM +%.1f MiB over one session; two sessions at once: "
+                  "%.3f s for 2 steps each; bitwise equal to the solo run: %s\n",
+                  second.buffer_bytes() / 1048576.0, (hwm_two - hwm_one) / 1024.0, both_s, same ? "yes" : "NO");
+      if (!same) return 1;
+    }
     std::printf("{\"backend\":\"%s\",\"weights\":\"%s\",\"threads\":%d,\"S\":%d,\"step_s_mean\":%.5f,"
                 "\"step_s_min\":%.5f,\"vmhwm_mib\":%.1f}\n",
-                backend.c_str(), weights.c_str(), threads, S, mean, best, vm_hwm_kb() / 1024.0);
+                backend.c_str(), model->weights().c_str(), threads, S, mean, best, vm_hwm_kb() / 1024.0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_step: %s\n", e.what());
     return 1;

@@ -39,7 +39,7 @@ struct SampleArgs {
   std::string checkpoint, context, noise, out, json, svg, layers_out, vlm_config, backend;
   uint64_t seed = 0;
   int steps = 0, threads = 0;
-  std::string weights = "bf16";
+  std::string weights;
   double v0 = NAN;
   bool all_steps = false, profile = false, exact_freqs = false, quiet = false;
 };
@@ -74,37 +74,31 @@ void run_sample(const SampleArgs& a) {
   bo.threads = a.threads;
   bo.weights = a.weights;
   bo.profile = a.profile;
-  Engine engine(ck, make_backend(a.backend, bo), a.exact_freqs);
+  bo.exact_freqs = a.exact_freqs;
+  Session session(Model::load(ck, a.backend, bo));
   Context ctx = Context::open(a.context);
   const int B = ctx.batch();
   const std::optional<EgoHistory> history = ctx.history();
-  engine.bind(std::move(ctx));
+  BindOptions bind;
+  if (!a.layers_out.empty()) bind.capture = {.step = 0, .layers = true};
+  session.bind(std::move(ctx), bind);
   SampleOptions so;
   so.steps = a.steps;
   so.all_steps = a.all_steps;
   if (!a.noise.empty()) so.noise = read_noise(a.noise, B, ck->config().T, ck->config().A);
   so.seed = a.seed;
   if (!std::isnan(a.v0)) so.v0 = a.v0;
-  std::vector<NamedTensor> layer_out;
-  std::vector<std::vector<float>> layer_bufs;
-  std::vector<float> emb0, hidden0;
-  LayerTap tap = [&](int l, const float* h) {
-    layer_bufs.emplace_back(h, h + int64_t(B) * ck->config().T * ck->config().D);
-  };
-  if (!a.layers_out.empty()) {
-    so.layer_tap = &tap;
-    so.step0_io = [&](const std::vector<float>& e, const std::vector<float>& h) { emb0 = e; hidden0 = h; };
-  }
+  SampleResult r = session.sample(so);
   if (!a.quiet)
-    so.progress = [](int k, int n, double s) { std::fprintf(stderr, "step %d/%d  %.3f s\n", k + 1, n, s); };
-  SampleResult r = engine.sample(so);
+    for (int k = 0; k < r.steps; ++k) std::fprintf(stderr, "step %d/%d  %.3f s\n", k + 1, r.steps, r.step_seconds[k]);
   write_result_safetensors(a.out, r);
   if (!a.layers_out.empty()) {
+    const Captures& cap = session.captures();
     const int64_t T = ck->config().T, D = ck->config().D;
-    std::vector<NamedTensor> t = {{"emb", {DType::F32, {B, T, D}, emb0.data(), ""}},
-                                  {"hidden", {DType::F32, {B, T, D}, hidden0.data(), ""}}};
-    for (size_t l = 0; l < layer_bufs.size(); ++l)
-      t.push_back({"layer." + std::to_string(l), {DType::F32, {B, T, D}, layer_bufs[l].data(), ""}});
+    std::vector<NamedTensor> t = {{"emb", {DType::F32, {B, T, D}, cap.emb.data(), ""}},
+                                  {"hidden", {DType::F32, {B, T, D}, cap.hidden.data(), ""}}};
+    for (size_t l = 0; l < cap.layers.size(); ++l)
+      t.push_back({"layer." + std::to_string(l), {DType::F32, {B, T, D}, cap.layers[l].data(), ""}});
     write_safetensors(a.layers_out, t);
   }
   if (!a.json.empty()) write_result_json(a.json, r, a.backend);
@@ -112,8 +106,8 @@ void run_sample(const SampleArgs& a) {
   double total = 0;
   for (double s : r.step_seconds) total += s;
   if (!a.quiet)
-    std::fprintf(stderr, "%d steps, %.3f s per step (mean), backend %s; wrote %s\n", r.steps, total / r.steps,
-                 a.backend.c_str(), a.out.c_str());
+    std::fprintf(stderr, "%d steps, %.3f s per step (mean), backend %s (%s weights); wrote %s\n", r.steps,
+                 total / r.steps, a.backend.c_str(), session.model().weights().c_str(), a.out.c_str());
 }
 
 }  // namespace
@@ -128,7 +122,7 @@ Run add_sample(CLI::App& app) {
   app.add_option("--steps", a->steps, "Euler steps (default: diffusion_cfg.num_inference_steps)")->check(CLI::Range(1, 100000));
   app.add_option("--backend", a->backend, "backend: " + [] { std::string s; for (auto& n : backend_names()) s += n + " "; return s; }());
   app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--weights", a->weights, "weight storage of the cpu backend: bf16 | int8");
+  app.add_option("--weights", a->weights, "weight format (cpu: bf16 | int8; reference: f32; default: the backend's first)");
   app.add_option("--v0", a->v0, "initial speed in m/s (overrides the context's v0 / ego history)");
   app.add_option("--vlm-config", a->vlm_config, "the VLM's config.json (text_config: eps, theta, layer count)");
   app.add_option("--out", a->out, "output safetensors: action, xyz, yaw, rot, v0")->required();
@@ -140,6 +134,16 @@ Run add_sample(CLI::App& app) {
   app.add_flag("--exact-freqs", a->exact_freqs, "unrounded Fourier frequencies when the checkpoint has no buffers");
   app.add_flag("--quiet", a->quiet, "no progress on stderr");
   return [a] { run_sample(*a); };
+}
+
+Run add_backends(CLI::App&) {
+  return [] {
+    for (const BackendInfo& b : registered_backends()) {
+      std::printf("%s", b.name.c_str());
+      for (const std::string& f : b.weight_formats) std::printf(" %s", f.c_str());
+      std::printf("\n");
+    }
+  };
 }
 
 Run add_inspect(CLI::App& app) {

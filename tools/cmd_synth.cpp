@@ -94,7 +94,7 @@ Run add_demo(CLI::App& app) {
   struct Args {
     std::string out_dir = "demo-out", size = "full", backend;
     int rows = 4700, batch = 1, threads = 0, steps = 0;
-    std::string weights = "bf16";
+    std::string weights;
     uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
@@ -105,7 +105,7 @@ Run add_demo(CLI::App& app) {
   app.add_option("--batch", a->batch, "trajectories sampled at once")->check(CLI::Range(1, 64));
   app.add_option("--backend", a->backend, "backend");
   app.add_option("--threads", a->threads, "threads (default: all cores)");
-  app.add_option("--weights", a->weights, "bf16 | int8 (cpu backend)");
+  app.add_option("--weights", a->weights, "weight format (cpu: bf16 | int8; default: the backend's first)");
   app.add_option("--steps", a->steps, "Euler steps (default from config)");
   app.add_option("--seed", a->seed, "noise seed");
   return [a] {
@@ -138,16 +138,16 @@ Run add_demo(CLI::App& app) {
     bo.threads = a->threads;
     bo.weights = a->weights;
     const auto t0 = std::chrono::steady_clock::now();
-    Engine engine(ck, make_backend(a->backend, bo));
+    Session session(Model::load(ck, a->backend, bo));
     Context ctx = Context::open(ctx_path.string());
     const std::optional<EgoHistory> history = ctx.history();
-    engine.bind(std::move(ctx));
+    session.bind(std::move(ctx));
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     SampleOptions so;
     so.steps = a->steps;
     so.seed = a->seed;
-    so.progress = [](int k, int n, double s) { std::fprintf(stderr, "  step %d/%d  %.3f s\n", k + 1, n, s); };
-    SampleResult r = engine.sample(so);
+    SampleResult r = session.sample(so);
+    for (int k = 0; k < r.steps; ++k) std::fprintf(stderr, "  step %d/%d  %.3f s\n", k + 1, r.steps, r.step_seconds[k]);
     const std::string out = (fs::path(a->out_dir) / "trajectories.safetensors").string();
     const std::string js = (fs::path(a->out_dir) / "trajectories.json").string();
     const std::string svg = (fs::path(a->out_dir) / "trajectories.svg").string();
@@ -157,7 +157,7 @@ Run add_demo(CLI::App& app) {
     double total = 0;
     for (double s : r.step_seconds) total += s;
     std::printf("Alpamayo action expert demo (%s model, backend %s, %s weights)\n", a->size.c_str(), a->backend.c_str(),
-                a->backend == "reference" ? "fp32" : a->weights.c_str());
+                session.model().weights().c_str());
     std::printf("  expert   L=%d D=%d heads=%d/%d head_dim=%d mlp=%d T=%d, %.2f B parameters\n", c.L, c.D, c.Hq, c.Hkv,
                 c.d, c.I, c.T, ck->expert_parameters() / 1e9);
     std::printf("  context  B=%d, %d cache rows\n", a->batch, a->rows);

@@ -11,6 +11,7 @@ Run add_inspect(CLI::App& app);
 Run add_make_checkpoint(CLI::App& app);
 Run add_make_context(CLI::App& app);
 Run add_demo(CLI::App& app);
+Run add_backends(CLI::App& app);
 
 // Parses "1,2,-3" into integers; throws alpamayo::Error naming the option on bad input.
 std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option);

@@ -1,6 +1,15 @@
-// The backend seam. A backend receives one denoising step for the whole batch (all L layers and the
-// final norm); host-side pieces (action_in_proj, action_out_proj, rope tables, sampler, action space)
-// are shared by all backends. Every backend is tested against the reference backend.
+// The backend seam, at the level of a whole sample.
+//
+//   BackendModel   everything a sample needs (expert layers, final norm, action_in_proj, action_out_proj),
+//                  converted, packed or uploaded once; immutable and shared by every session on it.
+//   BackendSession one bound context: the cache views, rope tables, activations and scratch of one
+//                  (batch, cache size); runs the whole denoising loop x_0 -> x_N in one call.
+//
+// The public Model / Session (model.h) are the non-virtual part: they validate every input once before a
+// backend sees it, so backends assume valid input. Host backends that run one step at a time derive from
+// HostLoopSession (src/backends/host_loop.h) and get the loop, the action projections and the captures;
+// a device backend overrides denoise() and runs the loop on the device (one captured graph per bind).
+// A backend is registered in src/backends/registry.cpp; the conformance suite then tests it.
 #pragma once
 #include <functional>
 #include <memory>
@@ -9,64 +18,97 @@
 
 #include "alpamayo/config.h"
 #include "alpamayo/tensor.h"
+#include "alpamayo/weights.h"
 
 namespace alpamayo {
 
-// One layer's weights as stored in the checkpoint (F32, F16 or BF16), PyTorch layout [out, in].
-struct LayerWeights {
-  TensorView input_norm;  // [D]
-  TensorView post_norm;   // [D]
-  TensorView q, k, v;     // [Hq*d, D], [Hkv*d, D], [Hkv*d, D]
-  TensorView o;           // [D, Hq*d]
-  TensorView q_norm, k_norm;  // [d]
-  TensorView gate, up;    // [I, D]
-  TensorView down;        // [D, I]
-};
-
-struct ExpertWeights {
-  std::vector<LayerWeights> layers;
-  TensorView final_norm;  // [D]
-};
-
-// The VLM's KV cache for one bound context. key[l], value[l]: [B, Hkv, P, d] (F32, F16 or BF16).
-// The data must stay valid until the next bind() or the backend's destruction.
+// The VLM's KV cache for one bound context. key[l], value[l]: [B, Hkv, P, d] (F32, F16 or BF16), on any
+// device a backend can read. The data must stay valid until the next bind() or the session's destruction.
 struct KVCache {
   int B = 0, Hkv = 0, P = 0, d = 0;
   std::vector<TensorView> key, value;
   std::vector<int64_t> valid_len;  // S_b, 0 <= S_b <= P
 };
 
-// Rotary tables for the expert tokens of each sample: cos/sin [B, T, d] (HF rotate_half layout).
+// Rotary tables for the expert tokens of each sample: cos/sin [B, T, d] (HF rotate_half layout), host fp32.
 struct RopeTables {
   int B = 0, T = 0, d = 0;
   std::vector<float> cos, sin;
 };
 
-// Called after each layer with its output hidden state [B, T, D] in fp32 (tests, --layers-out).
-using LayerTap = std::function<void(int layer, const float* hidden)>;
+// Debug captures, requested at bind and read back after a run (never callbacks during it).
+struct CaptureRequest {
+  int step = -1;        // the Euler step to capture; -1: none
+  bool layers = true;   // also every layer's output hidden state (else only emb and the final hidden)
+};
+
+struct Captures {
+  int step = -1;                            // the step captured by the last run; -1: none
+  std::vector<float> emb;                   // [B, T, D] input of the layers (action_in_proj output)
+  std::vector<float> hidden;                // [B, T, D] final-normed output
+  std::vector<std::vector<float>> layers;   // L x [B, T, D] outputs of each layer (when requested)
+};
+
+// What a session binds. Everything here has been validated against the model (model.h).
+struct Binding {
+  KVCache kv;
+  RopeTables rope;
+  CaptureRequest capture;
+};
+
+// One whole sample. Host arrays; x holds x_0 on entry and x_N on return.
+struct DenoiseArgs {
+  float* x = nullptr;             // [B, T, A]
+  const float* times = nullptr;   // [steps + 1], times[0] = 0, times[steps] = 1
+  int steps = 0;
+  float* x_steps = nullptr;       // optional [steps + 1, B, T, A]
+  float* v_steps = nullptr;       // optional [steps, B, T, A]
+  std::vector<double>* step_seconds = nullptr;  // filled with per-step wall times where the backend can
+};
 
 struct BackendOptions {
-  int threads = 0;                 // 0: all cores
-  std::string weights = "bf16";    // weight storage of backends that pack (cpu): bf16 | int8
-  bool profile = false;            // print a per-op time table (backends that support it)
+  int threads = 0;          // 0: all cores (host backends)
+  std::string weights;      // weight format; empty: the backend's default (its first format)
+  bool profile = false;     // print a per-op time table (backends that support it)
+  bool exact_freqs = false; // unrounded Fourier frequencies when the checkpoint has no buffers
 };
 
-class Backend {
+class BackendSession {
  public:
-  virtual ~Backend() = default;
-  virtual std::string name() const = 0;
-  // Packs or uploads the weights once. The views stay valid for the backend's lifetime (the Engine keeps
-  // the checkpoint alive), so a backend may also read them lazily, as the reference backend does.
-  virtual void load(const ExpertConfig& cfg, const ExpertWeights& w) = 0;
-  // Binds a context for subsequent steps; T (tokens per sample) comes from rope.T.
-  // Allocates every persistent buffer (activations, scratch) for this batch and cache size.
-  virtual void bind(const KVCache& kv, const RopeTables& rope) = 0;
-  // One denoising step: emb [B, T, D] fp32 -> final-normed hidden [B, T, D] fp32.
-  virtual void step(const float* emb, float* hidden, const LayerTap* tap = nullptr) = 0;
+  virtual ~BackendSession() = default;
+  // Allocates every buffer for this batch and cache size; may be called again with other sizes.
+  virtual void bind(const Binding& b) = 0;
+  virtual void denoise(const DenoiseArgs& a) = 0;
+  // The captures of the last denoise (step -1 when none were requested).
+  virtual const Captures& captures() const = 0;
+  // Bytes this session holds for its own buffers (activations, scratch, converted caches).
+  virtual size_t buffer_bytes() const = 0;
 };
 
-// "reference" (fp32, the oracle) or "cpu" (fast). Throws Error naming the unknown backend.
-std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& opts);
+class BackendModel {
+ public:
+  virtual ~BackendModel() = default;
+  virtual std::string name() const = 0;
+  virtual std::string weights() const = 0;  // the weight format in use
+  // Whether this backend's sessions can read a tensor living on `dev` without a copy by the caller.
+  virtual bool can_read(const Device& dev) const { return dev.host_accessible(); }
+  // A new session; thread-compatible: sessions of one model may run concurrently in different threads.
+  virtual std::unique_ptr<BackendSession> new_session() const = 0;
+  // Bytes held by the model (packed or converted weights), not counting the checkpoint's mapping.
+  virtual size_t weight_bytes() const = 0;
+};
+
+// A registered backend: its name, its weight formats (the first is the default) and its loader.
+struct BackendInfo {
+  std::string name;
+  std::vector<std::string> weight_formats;
+  std::function<std::unique_ptr<BackendModel>(const ExpertConfig&, const ModelWeights&, const BackendOptions&)> load;
+};
+
+// Every backend compiled into this build, in order of preference (the first is the default).
+const std::vector<BackendInfo>& registered_backends();
 std::vector<std::string> backend_names();
+// Throws Error naming the unknown backend and listing the known ones.
+const BackendInfo& find_backend(const std::string& name);
 
 }  // namespace alpamayo

@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "alpamayo/backend.h"
 #include "alpamayo/config.h"
 #include "alpamayo/safetensors.h"
+#include "alpamayo/weights.h"
 
 namespace alpamayo {
 
@@ -17,17 +17,6 @@ enum class Layout {
   A2,  // Alpamayo 2: expert.expert.layers.*, expert.action_in_proj.*, no derived buffers
 };
 const char* layout_name(Layout l);
-
-struct ActionInProjWeights {
-  std::vector<TensorView> linear_w, linear_b;  // trunk Linears, in order (num_enc_layers + 1)
-  std::vector<TensorView> norm_w;              // trunk RMSNorms (num_enc_layers)
-  TensorView ln_w, ln_b;                       // the final LayerNorm
-  std::vector<TensorView> freqs;               // A sinus buffers then the timestep one; empty if absent
-};
-
-struct ActionOutProjWeights {
-  TensorView w, b;  // [A, D], [A]
-};
 
 class Checkpoint {
  public:
@@ -41,6 +30,8 @@ class Checkpoint {
   const ExpertWeights& expert() const { return expert_; }
   const ActionInProjWeights& action_in() const { return ain_; }
   const ActionOutProjWeights& action_out() const { return aout_; }
+  // Views of every weight a sample needs (valid while this Checkpoint lives).
+  ModelWeights weights() const { return {expert_, ain_, aout_}; }
   const std::vector<std::string>& files() const { return files_; }     // shards actually mapped
   const std::vector<std::string>& notes() const { return notes_; }     // where values came from
   int64_t expert_parameters() const { return n_params_; }

@@ -1,4 +1,5 @@
-// Element types and non-owning tensor views (row-major, contiguous), plus conversions to fp32.
+// Element types, devices and non-owning tensor views (DLPack model: device, dtype, shape, strides), plus
+// conversions to fp32.
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -34,15 +35,32 @@ inline float bf16_round(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 std::string shape_str(const std::vector<int64_t>& shape);
 
-// A view of tensor data owned elsewhere (an mmap'd file or a caller's buffer).
+// Where tensor memory lives. The codes are DLPack's DLDeviceType values (kDLCPU = 1, kDLCUDA = 2,
+// kDLCUDAHost = 3), so a DLPack tensor maps onto a view without translation.
+enum class DeviceType : int { CPU = 1, CUDA = 2, CUDAHost = 3 };
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int id = 0;
+  // Host code may dereference the memory (CPU, or pinned CUDA host memory).
+  bool host_accessible() const { return type == DeviceType::CPU || type == DeviceType::CUDAHost; }
+  std::string str() const;  // "cpu", "cuda:0", "cuda_host"
+  bool operator==(const Device&) const = default;
+};
+
+// A view of tensor data owned elsewhere (an mmap'd file, a caller's buffer, device memory).
+// strides are in elements, as in DLPack; empty means row-major contiguous.
 struct TensorView {
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   std::string name;  // "file: key" for error messages
+  std::vector<int64_t> strides{};
+  Device device{};
 
   int64_t numel() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  // True when strides are empty or equal to the row-major strides of shape (size-1 dims ignored).
+  bool is_contiguous() const;
 };
 
 // Converts a float tensor (F32/F16/BF16) to fp32; throws naming the tensor for other dtypes.
@@ -55,6 +73,8 @@ void convert_to_bf16(const TensorView& t, uint16_t* out);
 void expect_shape(const TensorView& t, const std::vector<int64_t>& shape);
 // Throws unless t is one of the float dtypes.
 void expect_float(const TensorView& t);
+// Throws unless host code can read t and it is row-major contiguous; `who` names the reader.
+void expect_host_contiguous(const TensorView& t, const std::string& who);
 
 // An owning tensor for outputs.
 struct Tensor {

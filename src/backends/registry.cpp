@@ -1,18 +1,38 @@
+// The backends compiled into this build. Adding a backend: implement BackendModel/BackendSession (or a
+// HostLoopSession), add its entry here; the conformance suite (tests/cpp/test_conformance.cpp) then
+// runs it against the reference backend for every weight format it lists.
 #include "alpamayo/backend.h"
 #include "alpamayo/error.h"
-#include "backends/cpu/cpu_backend.h"
 #include "backends/reference/reference_backend.h"
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+#include "backends/cpu/cpu_backend.h"
+#endif
 
 namespace alpamayo {
 
-std::vector<std::string> backend_names() { return {"cpu", "reference"}; }
+const std::vector<BackendInfo>& registered_backends() {
+  static const std::vector<BackendInfo> all = {
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+      {"cpu", {"bf16", "int8"}, load_cpu_backend},
+#endif
+      {"reference", {"f32"}, load_reference_backend},
+  };
+  return all;
+}
 
-std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& opts) {
-  if (name == "cpu") return make_cpu_backend(opts);
-  if (name == "reference") return make_reference_backend(opts);
+std::vector<std::string> backend_names() {
+  std::vector<std::string> n;
+  for (const BackendInfo& b : registered_backends()) n.push_back(b.name);
+  return n;
+}
+
+const BackendInfo& find_backend(const std::string& name) {
   std::string known;
-  for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;
-  throw Error("unknown backend '" + name + "' (available: " + known + ")");
+  for (const BackendInfo& b : registered_backends()) {
+    if (b.name == name) return b;
+    known += (known.empty() ? "" : ", ") + b.name;
+  }
+  throw Error("unknown backend '" + name + "' (available in this build: " + known + ")");
 }
 
 }  // namespace alpamayo

@@ -98,12 +98,40 @@ int64_t TensorView::numel() const {
   return n;
 }
 
+std::string Device::str() const {
+  switch (type) {
+    case DeviceType::CPU: return "cpu";
+    case DeviceType::CUDA: return "cuda:" + std::to_string(id);
+    case DeviceType::CUDAHost: return "cuda_host";
+  }
+  return "device type " + std::to_string(static_cast<int>(type));
+}
+
+bool TensorView::is_contiguous() const {
+  if (strides.empty()) return true;
+  if (strides.size() != shape.size()) return false;
+  int64_t want = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] != 1 && strides[i] != want) return false;
+    want *= shape[i];
+  }
+  return true;
+}
+
+void expect_host_contiguous(const TensorView& t, const std::string& who) {
+  check(t.device.host_accessible(), t.name + ": lives in " + t.device.str() + " memory, which " + who +
+                                        " cannot read (bind it to a backend for that device)");
+  check(t.is_contiguous(), t.name + ": " + who + " needs a row-major contiguous tensor, found shape " +
+                               shape_str(t.shape) + " with strides " + shape_str(t.strides));
+}
+
 void expect_float(const TensorView& t) {
   check(is_float(t.dtype), t.name + ": expected dtype F32, F16 or BF16, found " + dtype_name(t.dtype));
 }
 
 void convert_to_f32(const TensorView& t, float* out) {
   expect_float(t);
+  expect_host_contiguous(t, "the host conversion");
   const int64_t n = t.numel();
   switch (t.dtype) {
     case DType::F32: std::memcpy(out, t.data, n * 4); break;
@@ -129,6 +157,7 @@ std::vector<float> to_f32(const TensorView& t) {
 
 void convert_to_bf16(const TensorView& t, uint16_t* out) {
   expect_float(t);
+  expect_host_contiguous(t, "the host conversion");
   const int64_t n = t.numel();
   if (t.dtype == DType::BF16) {
     std::memcpy(out, t.data, n * 2);

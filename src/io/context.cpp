@@ -134,10 +134,14 @@ void Context::validate() {
   check(kv.B > 0 && kv.Hkv > 0 && kv.P > 0 && kv.d > 0, n + ": empty KV cache dimensions");
   check(kv.key.size() == kv.value.size(), n + ": key and value layer counts differ");
   const std::vector<int64_t> shape = {kv.B, kv.Hkv, kv.P, kv.d};
+  check(!kv.key.empty(), n + ": the KV cache has no layers");
   for (size_t l = 0; l < kv.key.size(); ++l)
     for (const TensorView* t : {&kv.key[l], &kv.value[l]}) {
+      check(t->data != nullptr || t->numel() == 0, t->name + ": null data pointer");
       expect_float(*t);
       expect_shape(*t, shape);
+      check(t->is_contiguous(), t->name + ": the cache must be row-major contiguous [B, Hkv, P, d], found strides " +
+                                    shape_str(t->strides));
     }
   check(static_cast<int>(kv.valid_len.size()) == kv.B, n + ": valid_len has " + std::to_string(kv.valid_len.size()) +
                                                             " entries, the cache batch is " + std::to_string(kv.B));
@@ -147,19 +151,32 @@ void Context::validate() {
     check(kv.valid_len[b] >= 0 && kv.valid_len[b] <= kv.P,
           n + ": valid_len[" + std::to_string(b) + "] = " + std::to_string(kv.valid_len[b]) + " is outside [0, P = " +
               std::to_string(kv.P) + "]");
-    check(std::llabs(rope_delta_[b]) < (int64_t(1) << 40),
+    const int64_t lim = int64_t(1) << 40;  // positions stay exact in fp32 rope arguments far below this
+    check(rope_delta_[b] > -lim && rope_delta_[b] < lim,
           n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range");
   }
-  for (size_t l = 0; l < kv.key.size(); ++l) {
-    check_cache_finite(kv.key[l], kv.valid_len);
-    check_cache_finite(kv.value[l], kv.valid_len);
-  }
+  // Device-resident caches are scanned by the backend that can read them (Session::bind refuses a cache
+  // no backend of the session can read); host caches here, once.
+  for (size_t l = 0; l < kv.key.size(); ++l)
+    for (const TensorView* t : {&kv.key[l], &kv.value[l]})
+      if (t->device.host_accessible()) check_cache_finite(*t, kv.valid_len);
   if (history_) {
-    check(history_->H >= 2, n + ": ego_history_xyz needs at least 2 poses to estimate v0, found " + std::to_string(history_->H));
+    const int64_t H = history_->H;
+    check(H >= 2, n + ": ego_history_xyz needs at least 2 poses to estimate v0, found " + std::to_string(H));
+    check(static_cast<int64_t>(history_->xyz.size()) == kv.B * H * 3,
+          n + ": ego_history_xyz has " + std::to_string(history_->xyz.size()) + " values, expected [B=" +
+              std::to_string(kv.B) + ", H=" + std::to_string(H) + ", 3] = " + std::to_string(kv.B * H * 3));
+    check(static_cast<int64_t>(history_->rot.size()) == kv.B * H * 9,
+          n + ": ego_history_rot has " + std::to_string(history_->rot.size()) + " values, expected [B=" +
+              std::to_string(kv.B) + ", H=" + std::to_string(H) + ", 3, 3] = " + std::to_string(kv.B * H * 9));
     check_finite(history_->xyz.data(), history_->xyz.size(), n + ": ego_history_xyz");
     check_finite(history_->rot.data(), history_->rot.size(), n + ": ego_history_rot");
   }
-  if (v0_) check_finite(v0_->data(), v0_->size(), n + ": v0");
+  if (v0_) {
+    check(static_cast<int>(v0_->size()) == kv.B, n + ": v0 has " + std::to_string(v0_->size()) +
+                                                     " values, the cache batch is " + std::to_string(kv.B));
+    check_finite(v0_->data(), v0_->size(), n + ": v0");
+  }
 }
 
 void Context::check_compatible(const ExpertConfig& cfg) const {

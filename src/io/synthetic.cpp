@@ -7,7 +7,7 @@
 
 #include "alpamayo/error.h"
 #include "alpamayo/safetensors.h"
-#include "model/action_proj.h"
+#include "model/fourier.h"
 
 namespace fs = std::filesystem;
 

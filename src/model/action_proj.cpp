@@ -1,99 +1,98 @@
 #include "model/action_proj.h"
 
+#include <algorithm>
 #include <cmath>
 
-#include "alpamayo/error.h"
-#include "backends/reference/ops.h"
+#include "model/fourier.h"
 
 namespace alpamayo {
 
-std::vector<float> fourier_freqs(int n_fourier, double max_freq, bool round_bf16) {
-  const int half = n_fourier / 2;
-  const double end = std::log10(max_freq);
-  std::vector<float> f(half);
-  for (int j = 0; j < half; ++j) {
-    const double e = half > 1 ? end * j / (half - 1) : 0.0;
-    const float v = static_cast<float>(std::pow(10.0, e));
-    f[j] = round_bf16 ? bf16_round(v) : v;
-  }
-  return f;
+HostLinear::HostLinear(const TensorView& w, const TensorView* bias)
+    : in_(static_cast<int>(w.shape[1])), out_(static_cast<int>(w.shape[0])) {
+  const std::vector<float> rows = to_f32(w);
+  wt_.resize(rows.size());
+  for (int o = 0; o < out_; ++o)
+    for (int i = 0; i < in_; ++i) wt_[size_t(i) * out_ + o] = rows[size_t(o) * in_ + i];
+  b_ = bias ? to_f32(*bias) : std::vector<float>(out_, 0.f);
 }
 
-void fourier_features(float z, const std::vector<float>& freqs, float* out) {
-  // Same operation order as the release: ((z * f) * 2) * pi, in fp32.
-  const float two_pi_order_pi = static_cast<float>(M_PI), sqrt2 = static_cast<float>(std::sqrt(2.0));
-  const size_t h = freqs.size();
-  for (size_t j = 0; j < h; ++j) {
-    const float arg = ((z * freqs[j]) * 2.0f) * two_pi_order_pi;
-    out[j] = std::sin(arg) * sqrt2;
-    out[h + j] = std::cos(arg) * sqrt2;
+void HostLinear::forward(const float* x, int rows, float* y) const {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + size_t(r) * in_;
+    float* yr = y + size_t(r) * out_;
+    std::fill(yr, yr + out_, 0.f);
+    for (int i = 0; i < in_; ++i) {
+      const float xi = xr[i];
+      const float* w = wt_.data() + size_t(i) * out_;
+#pragma omp simd
+      for (int o = 0; o < out_; ++o) yr[o] += xi * w[o];
+    }
+    for (int o = 0; o < out_; ++o) yr[o] += b_[o];
   }
 }
 
-ActionInProj::ActionInProj(const ExpertConfig& cfg, const ActionInProjWeights& w, bool exact_freqs)
-    : T_(cfg.T), A_(cfg.A), D_(cfg.D), h_(cfg.ain_hidden), F_(cfg.n_fourier) {
-  if (w.freqs.empty()) {
+namespace {
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// In-place RMSNorm of rows of width n with weight w (eps as the release's trunk: 1e-5).
+void rms_norm_inplace(float* x, int rows, int n, const float* w, float eps) {
+  for (int r = 0; r < rows; ++r) {
+    float* xr = x + size_t(r) * n;
+    float ss = 0.f;
+    for (int i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / n + eps);
+    for (int i = 0; i < n; ++i) xr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+}  // namespace
+
+HostProjections::HostProjections(const ExpertConfig& cfg, const ModelWeights& w, bool exact_freqs)
+    : T_(cfg.T), A_(cfg.A), D_(cfg.D), F_(cfg.n_fourier), out_(w.action_out.w, &w.action_out.b) {
+  const ActionInProjWeights& a = w.action_in;
+  if (a.freqs.empty()) {
     freqs_.assign(A_ + 1, fourier_freqs(F_, cfg.max_freq, !exact_freqs));
   } else {
-    for (const TensorView& f : w.freqs) freqs_.push_back(to_f32(f));
+    for (const TensorView& f : a.freqs) freqs_.push_back(to_f32(f));
   }
-  for (size_t i = 0; i < w.linear_w.size(); ++i) {
-    lw_.push_back(to_f32(w.linear_w[i]));
-    lb_.push_back(to_f32(w.linear_b[i]));
-    lin_out_.push_back(static_cast<int>(w.linear_w[i].shape[0]));
-    lin_in_.push_back(static_cast<int>(w.linear_w[i].shape[1]));
-  }
-  for (const TensorView& n : w.norm_w) nw_.push_back(to_f32(n));
-  ln_w_ = to_f32(w.ln_w);
-  ln_b_ = to_f32(w.ln_b);
+  for (size_t i = 0; i < a.linear_w.size(); ++i) trunk_.emplace_back(a.linear_w[i], &a.linear_b[i]);
+  for (const TensorView& n : a.norm_w) norm_w_.push_back(to_f32(n));
+  ln_w_ = to_f32(a.ln_w);
+  ln_b_ = to_f32(a.ln_b);
 }
 
-void ActionInProj::forward(const float* x, const float* t, int B, float* out) const {
-  const int M = B * T_, in0 = (A_ + 1) * F_;
-  std::vector<float> feats(int64_t(M) * in0), a, b;
-  for (int bi = 0; bi < B; ++bi)
-    for (int k = 0; k < T_; ++k) {
-      float* fr = feats.data() + (int64_t(bi) * T_ + k) * in0;
-      for (int i = 0; i < A_; ++i) fourier_features(x[(int64_t(bi) * T_ + k) * A_ + i], freqs_[i], fr + i * F_);
-      fourier_features(t[bi], freqs_[A_], fr + A_ * F_);
-    }
-  // trunk: Linear, SiLU, then per encoder layer RMSNorm(eps 1e-5), Linear (+ SiLU except the last).
-  auto linear = [&](size_t i, const std::vector<float>& src, std::vector<float>& dst) {
-    dst.resize(int64_t(M) * lin_out_[i]);
-    ref::matmul_nt(src.data(), M, lin_in_[i], lw_[i].data(), lin_out_[i], dst.data());
-    for (int m = 0; m < M; ++m)
-      for (int o = 0; o < lin_out_[i]; ++o) dst[int64_t(m) * lin_out_[i] + o] += lb_[i][o];
-  };
-  auto silu = [](std::vector<float>& v) { for (float& e : v) e = ref::silu(e); };
-  linear(0, feats, a);
-  silu(a);
-  for (size_t i = 0; i < nw_.size(); ++i) {
-    ref::rms_norm(a.data(), nw_[i].data(), M, h_, 1e-5, a.data());
-    linear(i + 1, a, b);
-    if (i + 1 < nw_.size()) silu(b);
-    a.swap(b);
-  }
-  // LayerNorm(D, eps 1e-5) with weight and bias (biased variance, as torch).
+void HostProjections::in(const float* x, const float* t, int B, float* emb) const {
+  const int M = B * T_, width0 = (A_ + 1) * F_;
+  std::vector<float> cur(size_t(M) * width0), next;
   for (int m = 0; m < M; ++m) {
-    const float* r = a.data() + int64_t(m) * D_;
-    float mean = 0.f, var = 0.f;
-    for (int i = 0; i < D_; ++i) mean += r[i];
-    mean /= D_;
-    for (int i = 0; i < D_; ++i) var += (r[i] - mean) * (r[i] - mean);
-    var /= D_;
-    const float inv = 1.0f / std::sqrt(var + 1e-5f);
-    float* o = out + int64_t(m) * D_;
+    float* f = cur.data() + size_t(m) * width0;
+    for (int i = 0; i < A_; ++i) fourier_features(x[size_t(m) * A_ + i], freqs_[i], f + i * F_);
+    fourier_features(t[m / T_], freqs_[A_], f + A_ * F_);
+  }
+  // trunk: Linear, SiLU, then per encoder layer RMSNorm(eps 1e-5), Linear (+ SiLU except after the last).
+  for (size_t i = 0; i < trunk_.size(); ++i) {
+    if (i > 0) rms_norm_inplace(cur.data(), M, trunk_[i].in(), norm_w_[i - 1].data(), 1e-5f);
+    next.resize(size_t(M) * trunk_[i].out());
+    trunk_[i].forward(cur.data(), M, next.data());
+    if (i + 1 < trunk_.size())
+      for (float& e : next) e = silu(e);
+    cur.swap(next);
+  }
+  // LayerNorm(D, eps 1e-5), biased variance as torch; two passes over each row.
+  for (int m = 0; m < M; ++m) {
+    const float* r = cur.data() + size_t(m) * D_;
+    float sum = 0.f;
+    for (int i = 0; i < D_; ++i) sum += r[i];
+    const float mean = sum / D_;
+    float sq = 0.f;
+    for (int i = 0; i < D_; ++i) sq += (r[i] - mean) * (r[i] - mean);
+    const float inv = 1.0f / std::sqrt(sq / D_ + 1e-5f);
+    float* o = emb + size_t(m) * D_;
     for (int i = 0; i < D_; ++i) o[i] = (r[i] - mean) * inv * ln_w_[i] + ln_b_[i];
   }
 }
 
-ActionOutProj::ActionOutProj(const ActionOutProjWeights& w)
-    : A_(static_cast<int>(w.w.shape[0])), D_(static_cast<int>(w.w.shape[1])), w_(to_f32(w.w)), b_(to_f32(w.b)) {}
-
-void ActionOutProj::forward(const float* hidden, int rows, float* v) const {
-  ref::matmul_nt(hidden, rows, D_, w_.data(), A_, v);
-  for (int r = 0; r < rows; ++r)
-    for (int a = 0; a < A_; ++a) v[int64_t(r) * A_ + a] += b_[a];
-}
+void HostProjections::out(const float* hidden, int rows, float* v) const { out_.forward(hidden, rows, v); }
 
 }  // namespace alpamayo

@@ -1,42 +1,44 @@
-// Host-side action projections (REFERENCE.md section 3 and the end of section 4), fp32.
+// The production action projections (docs/MATH.md section 3 and the end of section 4), fp32 on the host,
+// used by the host-loop backends. Weights are transposed once to [in, out] so each output row is built
+// by contiguous multiply-adds over the outputs; the reference backend's own projections
+// (backends/reference/ref_action_proj.h) are the oracle they are tested against.
 #pragma once
 #include <vector>
 
-#include "alpamayo/checkpoint.h"
+#include "alpamayo/config.h"
+#include "alpamayo/weights.h"
+#include "backends/host_loop.h"
 
 namespace alpamayo {
 
-// torch.logspace(0, log10(max_freq), F/2), optionally rounded to bf16 as the release's buffers are.
-std::vector<float> fourier_freqs(int n_fourier, double max_freq, bool round_bf16);
-
-// Fourier(z) = sqrt(2) [sin(2 pi f z), cos(2 pi f z)] written to out[0 .. 2*freqs.size()).
-void fourier_features(float z, const std::vector<float>& freqs, float* out);
-
-class ActionInProj {
+// A Linear with bias, weights held transposed [in, out].
+class HostLinear {
  public:
-  // exact_freqs: compute unrounded frequencies when the checkpoint has no buffers.
-  ActionInProj(const ExpertConfig& cfg, const ActionInProjWeights& w, bool exact_freqs = false);
-  // x [B, T, A], t [B] -> embeddings [B, T, D].
-  void forward(const float* x, const float* t, int B, float* out) const;
-  const std::vector<std::vector<float>>& freqs() const { return freqs_; }
+  HostLinear() = default;
+  HostLinear(const TensorView& w, const TensorView* bias);
+  // y[rows, out] = x[rows, in] W^T + b
+  void forward(const float* x, int rows, float* y) const;
+  int in() const { return in_; }
+  int out() const { return out_; }
 
  private:
-  int T_, A_, D_, h_, F_;
-  std::vector<std::vector<float>> freqs_;  // A action sets then the timestep set
-  std::vector<std::vector<float>> lw_, lb_, nw_;
-  std::vector<int> lin_out_, lin_in_;
-  std::vector<float> ln_w_, ln_b_;
+  int in_ = 0, out_ = 0;
+  std::vector<float> wt_, b_;
 };
 
-class ActionOutProj {
+class HostProjections final : public ActionProjections {
  public:
-  explicit ActionOutProj(const ActionOutProjWeights& w);
-  // hidden [rows, D] -> v [rows, A].
-  void forward(const float* hidden, int rows, float* v) const;
+  HostProjections(const ExpertConfig& cfg, const ModelWeights& w, bool exact_freqs);
+  void in(const float* x, const float* t, int B, float* emb) const override;
+  void out(const float* hidden, int rows, float* v) const override;
 
  private:
-  int A_, D_;
-  std::vector<float> w_, b_;
+  int T_, A_, D_, F_;
+  std::vector<std::vector<float>> freqs_;  // A action sets then the timestep set
+  std::vector<HostLinear> trunk_;          // num_enc_layers + 1
+  std::vector<std::vector<float>> norm_w_;  // num_enc_layers
+  std::vector<float> ln_w_, ln_b_;
+  HostLinear out_;
 };
 
 }  // namespace alpamayo

@@ -23,7 +23,7 @@ TEST(Api, ContextFromCallerBuffersMatchesTheFile) {
     write_synthetic_context(tmp / "ctx", ck->config(), cs);
 
     for (const std::string& backend : backend_names()) {
-      Engine from_file(ck, make_backend(backend, {}));
+      Session from_file(Model::load(ck, backend));
       from_file.bind(Context::open(tmp / "ctx"));
       const SampleResult want = from_file.sample({.seed = 42});
 
@@ -37,7 +37,7 @@ TEST(Api, ContextFromCallerBuffersMatchesTheFile) {
           t.data = owned.back().data();
           t.name = "caller buffer";
         }
-      Engine engine(ck, make_backend(backend, {}));
+      Session engine(Model::load(ck, backend));
       engine.bind(Context::from_views(kv, file.rope_delta(), file.history(), std::nullopt));
       const SampleResult got = engine.sample({.seed = 42});
       EXPECT_EQ(got.action, want.action) << backend;

@@ -79,20 +79,20 @@ TEST(Context, MustMatchTheExpert) {
   auto spec = tiny_spec();
   spec.L = 3;
   write_synthetic_checkpoint(tmp / "ck3", spec);
-  Engine eng(Checkpoint::open(tmp / "ck3"), make_backend("reference", {}));
+  Session eng(Model::load(Checkpoint::open(tmp / "ck3"), "reference"));
   expect_error([&] { eng.bind(Context::open(f.ctx)); }, {"ctx.safetensors", "2 cache layers", "3 layers"});
   spec = tiny_spec();
   spec.Hq = 8;
   spec.Hkv = 4;
   write_synthetic_checkpoint(tmp / "ckh", spec);
-  Engine eng2(Checkpoint::open(tmp / "ckh"), make_backend("reference", {}));
+  Session eng2(Model::load(Checkpoint::open(tmp / "ckh"), "reference"));
   expect_error([&] { eng2.bind(Context::open(f.ctx)); }, {"2 KV heads", "4"});
-  expect_error([&] { make_backend("tpu", {}); }, {"unknown backend 'tpu'"});
+  expect_error([&] { find_backend("tpu"); }, {"unknown backend 'tpu'"});
 }
 
 TEST(Context, NeedsV0OrHistory) {
   Fixture f(0);  // writes v0 instead of a history
-  Engine eng(f.ck, make_backend("reference", {}));
+  Session eng(Model::load(f.ck, "reference"));
   eng.bind(Context::open(f.ctx));
   SampleOptions o;
   o.steps = 1;

@@ -127,18 +127,18 @@ TEST_P(Matmul, MatchesReference) {
   MatmulKernels kernels(eng);
   ScopedOmpThreads one(1);
   PackedLinear lin;
-  lin.pack(kernels, wt, K, N, W.data(), 7, N + 3);  // planned for another M, re-planned below
-  lin.prepare(kernels, M, N + 3);
-  AlignedBuf<uint8_t> scratch(lin.scratch_bytes() + 1);
+  lin.pack(kernels, wt, K, N, W.data(), 7, N + 3);  // packed for another M, planned for M below
+  const MatmulPlan plan = lin.plan(kernels, M, N + 3);
+  AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
   std::vector<float> rs(M, 1.f);
   if (wt == WeightType::BF16) {
     std::vector<uint16_t> xb(x.size());
     for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
-    lin.run(st, xb.data(), y.data(), scratch.data());
+    lin.run(st, plan, xb.data(), y.data(), scratch.data());
   } else {
     std::vector<uint8_t> xq(x.size());
     quantize_rows(x.data(), 0, M, K, xq.data(), rs.data());
-    lin.run(st, xq.data(), y.data(), scratch.data());
+    lin.run(st, plan, xq.data(), y.data(), scratch.data());
   }
   const float *corr = lin.col_correction(), *cs = lin.col_scale();
   ASSERT_EQ(corr == nullptr, wt == WeightType::BF16);

@@ -3,7 +3,7 @@
 
 #include "alpamayo/action_space.h"
 #include "alpamayo/engine.h"
-#include "model/action_proj.h"
+#include "model/fourier.h"
 #include "model/sampler.h"
 #include "test_util.h"
 
@@ -176,7 +176,7 @@ TEST(Sampler, EulerStepsAreConsistentAndNoiseIsChecked) {
   cs.valid_len = {12, 5};
   cs.rope_delta = {0, -3};
   write_synthetic_context(tmp / "ctx", ck->config(), cs);
-  Engine eng(ck, make_backend("reference", {}));
+  Session eng(Model::load(ck, "reference"));
   eng.bind(Context::open(tmp / "ctx"));
   SampleOptions o;
   o.steps = 4;

@@ -22,8 +22,8 @@ def run(cli, *args, timeout: float = 600) -> subprocess.CompletedProcess:
 
 @dataclass(frozen=True)
 class Backend:
-    name: str                   # reference | cpu
-    weights: str | None = None  # cpu only: bf16 | int8
+    name: str                   # a backend of `alpamayo-expert backends`
+    weights: str | None = None  # its weight format; None: the backend's default
 
     @property
     def id(self) -> str:

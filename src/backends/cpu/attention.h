@@ -44,6 +44,10 @@ struct AttnScratch {
   AlignedBuf<float> lblk;    // per-row probability sums of the current block [Rp]
   AlignedBuf<uint16_t> zero; // a zero key/value row [dp]
   void resize(const AttnGeometry& g);
+  size_t bytes() const {
+    return (kptr.size() + vptr.size()) * sizeof(void*) + (s.size() + alpha.size() + lblk.size()) * sizeof(float) +
+           (p.size() + v.size()) * sizeof(uint32_t) + zero.size() * sizeof(uint16_t);
+  }
 };
 
 // Queries of one (b, g) as bf16 pairs: qp[i * Rp + r] holds (q[r][2i], q[r][2i+1]); rows >= R zero.

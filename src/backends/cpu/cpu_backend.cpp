@@ -1,4 +1,4 @@
-// CpuBackend construction, weight packing (load) and context binding (bind).
+// CpuModel (weight packing) and CpuSession construction and binding.
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -9,18 +9,16 @@
 
 namespace alpamayo {
 
-std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& opts) {
-  return std::make_unique<cpu::CpuBackend>(opts);
+std::unique_ptr<BackendModel> load_cpu_backend(const ExpertConfig& cfg, const ModelWeights& w,
+                                               const BackendOptions& opts) {
+  return std::make_unique<cpu::CpuModel>(cfg, w, opts);
 }
 
 namespace cpu {
 namespace {
 
-WeightType parse_weights(const std::string& w) {
-  if (w == "bf16") return WeightType::BF16;
-  if (w == "int8") return WeightType::INT8;
-  throw Error("cpu backend: unknown weights '" + w + "' (expected bf16 or int8)");
-}
+// The registry has already checked the name against the formats the cpu backend offers.
+WeightType parse_weights(const std::string& w) { return w == "int8" ? WeightType::INT8 : WeightType::BF16; }
 
 int resolve_threads(int t) {
   return t > 0 ? t : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -39,19 +37,7 @@ std::vector<Slice> split_cols(int N, int parts) {
 
 }  // namespace
 
-CpuBackend::CpuBackend(const BackendOptions& opts)
-    : opts_(opts),
-      wtype_(parse_weights(opts.weights)),
-      nthreads_(resolve_threads(opts.threads)),
-      use_bf16_attn_(cpu_has_avx512_bf16()),
-      pool_(nthreads_),
-      eng_(dnnl::engine::kind::cpu, 0) {
-  for (int t = 0; t < nthreads_; ++t) streams_.emplace_back(eng_);
-  kernels_ = std::make_unique<MatmulKernels>(eng_);
-  per_thread_.resize(nthreads_);
-}
-
-void CpuBackend::pack_layer(const LayerWeights& lw, CpuLayer& out) {
+void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
   const int Nqkv = (Hq + 2 * Hkv) * d, Mhint = cfg_.T > 0 ? cfg_.T : 64;
   out.input_norm = to_f32(lw.input_norm);
@@ -99,62 +85,56 @@ void CpuBackend::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   }
 }
 
-void CpuBackend::load(const ExpertConfig& cfg, const ExpertWeights& w) {
+CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
+    : opts_(opts),
+      wtype_(parse_weights(opts.weights)),
+      nthreads_(resolve_threads(opts.threads)),
+      cfg_(cfg),
+      eng_(dnnl::engine::kind::cpu, 0),
+      kernels_(std::make_unique<MatmulKernels>(eng_)),
+      proj_(cfg, w, opts.exact_freqs) {
   const int D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d, I = cfg.I;
-  check(cfg.L >= 0 && D > 0 && Hq > 0 && Hkv > 0 && d > 0 && I > 0, "cpu backend: invalid expert sizes");
-  check(Hq % Hkv == 0, "cpu backend: Hq (" + std::to_string(Hq) + ") must be a multiple of Hkv (" +
-                           std::to_string(Hkv) + ")");
-  check(d % 2 == 0, "cpu backend: head dim must be even, got " + std::to_string(d));
-  check(static_cast<int>(w.layers.size()) == cfg.L, "cpu backend: " + std::to_string(w.layers.size()) +
-                                                         " layer weights for L=" + std::to_string(cfg.L));
-  for (const LayerWeights& lw : w.layers) {
-    expect_shape(lw.input_norm, {D});
-    expect_shape(lw.post_norm, {D});
-    expect_shape(lw.q, {int64_t(Hq) * d, D});
-    expect_shape(lw.k, {int64_t(Hkv) * d, D});
-    expect_shape(lw.v, {int64_t(Hkv) * d, D});
-    expect_shape(lw.o, {D, int64_t(Hq) * d});
-    expect_shape(lw.q_norm, {d});
-    expect_shape(lw.k_norm, {d});
-    expect_shape(lw.gate, {I, D});
-    expect_shape(lw.up, {I, D});
-    expect_shape(lw.down, {D, I});
-  }
-  expect_shape(w.final_norm, {D});
-
-  cfg_ = cfg;
-  loaded_ = bound_ = false;
   qkv_slices_ = split_cols((Hq + 2 * Hkv) * d, nthreads_);
   o_slices_ = split_cols(D, nthreads_);
   mlp_slices_ = split_cols(I, nthreads_);
   down_slices_ = o_slices_;
   layers_.assign(cfg.L, {});
-  final_norm_ = to_f32(w.final_norm);
+  final_norm_ = to_f32(w.expert.final_norm);
+  // Packing runs on a temporary pool; each session has its own.
+  ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
-  pool_.run([&](int tid) {
-    for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.layers[l], layers_[l]);
+  pool.run([&](int tid) {
+    ScopedOmpThreads one_here(1);
+    for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.expert.layers[l], layers_[l]);
   });
-  loaded_ = true;
 }
 
-void CpuBackend::bind(const KVCache& kv, const RopeTables& rope) {
-  check(loaded_, "cpu backend: bind() before load()");
+size_t CpuModel::weight_bytes() const {
+  size_t n = final_norm_.size() * sizeof(float);
+  for (const CpuLayer& layer : layers_) {
+    n += (layer.input_norm.size() + layer.post_norm.size() + layer.q_norm.size() + layer.k_norm.size()) * sizeof(float);
+    for (const auto* list : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
+      for (const PackedLinear& p : *list) n += p.packed_bytes() + (p.col_scale() ? 2 * sizeof(float) * p.N() : 0);
+  }
+  return n;
+}
+
+std::unique_ptr<BackendSession> CpuModel::new_session() const { return std::make_unique<CpuSession>(*this); }
+
+CpuSession::CpuSession(const CpuModel& m)
+    : HostLoopSession(m.cfg_, m.proj_),
+      m_(m),
+      nthreads_(m.nthreads_),
+      use_bf16_attn_(cpu_has_avx512_bf16()),
+      pool_(nthreads_) {
+  for (int t = 0; t < nthreads_; ++t) streams_.emplace_back(m.eng_);
+  per_thread_.resize(nthreads_);
+}
+
+void CpuSession::bind_step(const Binding& bnd) {
+  const KVCache& kv = bnd.kv;
+  const RopeTables& rope = bnd.rope;
   const int L = cfg_.L, Hkv = cfg_.Hkv, Hq = cfg_.Hq, d = cfg_.d, D = cfg_.D, I = cfg_.I;
-  check(static_cast<int>(kv.key.size()) == L && static_cast<int>(kv.value.size()) == L,
-        "cpu backend: KV cache has " + std::to_string(kv.key.size()) + " layers, the expert has " +
-            std::to_string(L));
-  check(kv.B > 0 && kv.Hkv == Hkv && kv.d == d && kv.P >= 0,
-        "cpu backend: KV cache [B=" + std::to_string(kv.B) + ", Hkv=" + std::to_string(kv.Hkv) + ", P=" +
-            std::to_string(kv.P) + ", d=" + std::to_string(kv.d) + "] does not fit Hkv=" + std::to_string(Hkv) +
-            ", d=" + std::to_string(d));
-  check(static_cast<int>(kv.valid_len.size()) == kv.B, "cpu backend: valid_len needs one entry per sample");
-  for (int64_t s : kv.valid_len)
-    check(s >= 0 && s <= kv.P, "cpu backend: valid_len " + std::to_string(s) + " outside [0, " +
-                                   std::to_string(kv.P) + "]");
-  check(rope.B == kv.B && rope.d == d && rope.T > 0 &&
-            rope.cos.size() == size_t(rope.B) * rope.T * d && rope.sin.size() == rope.cos.size(),
-        "cpu backend: rope tables do not match [B, T, d]");
-  bound_ = false;
   B_ = kv.B;
   T_ = rope.T;
   P_ = kv.P;
@@ -167,12 +147,9 @@ void CpuBackend::bind(const KVCache& kv, const RopeTables& rope) {
   k_cache_.assign(L, nullptr);
   v_cache_.assign(L, nullptr);
   owned_cache_.clear();
-  const std::vector<int64_t> kv_shape{B_, Hkv, P_, d};
   for (int l = 0; l < L; ++l)
     for (int which = 0; which < 2; ++which) {
       const TensorView& t = which == 0 ? kv.key[l] : kv.value[l];
-      expect_shape(t, kv_shape);
-      expect_float(t);
       const uint16_t* p = static_cast<const uint16_t*>(t.data);
       if (t.dtype != DType::BF16) {
         owned_cache_.emplace_back(size_t(t.numel()));
@@ -182,21 +159,25 @@ void CpuBackend::bind(const KVCache& kv, const RopeTables& rope) {
       (which == 0 ? k_cache_ : v_cache_)[l] = p;
     }
 
-  // Matmul plans for M rows; weights are repacked only if oneDNN changes its layout for this M.
+  // Matmul plans for M rows: the model's packed weights are shared, never modified.
   const int Nqkv = (Hq + 2 * Hkv) * d;
+  plans_.assign(L, std::vector<LayerPlans>(nthreads_));
   {
     ScopedOmpThreads one(1);
-    for (CpuLayer& layer : layers_)
+    MatmulKernels& kernels = *m_.kernels_;
+    for (int l = 0; l < L; ++l)
       for (int t = 0; t < nthreads_; ++t) {
-        if (layer.qkv[t].N()) layer.qkv[t].prepare(*kernels_, M_, layer.qkv[t].N());
-        if (layer.o[t].N()) layer.o[t].prepare(*kernels_, M_, layer.o[t].N());
-        if (layer.gate_up[t].N()) layer.gate_up[t].prepare(*kernels_, M_, layer.gate_up[t].N());
-        if (layer.down[t].N()) layer.down[t].prepare(*kernels_, M_, layer.down[t].N());
+        const CpuLayer& layer = m_.layers_[l];
+        LayerPlans& p = plans_[l][t];
+        if (layer.qkv[t].N()) p.qkv = layer.qkv[t].plan(kernels, M_, layer.qkv[t].N());
+        if (layer.o[t].N()) p.o = layer.o[t].plan(kernels, M_, layer.o[t].N());
+        if (layer.gate_up[t].N()) p.gate_up = layer.gate_up[t].plan(kernels, M_, layer.gate_up[t].N());
+        if (layer.down[t].N()) p.down = layer.down[t].plan(kernels, M_, layer.down[t].N());
       }
   }
 
   const int wide = std::max({D, Hq * d, I});
-  const bool i8 = wtype_ == WeightType::INT8;
+  const bool i8 = m_.wtype_ == WeightType::INT8;
   h_.resize(size_t(M_) * D);
   qkv_.resize(size_t(M_) * Nqkv);
   x_bf16_.resize(i8 ? 0 : size_t(M_) * D);
@@ -218,20 +199,34 @@ void CpuBackend::bind(const KVCache& kv, const RopeTables& rope) {
   for (int t = 0; t < nthreads_; ++t) {
     PerThread& pt = per_thread_[t];
     size_t tmp = 0, scratch = 0;
-    for (const CpuLayer& layer : layers_)
-      for (const PackedLinear* p : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]}) {
-        tmp = std::max(tmp, size_t(M_) * p->N());
-        scratch = std::max(scratch, p->scratch_bytes());
-      }
+    for (int l = 0; l < L; ++l) {
+      const CpuLayer& layer = m_.layers_[l];
+      const LayerPlans& p = plans_[l][t];
+      for (const PackedLinear* lin : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]})
+        tmp = std::max(tmp, size_t(M_) * lin->N());
+      for (const MatmulPlan* mp : {&p.qkv, &p.o, &p.gate_up, &p.down}) scratch = std::max(scratch, mp->scratch_bytes());
+    }
     pt.tmp.resize(tmp);
     pt.scratch.resize(scratch);
     pt.row.resize(std::max({D, I, d}));
     pt.attn.resize(geo_);
   }
-  bound_ = true;
 }
 
-void CpuBackend::plan_attention() {
+size_t CpuSession::step_buffer_bytes() const {
+  size_t n = (h_.size() + qkv_.size() + act_f32_.size() + x_scale_.size() + y_scale_.size() + part_o_.size() +
+              part_m_.size() + part_l_.size() + cos_.size() + sin_.size()) * sizeof(float) +
+             (x_bf16_.size() + y_bf16_.size() + k_own_.size() + v_own_.size()) * sizeof(uint16_t) +
+             (x_u8_.size() + y_u8_.size()) + qp_.size() * sizeof(uint32_t);
+  for (const auto& c : owned_cache_) n += c.size() * sizeof(uint16_t);
+  for (const PerThread& pt : per_thread_)
+    n += (pt.tmp.size() + pt.row.size()) * sizeof(float) + pt.scratch.size() + pt.attn.bytes();
+  for (const auto& layer : plans_)
+    for (const LayerPlans& p : layer) n += p.qkv.own_bytes() + p.o.own_bytes() + p.gate_up.own_bytes() + p.down.own_bytes();
+  return n;
+}
+
+void CpuSession::plan_attention() {
   // Chunks of the key sequence so that every thread gets about two items of similar size; one chunk
   // per (b, g) whenever that already balances (the seed: 8 heads over 2 threads), avoiding merges.
   int64_t total = 0;

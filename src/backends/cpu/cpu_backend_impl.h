@@ -1,6 +1,6 @@
-// The cpu backend's state. load() packs weights into per-thread column slices; bind() sizes every
-// buffer for the batch and cache; step() runs all layers inside one pool dispatch, phases separated by
-// barriers (see docs/CPU_BACKEND.md).
+// The cpu backend's state. CpuModel packs the weights into per-thread column slices once; each
+// CpuSession owns a thread pool, matmul plans, activations and scratch for its bound context and runs all
+// layers of a step inside one pool dispatch, phases separated by barriers (see docs/CPU_BACKEND.md).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "alpamayo/backend.h"
+#include "backends/host_loop.h"
 #include "backends/cpu/aligned.h"
 #include "backends/cpu/attention.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
+#include "model/action_proj.h"
 
 namespace alpamayo::cpu {
 
@@ -33,39 +35,62 @@ struct AttnItem {
 
 enum Phase { kNorm1, kQkv, kRope, kAttn, kOproj, kNorm2, kGateUp, kDown, kPhases };
 
-class CpuBackend final : public Backend {
- public:
-  explicit CpuBackend(const BackendOptions& opts);
-  std::string name() const override { return "cpu"; }
-  void load(const ExpertConfig& cfg, const ExpertWeights& w) override;
-  void bind(const KVCache& kv, const RopeTables& rope) override;
-  void step(const float* emb, float* hidden, const LayerTap* tap) override;
+class CpuSession;
 
-  // For tests: force the portable attention path.
-  void set_portable_attention(bool on) { use_bf16_attn_ = !on && cpu_has_avx512_bf16(); }
+// Packed weights (immutable after construction) and what every session of the model shares.
+class CpuModel final : public BackendModel {
+ public:
+  CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts);
+  std::string name() const override { return "cpu"; }
+  std::string weights() const override { return opts_.weights; }
+  size_t weight_bytes() const override;
+  std::unique_ptr<BackendSession> new_session() const override;
 
  private:
+  friend class CpuSession;
   void pack_layer(const LayerWeights& lw, CpuLayer& out);
-  void plan_attention();
-  void run_step(int tid, const float* emb, float* hidden, const LayerTap* tap);
-  void layer_phases(int tid, int l);
-  void attention_phase(int tid, int l);
-  void print_profile(double step_ms) const;
 
   BackendOptions opts_;
   WeightType wtype_;
   int nthreads_;
-  bool use_bf16_attn_;
-  ThreadPool pool_;
-  dnnl::engine eng_;
-  std::vector<dnnl::stream> streams_;
-  std::unique_ptr<MatmulKernels> kernels_;
-
   ExpertConfig cfg_;
-  bool loaded_ = false, bound_ = false;
+  dnnl::engine eng_;
+  std::unique_ptr<MatmulKernels> kernels_;  // a thread-safe cache of compiled shapes
   std::vector<CpuLayer> layers_;
   std::vector<float> final_norm_;
   std::vector<Slice> qkv_slices_, o_slices_, mlp_slices_, down_slices_;
+  HostProjections proj_;
+};
+
+class CpuSession final : public HostLoopSession {
+ public:
+  explicit CpuSession(const CpuModel& m);
+
+  // For tests: force the portable attention path.
+  void set_portable_attention(bool on) { use_bf16_attn_ = !on && cpu_has_avx512_bf16(); }
+
+ protected:
+  void bind_step(const Binding& b) override;
+  void step(const float* emb, float* hidden, float* const* layers) override;
+  size_t step_buffer_bytes() const override;
+
+ private:
+  // The plans of one layer's four matmuls for one thread.
+  struct LayerPlans {
+    MatmulPlan qkv, o, gate_up, down;
+  };
+  void plan_attention();
+  void run_step(int tid, const float* emb, float* hidden, float* const* layers);
+  void layer_phases(int tid, int l);
+  void attention_phase(int tid, int l);
+  void print_profile(double step_ms) const;
+
+  const CpuModel& m_;
+  const int nthreads_;
+  bool use_bf16_attn_;
+  ThreadPool pool_;
+  std::vector<dnnl::stream> streams_;
+  std::vector<std::vector<LayerPlans>> plans_;  // [layer][thread]
 
   // Bound context.
   int B_ = 0, T_ = 0, P_ = 0, M_ = 0;

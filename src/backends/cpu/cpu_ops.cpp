@@ -74,6 +74,16 @@ void rms_norm_rows(const float* x, const float* w, int r0, int r1, int n, float 
   }
 }
 
+void rms_norm_rows_f32(const float* x, const float* w, int r0, int r1, int n, float eps, float* y) {
+  for (int r = r0; r < r1; ++r) {
+    const float* xr = x + int64_t(r) * n;
+    float* yr = y + int64_t(r) * n;
+    const float inv = inv_rms(xr, n, eps);
+#pragma omp simd
+    for (int i = 0; i < n; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
 void quantize_rows(const float* x, int r0, int r1, int n, uint8_t* q, float* scale) {
   for (int r = r0; r < r1; ++r) quantize_row(x + int64_t(r) * n, n, q + int64_t(r) * n, scale + r);
 }

@@ -10,6 +10,9 @@ namespace alpamayo::cpu {
 void rms_norm_rows(const float* x, const float* w, int r0, int r1, int n, float eps, float* tmp,
                    uint16_t* out_bf16, uint8_t* out_u8, float* out_scale);
 
+// The same norm with fp32 output rows y [r0, r1) (the final norm).
+void rms_norm_rows_f32(const float* x, const float* w, int r0, int r1, int n, float eps, float* y);
+
 // Symmetric per-row int8: scale[r] = max|x| / 127, q = round(x / scale) in [-127, 127], stored q + 128.
 void quantize_rows(const float* x, int r0, int r1, int n, uint8_t* q, float* scale);
 

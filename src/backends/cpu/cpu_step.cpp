@@ -1,4 +1,4 @@
-// CpuBackend::step: all layers inside one pool dispatch. Each phase splits its work over the threads
+// CpuSession::step: all layers inside one pool dispatch. Each phase splits its work over the threads
 // (matmuls by the column slices packed at load, row-wise ops by rows, attention by work items) and
 // ends in a barrier; thread 0 timestamps the barriers for the profile table.
 #include <algorithm>
@@ -8,24 +8,18 @@
 #include "alpamayo/error.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/reference/ops.h"
 
 namespace alpamayo::cpu {
-namespace {
 
-
-}  // namespace
-
-void CpuBackend::step(const float* emb, float* hidden, const LayerTap* tap) {
-  check(bound_, "cpu backend: step() before bind()");
+void CpuSession::step(const float* emb, float* hidden, float* const* layers) {
   ScopedOmpThreads one(1);
   std::fill(std::begin(phase_s_), std::end(phase_s_), 0.0);
   const auto t0 = Clock::now();
-  pool_.run([&](int tid) { run_step(tid, emb, hidden, tap); });
-  if (opts_.profile) print_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  pool_.run([&](int tid) { run_step(tid, emb, hidden, layers); });
+  if (m_.opts_.profile) print_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
-void CpuBackend::run_step(int tid, const float* emb, float* hidden, const LayerTap* tap) {
+void CpuSession::run_step(int tid, const float* emb, float* hidden, float* const* layers) {
   const int D = cfg_.D;
   const int r0 = M_ * tid / nthreads_, r1 = M_ * (tid + 1) / nthreads_;
   std::copy(emb + int64_t(r0) * D, emb + int64_t(r1) * D, h_.data() + int64_t(r0) * D);
@@ -34,22 +28,22 @@ void CpuBackend::run_step(int tid, const float* emb, float* hidden, const LayerT
   for (int l = 0; l < cfg_.L; ++l) {
     layer_phases(tid, l);
     // Other threads may already read h_ for the next layer's norm; nobody writes it before a barrier.
-    if (tid == 0 && tap && *tap) {
-      (*tap)(l, h_.data());
+    if (tid == 0 && layers) {
+      std::copy(h_.data(), h_.data() + size_t(M_) * D, layers[l]);
       mark_ = Clock::now();
     }
   }
-  ref::rms_norm(h_.data() + int64_t(r0) * D, final_norm_.data(), r1 - r0, D, cfg_.rms_eps,
-                hidden + int64_t(r0) * D);
+  rms_norm_rows_f32(h_.data(), m_.final_norm_.data(), r0, r1, D, static_cast<float>(cfg_.rms_eps), hidden);
   pool_.barrier();
 }
 
-void CpuBackend::layer_phases(int tid, int l) {
-  const CpuLayer& w = layers_[l];
+void CpuSession::layer_phases(int tid, int l) {
+  const CpuLayer& w = m_.layers_[l];
+  const LayerPlans& plan = plans_[l][tid];
   const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I, M = M_;
   const int Nqkv = (Hq + 2 * Hkv) * d;
   const float eps = static_cast<float>(cfg_.rms_eps);
-  const bool i8 = wtype_ == WeightType::INT8;
+  const bool i8 = m_.wtype_ == WeightType::INT8;
   const int r0 = M * tid / nthreads_, r1 = M * (tid + 1) / nthreads_;
   PerThread& pt = per_thread_[tid];
   dnnl::stream& st = streams_[tid];
@@ -68,10 +62,10 @@ void CpuBackend::layer_phases(int tid, int l) {
                 i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm1);
 
-  if (const Slice s = qkv_slices_[tid]; s.n1 > s.n0) {
+  if (const Slice s = m_.qkv_slices_[tid]; s.n1 > s.n0) {
     // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
     const PackedLinear& lin = w.qkv[tid];
-    lin.run(st, x_in, pt.tmp.data(), pt.scratch.data());
+    lin.run(st, plan.qkv, x_in, pt.tmp.data(), pt.scratch.data());
     copy_rows(qkv_.data() + s.n0, Nqkv, pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr,
               lin.col_correction(), lin.col_scale());
   }
@@ -108,21 +102,21 @@ void CpuBackend::layer_phases(int tid, int l) {
   sync(kAttn);
 
   // This thread's column slice of a projection of y_in, added to the residual stream.
-  auto matmul_residual = [&](const PackedLinear& lin, Slice s) {
+  auto matmul_residual = [&](const PackedLinear& lin, const MatmulPlan& mp, Slice s) {
     if (s.n1 <= s.n0) return;
-    lin.run(st, y_in, pt.tmp.data(), pt.scratch.data());
+    lin.run(st, mp, y_in, pt.tmp.data(), pt.scratch.data());
     add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
              lin.col_correction(), lin.col_scale());
   };
-  matmul_residual(w.o[tid], o_slices_[tid]);
+  matmul_residual(w.o[tid], plan.o, m_.o_slices_[tid]);
   sync(kOproj);
 
   rms_norm_rows(h_.data(), w.post_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
                 i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm2);
 
-  if (const Slice s = mlp_slices_[tid]; s.n1 > s.n0) {
-    w.gate_up[tid].run(st, x_in, pt.tmp.data(), pt.scratch.data());
+  if (const Slice s = m_.mlp_slices_[tid]; s.n1 > s.n0) {
+    w.gate_up[tid].run(st, plan.gate_up, x_in, pt.tmp.data(), pt.scratch.data());
     silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, w.gate_up[tid].col_correction(),
                   w.gate_up[tid].col_scale(), I,
                   i8 ? nullptr : y_bf16_.data() + s.n0, i8 ? act_f32_.data() + s.n0 : nullptr);
@@ -133,13 +127,13 @@ void CpuBackend::layer_phases(int tid, int l) {
   }
   sync(kGateUp);
 
-  matmul_residual(w.down[tid], down_slices_[tid]);
+  matmul_residual(w.down[tid], plan.down, m_.down_slices_[tid]);
   sync(kDown);
 }
 
-void CpuBackend::attention_phase(int tid, int l) {
+void CpuSession::attention_phase(int tid, int l) {
   const int Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, group = Hq / Hkv, ld = Hq * d;
-  const bool i8 = wtype_ == WeightType::INT8;
+  const bool i8 = m_.wtype_ == WeightType::INT8;
   const size_t ostride = size_t(geo_.Rp) * geo_.dp;
   float* out_f32 = i8 ? act_f32_.data() : nullptr;
   uint16_t* out_bf16 = i8 ? nullptr : y_bf16_.data();
@@ -155,9 +149,10 @@ void CpuBackend::attention_phase(int tid, int l) {
     KeyRows kv{k_cache_[l] + bg * P_ * d, v_cache_[l] + bg * P_ * d, S_[it.b], k_own_.data() + bg * T_ * d,
                v_own_.data() + bg * T_ * d};
     // Each item also pulls in this thread's o_proj weights (repeats hit L2/L3 and cost little).
-    const PackedLinear& o = layers_[l].o[tid];
-    kv.prefetch = o.packed_data();
-    kv.prefetch_bytes = o.packed_bytes();
+    const PackedLinear& o = m_.layers_[l].o[tid];
+    const MatmulPlan& op = plans_[l][tid].o;
+    kv.prefetch = op.own_weights ? static_cast<const char*>(op.own_weights.get_data_handle()) : o.packed_data();
+    kv.prefetch_bytes = op.own_weights ? op.own_bytes() : o.packed_bytes();
     init_partial(geo_, O, m, lsum);
     attend_chunk(use_bf16_attn_, geo_, qp_.data() + bg * (d / 2) * geo_.Rp, kv, it.j0, it.j1, O, m, lsum,
                  per_thread_[tid].attn);
@@ -188,7 +183,7 @@ void CpuBackend::attention_phase(int tid, int l) {
   }
 }
 
-void CpuBackend::print_profile(double step_ms) const {
+void CpuSession::print_profile(double step_ms) const {
   static const char* names[kPhases] = {"rms_norm",          "qkv matmul",         "q/k norm + rope",
                                        "attention",         "o_proj + residual",  "rms_norm2",
                                        "gate_up + silu*mul", "down + residual"};
@@ -196,7 +191,7 @@ void CpuBackend::print_profile(double step_ms) const {
   for (double s : phase_s_) sum += s;
   const int L = cfg_.L > 0 ? cfg_.L : 1;
   std::fprintf(stderr, "cpu backend profile (%s weights, %d threads, B=%d T=%d S_max=%d, L=%d)\n",
-               opts_.weights.c_str(), nthreads_, B_, T_, *std::max_element(S_.begin(), S_.end()), cfg_.L);
+               m_.opts_.weights.c_str(), nthreads_, B_, T_, *std::max_element(S_.begin(), S_.end()), cfg_.L);
   std::fprintf(stderr, "  %-20s %12s %12s %7s\n", "op", "ms/layer", "ms/step", "%");
   for (int p = 0; p < kPhases; ++p)
     std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", names[p], 1e3 * phase_s_[p] / L, 1e3 * phase_s_[p],

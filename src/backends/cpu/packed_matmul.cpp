@@ -21,7 +21,7 @@ dt wei_type(WeightType t) { return t == WeightType::INT8 ? dt::s8 : dt::bf16; }
 }  // namespace
 
 std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int K, int N, int ldy) {
-  const auto key = std::make_tuple(static_cast<int>(t), M, K, N, ldy);
+  const auto key = std::make_tuple(static_cast<int>(t), M, K, N, ldy, false);
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   try {
@@ -42,12 +42,34 @@ std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int 
   }
 }
 
+std::shared_ptr<const MatmulKernel> MatmulKernels::get_for_layout(WeightType t, int M, int K, int N, int ldy,
+                                                                  const memory::desc& wei) {
+  // Every slice of one (K, N) is packed in the same layout, so the key need not hold the descriptor.
+  const auto key = std::make_tuple(static_cast<int>(t), M, K, N, ldy, true);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  std::shared_ptr<MatmulKernel> k;
+  try {
+    const memory::desc src({M, K}, src_type(t), memory::dims{K, 1});
+    const memory::desc dst({M, N}, dt::f32, memory::dims{ldy, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    k = std::make_shared<MatmulKernel>();
+    k->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, eng_);
+    k->prim = dnnl::matmul(k->pd);
+    k->scratch_bytes = k->pd.scratchpad_desc().get_size();
+  } catch (const dnnl::error&) {
+    k.reset();  // no implementation for this layout and M: the caller repacks
+  }
+  cache_[key] = k;
+  return k;
+}
+
 void PackedLinear::pack(MatmulKernels& kernels, WeightType t, int K, int N, const float* W, int M, int ldy) {
   type_ = t;
   K_ = K;
   N_ = N;
-  M_ = M;
-  kernel_ = kernels.get(t, M, K, N, ldy);
+  const auto kernel = kernels.get(t, M, K, N, ldy);
   const auto& eng = kernels.engine();
   // W is [N, K] row-major, i.e. the [K, N] matrix oneDNN wants with strides {1, K}.
   const memory::desc user_md({K, N}, wei_type(t), memory::dims{1, K});
@@ -74,24 +96,25 @@ void PackedLinear::pack(MatmulKernels& kernels, WeightType t, int K, int N, cons
       corr_[n] = static_cast<float>(128 * sum);
     }
   }
-  weights_ = new_weights(kernel_->pd.weights_desc(), eng);
+  weights_ = new_weights(kernel->pd.weights_desc(), eng);
   dnnl::stream s(eng);
   dnnl::reorder(user, weights_).execute(s, user, weights_);
   s.wait();
 }
 
-void PackedLinear::prepare(MatmulKernels& kernels, int M, int ldy) {
-  auto k = kernels.get(type_, M, K_, N_, ldy);
-  if (k->pd.weights_desc() != weights_.get_desc()) {
-    auto old_buf = buf_;  // keeps the source alive while buf_ takes the new layout's memory
-    memory repacked = new_weights(k->pd.weights_desc(), kernels.engine());
-    dnnl::stream s(kernels.engine());
-    dnnl::reorder(weights_, repacked).execute(s, weights_, repacked);
-    s.wait();
-    weights_ = repacked;
+MatmulPlan PackedLinear::plan(MatmulKernels& kernels, int M, int ldy) const {
+  MatmulPlan p;
+  p.kernel = kernels.get(type_, M, K_, N_, ldy);
+  if (p.kernel->pd.weights_desc() == weights_.get_desc()) return p;
+  if (auto k = kernels.get_for_layout(type_, M, K_, N_, ldy, weights_.get_desc())) {
+    p.kernel = k;
+    return p;
   }
-  kernel_ = k;
-  M_ = M;
+  p.own_weights = memory(p.kernel->pd.weights_desc(), kernels.engine());
+  dnnl::stream s(kernels.engine());
+  dnnl::reorder(weights_, p.own_weights).execute(s, const_cast<memory&>(weights_), p.own_weights);
+  s.wait();
+  return p;
 }
 
 // bf16 weights on transparent huge pages: their matmuls ran ~1.5% faster (cold weights, fewer TLB
@@ -105,14 +128,16 @@ memory PackedLinear::new_weights(const memory::desc& md, const dnnl::engine& eng
   return memory(md, eng, buf_->data());
 }
 
-void PackedLinear::run(dnnl::stream& s, const void* x, float* y, void* scratch) const {
-  const auto& pd = kernel_->pd;
+void PackedLinear::run(dnnl::stream& s, const MatmulPlan& plan, const void* x, float* y, void* scratch) const {
+  const auto& pd = plan.kernel->pd;
   const dnnl::engine eng = pd.get_engine();
   memory src(pd.src_desc(), eng, const_cast<void*>(x));
   memory dst(pd.dst_desc(), eng, y);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights_}, {DNNL_ARG_DST, dst}};
-  if (kernel_->scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(pd.scratchpad_desc(), eng, scratch));
-  kernel_->prim.execute(s, args);
+  // The packed weights are only read; oneDNN's memory handle is not const-qualified.
+  memory wei = plan.own_weights ? plan.own_weights : weights_;
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+  if (plan.kernel->scratch_bytes) args.emplace(DNNL_ARG_SCRATCHPAD, memory(pd.scratchpad_desc(), eng, scratch));
+  plan.kernel->prim.execute(s, args);
 }
 
 }  // namespace alpamayo::cpu

@@ -31,25 +31,39 @@ struct MatmulKernel {
 class MatmulKernels {
  public:
   explicit MatmulKernels(const dnnl::engine& eng) : eng_(eng) {}
+  // The kernel oneDNN prefers for these sizes (weights layout `any`).
   std::shared_ptr<const MatmulKernel> get(WeightType t, int M, int K, int N, int ldy);
+  // A kernel for these sizes reading weights already packed in layout `wei`; null if oneDNN has none.
+  std::shared_ptr<const MatmulKernel> get_for_layout(WeightType t, int M, int K, int N, int ldy,
+                                                     const dnnl::memory::desc& wei);
   const dnnl::engine& engine() const { return eng_; }
 
  private:
   dnnl::engine eng_;
   std::mutex mu_;
-  std::map<std::tuple<int, int, int, int, int>, std::shared_ptr<const MatmulKernel>> cache_;
+  std::map<std::tuple<int, int, int, int, int, bool>, std::shared_ptr<const MatmulKernel>> cache_;
+};
+
+// How one session runs one PackedLinear for its M rows: a kernel for the model's packed layout, or, only
+// where oneDNN has none for this M, the session's own repacked copy of the weights.
+struct MatmulPlan {
+  std::shared_ptr<const MatmulKernel> kernel;
+  dnnl::memory own_weights;  // empty unless repacked for this session
+  size_t scratch_bytes() const { return kernel ? kernel->scratch_bytes : 0; }
+  size_t own_bytes() const { return own_weights ? own_weights.get_desc().get_size() : 0; }
 };
 
 class PackedLinear {
  public:
-  // Packs W [N, K] (fp32 rows) for M-row inputs and an output leading dimension ldy; int8 quantizes
+  // Packs W [N, K] (fp32 rows) in the layout oneDNN prefers for M-row inputs and an output leading
+  // dimension ldy (any M can run it later, see plan()); int8 quantizes
   // each row symmetrically (scale = max|w| / 127, values in [-127, 127]).
   void pack(MatmulKernels& kernels, WeightType t, int K, int N, const float* W, int M, int ldy);
-  // Re-plans for M rows / ldy (at bind); repacks only if oneDNN wants another weight layout.
-  void prepare(MatmulKernels& kernels, int M, int ldy);
-  // y[M, ldy] (first N columns written) = x W^T. x: bf16 or u8 [M, K].
-  void run(dnnl::stream& s, const void* x, float* y, void* scratch) const;
-  size_t scratch_bytes() const { return kernel_ ? kernel_->scratch_bytes : 0; }
+  // A plan for M-row inputs and output leading dimension ldy (at a session's bind). The packed weights
+  // are never modified, so sessions with different M share them.
+  MatmulPlan plan(MatmulKernels& kernels, int M, int ldy) const;
+  // y[M, ldy] (first N columns written) = x W^T. x: bf16 or u8 [M, K]; scratch: plan.scratch_bytes().
+  void run(dnnl::stream& s, const MatmulPlan& plan, const void* x, float* y, void* scratch) const;
   // The packed weights, for prefetching.
   const char* packed_data() const { return N_ ? static_cast<const char*>(weights_.get_data_handle()) : nullptr; }
   size_t packed_bytes() const { return N_ ? weights_.get_desc().get_size() : 0; }
@@ -65,8 +79,7 @@ class PackedLinear {
   // Memory for packed weights of layout md (sets buf_ for bf16).
   dnnl::memory new_weights(const dnnl::memory::desc& md, const dnnl::engine& eng);
 
-  int K_ = 0, N_ = 0, M_ = 0;
-  std::shared_ptr<const MatmulKernel> kernel_;
+  int K_ = 0, N_ = 0;
   std::shared_ptr<const HugeBuf> buf_;  // weights_' data (huge pages); shared by copies like weights_
   dnnl::memory weights_;
   std::vector<float> corr_, scale_;

@@ -1,4 +1,4 @@
-// The reference backend: REFERENCE.md section 4 in plain fp32, the oracle for every other backend.
+// The reference backend: docs/MATH.md section 4 in plain fp32, the oracle for every other backend.
 // Deliberately unoptimized beyond splitting matmuls and attention heads over threads.
 #include "backends/reference/reference_backend.h"
 
@@ -7,6 +7,7 @@
 
 #include "alpamayo/error.h"
 #include "backends/reference/ops.h"
+#include "backends/reference/ref_action_proj.h"
 
 namespace alpamayo {
 namespace {
@@ -21,28 +22,22 @@ struct RefLayer {
         up(to_f32(w.up)), down(to_f32(w.down)) {}
 };
 
-class ReferenceBackend final : public Backend {
+class ReferenceModel;
+
+class ReferenceSession final : public HostLoopSession {
  public:
-  explicit ReferenceBackend(const BackendOptions& opts)
-      : threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())) {}
+  ReferenceSession(const ExpertConfig& cfg, const ActionProjections& proj, const ExpertWeights& w, int threads)
+      : HostLoopSession(cfg, proj), weights_(w), threads_(threads) {}
 
-  std::string name() const override { return "reference"; }
-
-  void load(const ExpertConfig& cfg, const ExpertWeights& w) override {
-    cfg_ = cfg;
-    weights_ = w;
-    loaded_ = true;
+ protected:
+  void bind_step(const Binding& b) override {
+    kv_ = b.kv;
+    rope_ = b.rope;
   }
 
-  void bind(const KVCache& kv, const RopeTables& rope) override {
-    check(loaded_, "reference backend: bind() before load()");
-    check(static_cast<int>(kv.key.size()) == cfg_.L, "reference backend: KV cache has " +
-          std::to_string(kv.key.size()) + " layers, the expert has " + std::to_string(cfg_.L));
-    kv_ = kv;
-    rope_ = rope;
-  }
+  size_t step_buffer_bytes() const override { return (rope_.cos.size() + rope_.sin.size()) * sizeof(float); }
 
-  void step(const float* emb, float* hidden, const LayerTap* tap) override {
+  void step(const float* emb, float* hidden, float* const* layers) override {
     const int B = kv_.B, T = rope_.T, D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
     const int M = B * T;
     std::vector<float> h(emb, emb + int64_t(M) * D), a(int64_t(M) * D), q(int64_t(M) * Hq * d),
@@ -76,24 +71,45 @@ class ReferenceBackend final : public Backend {
       for (int64_t i = 0; i < int64_t(M) * I; ++i) g[i] = ref::silu(g[i]) * u[i];
       ref::matmul_nt(g.data(), M, I, w.down.data(), D, tmp.data(), threads_);
       for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
-      if (tap && *tap) (*tap)(l, h.data());
+      if (layers) std::copy(h.begin(), h.end(), layers[l]);
     }
     ref::rms_norm(h.data(), to_f32(weights_.final_norm).data(), M, D, cfg_.rms_eps, hidden);
   }
 
  private:
+  const ExpertWeights& weights_;  // views into the checkpoint, which the Model keeps alive
   int threads_;
-  ExpertConfig cfg_;
-  ExpertWeights weights_;  // views into the checkpoint, which outlives the backend
-  bool loaded_ = false;
   KVCache kv_;
   RopeTables rope_;
 };
 
+// Holds only the views: the oracle converts one layer at a time when it runs (see RefLayer).
+class ReferenceModel final : public BackendModel {
+ public:
+  ReferenceModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
+      : cfg_(cfg),
+        weights_(w.expert),
+        proj_(cfg, w, opts.exact_freqs),
+        threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())) {}
+  std::string name() const override { return "reference"; }
+  std::string weights() const override { return "f32"; }
+  size_t weight_bytes() const override { return 0; }
+  std::unique_ptr<BackendSession> new_session() const override {
+    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, threads_);
+  }
+
+ private:
+  ExpertConfig cfg_;
+  ExpertWeights weights_;
+  ref::Projections proj_;
+  int threads_;
+};
+
 }  // namespace
 
-std::unique_ptr<Backend> make_reference_backend(const BackendOptions& opts) {
-  return std::make_unique<ReferenceBackend>(opts);
+std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, const ModelWeights& w,
+                                                     const BackendOptions& opts) {
+  return std::make_unique<ReferenceModel>(cfg, w, opts);
 }
 
 }  // namespace alpamayo

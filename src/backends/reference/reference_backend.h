@@ -4,5 +4,7 @@
 #include "alpamayo/backend.h"
 
 namespace alpamayo {
-std::unique_ptr<Backend> make_reference_backend(const BackendOptions& opts);
-}
+// The oracle: docs/MATH.md in plain fp32, weights read from the checkpoint's views one layer at a time.
+std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, const ModelWeights& w,
+                                                     const BackendOptions& opts);
+}  // namespace alpamayo

@@ -1,0 +1,103 @@
+#include "alpamayo/model.h"
+
+#include <algorithm>
+
+#include "alpamayo/error.h"
+
+namespace alpamayo {
+namespace {
+
+void expect_weight(const TensorView& t, const std::vector<int64_t>& shape) {
+  expect_float(t);
+  expect_shape(t, shape);
+  expect_host_contiguous(t, "model loading");
+  check(t.data != nullptr, t.name + ": null data pointer");
+}
+
+}  // namespace
+
+void validate_weights(const ExpertConfig& c, const ModelWeights& w) {
+  check(c.L >= 1 && c.D > 0 && c.Hq > 0 && c.Hkv > 0 && c.d > 0 && c.I > 0 && c.T > 0 && c.A > 0,
+        "expert config: every size must be positive (L=" + std::to_string(c.L) + " D=" + std::to_string(c.D) +
+            " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " d=" + std::to_string(c.d) +
+            " I=" + std::to_string(c.I) + " T=" + std::to_string(c.T) + " A=" + std::to_string(c.A) + ")");
+  check(c.Hq % c.Hkv == 0, "expert config: query heads (" + std::to_string(c.Hq) +
+                               ") must be a multiple of KV heads (" + std::to_string(c.Hkv) + ")");
+  check(c.d % 2 == 0, "expert config: head dim must be even for rotary embeddings, found " + std::to_string(c.d));
+  check(static_cast<int>(w.expert.layers.size()) == c.L,
+        "expert weights: " + std::to_string(w.expert.layers.size()) + " layers for L=" + std::to_string(c.L));
+  const int64_t D = c.D, q = int64_t(c.Hq) * c.d, kv = int64_t(c.Hkv) * c.d, I = c.I, d = c.d;
+  for (const LayerWeights& l : w.expert.layers) {
+    expect_weight(l.input_norm, {D});
+    expect_weight(l.post_norm, {D});
+    expect_weight(l.q, {q, D});
+    expect_weight(l.k, {kv, D});
+    expect_weight(l.v, {kv, D});
+    expect_weight(l.o, {D, q});
+    expect_weight(l.q_norm, {d});
+    expect_weight(l.k_norm, {d});
+    expect_weight(l.gate, {I, D});
+    expect_weight(l.up, {I, D});
+    expect_weight(l.down, {D, I});
+  }
+  expect_weight(w.expert.final_norm, {D});
+
+  const ActionInProjWeights& a = w.action_in;
+  check(a.linear_w.size() == size_t(c.ain_layers) + 1 && a.linear_b.size() == a.linear_w.size() &&
+            a.norm_w.size() == size_t(c.ain_layers),
+        "action_in_proj: expected " + std::to_string(c.ain_layers + 1) + " Linears and " +
+            std::to_string(c.ain_layers) + " RMSNorms, found " + std::to_string(a.linear_w.size()) + " and " +
+            std::to_string(a.norm_w.size()));
+  int64_t width = int64_t(c.A + 1) * c.n_fourier;
+  for (size_t i = 0; i < a.linear_w.size(); ++i) {
+    const int64_t out = i + 1 < a.linear_w.size() ? c.ain_hidden : D;
+    if (i > 0) expect_weight(a.norm_w[i - 1], {width});  // the RMSNorm before Linear i
+    expect_weight(a.linear_w[i], {out, width});
+    expect_weight(a.linear_b[i], {out});
+    width = out;
+  }
+  expect_weight(a.ln_w, {D});
+  expect_weight(a.ln_b, {D});
+  check(a.freqs.empty() || a.freqs.size() == size_t(c.A) + 1,
+        "action_in_proj: expected " + std::to_string(c.A + 1) + " Fourier frequency buffers or none, found " +
+            std::to_string(a.freqs.size()));
+  for (const TensorView& f : a.freqs) {
+    expect_float(f);
+    expect_host_contiguous(f, "model loading");
+    check(f.numel() == c.n_fourier / 2, f.name + ": expected " + std::to_string(c.n_fourier / 2) +
+                                            " frequencies, found shape " + shape_str(f.shape));
+  }
+  expect_weight(w.action_out.w, {c.A, D});
+  expect_weight(w.action_out.b, {c.A});
+}
+
+std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const ModelWeights& w,
+                                                 std::shared_ptr<const void> owner, const std::string& backend,
+                                                 const BackendOptions& opts) {
+  const BackendInfo& info = find_backend(backend.empty() ? backend_names().front() : backend);
+  BackendOptions o = opts;
+  if (o.weights.empty()) o.weights = info.weight_formats.front();
+  if (std::find(info.weight_formats.begin(), info.weight_formats.end(), o.weights) == info.weight_formats.end()) {
+    std::string offered;
+    for (const auto& f : info.weight_formats) offered += (offered.empty() ? "" : ", ") + f;
+    throw Error("backend " + info.name + ": unknown weight format '" + o.weights + "' (it offers " + offered + ")");
+  }
+  check(o.threads >= 0, "backend " + info.name + ": threads must be >= 0, found " + std::to_string(o.threads));
+  validate_weights(cfg, w);
+  auto m = std::shared_ptr<Model>(new Model());
+  m->cfg_ = cfg;
+  m->name_ = info.name;
+  m->owner_ = std::move(owner);
+  m->backend_ = info.load(cfg, w, o);
+  return m;
+}
+
+std::shared_ptr<const Model> Model::load(std::shared_ptr<const Checkpoint> ckpt, const std::string& backend,
+                                         const BackendOptions& opts) {
+  check(ckpt != nullptr, "Model::load: null checkpoint");
+  const ModelWeights w = ckpt->weights();
+  const ExpertConfig cfg = ckpt->config();
+  return from_weights(cfg, w, std::move(ckpt), backend, opts);
+}
+
+}  // namespace alpamayo

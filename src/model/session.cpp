@@ -1,0 +1,121 @@
+// Session: the non-virtual part of the seam. Every input is validated here once; backends assume valid input.
+#include "alpamayo/session.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "alpamayo/action_space.h"
+#include "alpamayo/error.h"
+#include "model/sampler.h"
+
+namespace alpamayo {
+
+Session::Session(std::shared_ptr<const Model> model) : model_(std::move(model)) {
+  check(model_ != nullptr, "Session: null model");
+  backend_ = model_->backend().new_session();
+}
+
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
+
+const Context& Session::context() const {
+  check(ctx_.has_value(), "Session: no context bound (call bind first)");
+  return *ctx_;
+}
+
+void Session::bind(Context ctx, const BindOptions& opts) {
+  const ExpertConfig& c = model_->config();
+  ctx_.reset();  // a failed bind leaves the session unbound, never half-bound
+  ctx.check_compatible(c);
+  const BackendModel& be = model_->backend();
+  for (const auto* list : {&ctx.kv().key, &ctx.kv().value})
+    for (const TensorView& t : *list)
+      check(be.can_read(t.device), t.name + ": lives in " + t.device.str() + " memory, which the " + be.name() +
+                                       " backend cannot read");
+  check(opts.capture.step >= -1, "bind: capture step must be -1 (none) or a step index, found " +
+                                     std::to_string(opts.capture.step));
+  Binding b;
+  b.kv = ctx.kv();
+  b.rope = make_rope_tables(b.kv.valid_len, ctx.rope_delta(), c.T, c.d, c.rope_theta);
+  b.capture = opts.capture;
+  backend_->bind(b);
+  ctx_.emplace(std::move(ctx));
+}
+
+const Captures& Session::captures() const { return backend_->captures(); }
+
+size_t Session::buffer_bytes() const { return backend_->buffer_bytes(); }
+
+SampleResult Session::sample(const SampleOptions& o) {
+  check(ctx_.has_value(), "Session::sample: no context bound (call bind first)");
+  const ExpertConfig& c = model_->config();
+  SampleResult r;
+  r.B = ctx_->batch();
+  r.T = c.T;
+  r.A = c.A;
+  check(o.steps >= 0 && o.steps <= 100000, "steps must be in [1, 100000], found " + std::to_string(o.steps));
+  r.steps = o.steps > 0 ? o.steps : c.num_steps;
+  check(r.steps >= 1 && r.steps <= 100000, "steps must be in [1, 100000], found " + std::to_string(r.steps));
+  const int64_t n = int64_t(r.B) * r.T * r.A;
+  std::vector<float> x;
+  if (!o.noise.empty()) {
+    check(static_cast<int64_t>(o.noise.size()) == n, "noise: expected " + std::to_string(n) + " values [B=" +
+                                                         std::to_string(r.B) + ", T=" + std::to_string(r.T) + ", A=" +
+                                                         std::to_string(r.A) + "], found " + std::to_string(o.noise.size()));
+    check_finite(o.noise.data(), n, "noise");
+    x = o.noise;
+  } else {
+    x = gaussian_noise(o.seed.value_or(0), n);
+  }
+
+  // v0 first, so that a bad history fails before the expensive sampling.
+  r.v0.resize(r.B);
+  if (o.v0) {
+    check(std::isfinite(*o.v0), "v0 must be finite, found " + std::to_string(*o.v0));
+    std::fill(r.v0.begin(), r.v0.end(), static_cast<float>(*o.v0));
+    r.v0_source = "given";
+  } else if (ctx_->v0()) {
+    r.v0 = *ctx_->v0();
+    r.v0_source = "context v0";
+  } else if (ctx_->history()) {
+    const EgoHistory& h = *ctx_->history();
+    for (int b = 0; b < r.B; ++b)
+      r.v0[b] = static_cast<float>(estimate_v0(h.xyz.data() + int64_t(b) * h.H * 3, h.rot.data() + int64_t(b) * h.H * 9, h.H, c));
+    r.v0_source = "ego history";
+  } else {
+    throw Error(ctx_->name() + ": the context has neither v0 nor ego_history_xyz/ego_history_rot; give v0 explicitly");
+  }
+
+  const std::vector<float> times = euler_time_grid(r.steps);
+  if (o.all_steps) {
+    r.x_steps.resize(n * (r.steps + 1));
+    r.v_steps.resize(n * r.steps);
+  }
+  DenoiseArgs a;
+  a.x = x.data();
+  a.times = times.data();
+  a.steps = r.steps;
+  a.x_steps = o.all_steps ? r.x_steps.data() : nullptr;
+  a.v_steps = o.all_steps ? r.v_steps.data() : nullptr;
+  a.step_seconds = &r.step_seconds;
+  const auto t0 = std::chrono::steady_clock::now();
+  backend_->denoise(a);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (static_cast<int>(r.step_seconds.size()) != r.steps) r.step_seconds.assign(r.steps, r.seconds / r.steps);
+  check_finite(x.data(), n, "action x_N after " + std::to_string(r.steps) + " Euler steps");
+  r.action = x;
+
+  r.xyz.reserve(int64_t(r.B) * r.T * 3);
+  for (int b = 0; b < r.B; ++b) {
+    double z = 0.0;
+    if (ctx_->history()) z = ctx_->history()->xyz[(int64_t(b) * ctx_->history()->H + ctx_->history()->H - 1) * 3 + 2];
+    const Trajectory tr = decode_action(x.data() + int64_t(b) * r.T * r.A, r.T, r.v0[b], z, c);
+    r.xyz.insert(r.xyz.end(), tr.xyz.begin(), tr.xyz.end());
+    r.yaw.insert(r.yaw.end(), tr.yaw.begin(), tr.yaw.end());
+    r.rot.insert(r.rot.end(), tr.rot.begin(), tr.rot.end());
+  }
+  return r;
+}
+
+}  // namespace alpamayo
