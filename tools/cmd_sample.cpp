@@ -141,6 +141,7 @@ Run add_backends(CLI::App&) {
     for (const BackendInfo& b : registered_backends()) {
       std::printf("%s", b.name.c_str());
       for (const std::string& f : b.weight_formats) std::printf(" %s", f.c_str());
+      if (const std::string why = b.unavailable(); !why.empty()) std::printf(" -- unavailable: %s", why.c_str());
       std::printf("\n");
     }
   };

@@ -98,11 +98,13 @@ class BackendModel {
   virtual size_t weight_bytes() const = 0;
 };
 
-// A registered backend: its name, its weight formats (the first is the default) and its loader.
+// A registered backend: its name, its weight formats (the first is the default), its loader, and a probe
+// that says why it cannot run on this machine (empty: it can), e.g. a GPU backend built where no GPU is.
 struct BackendInfo {
   std::string name;
   std::vector<std::string> weight_formats;
   std::function<std::unique_ptr<BackendModel>(const ExpertConfig&, const ModelWeights&, const BackendOptions&)> load;
+  std::function<std::string()> unavailable = [] { return std::string(); };
 };
 
 // Every backend compiled into this build, in order of preference (the first is the default).

@@ -83,6 +83,8 @@ std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const 
     throw Error("backend " + info.name + ": unknown weight format '" + o.weights + "' (it offers " + offered + ")");
   }
   check(o.threads >= 0, "backend " + info.name + ": threads must be >= 0, found " + std::to_string(o.threads));
+  if (const std::string why = info.unavailable(); !why.empty())
+    throw Error("backend " + info.name + " cannot run here: " + why);
   validate_weights(cfg, w);
   auto m = std::shared_ptr<Model>(new Model());
   m->cfg_ = cfg;

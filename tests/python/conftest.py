@@ -32,37 +32,41 @@ def cli() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_backends() -> list[tuple[str, list[str]]]:
+def compiled_backends() -> list[tuple[str, list[str], str]]:
     """`alpamayo-expert backends`: every backend in this build with its weight formats. Each one is tested;
     a backend that errors fails its tests, it is never dropped from the matrix."""
     p = cli_path()
     if not p.is_file():
-        return [("reference", ["f32"])]  # the `cli` fixture fails every test with a clear message
+        return [("reference", ["f32"], "")]  # the `cli` fixture fails every test with a clear message
     r = run(p, "backends", timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"{p} backends failed: {r.stderr.strip()}")
     out = []
     for line in r.stdout.splitlines():
-        name, *formats = line.split()
-        out.append((name, formats))
+        spec, _, why = line.partition(" -- unavailable: ")
+        name, *formats = spec.split()
+        out.append((name, formats, why))
     return out
 
 
-def backends(with_int8: bool = True) -> list[Backend]:
+def backends(with_int8: bool = True) -> list:
+    """The test matrix: every compiled backend and format; one that cannot run on this machine (a GPU
+    backend without a GPU) is reported as skipped with the reason, never passed and never dropped."""
     out = []
-    for name, formats in compiled_backends():
+    for name, formats, why in compiled_backends():
         for f in formats:
             if f == "int8" and not with_int8:
                 continue
-            out.append(REFERENCE if name == "reference" else Backend(name, f))
+            b = REFERENCE if name == "reference" else Backend(name, f)
+            out.append(pytest.param(b, id=b.id, marks=pytest.mark.skip(reason=f"{b.id}: {why}")) if why else b)
     return out
 
 
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
-        bs = backends()
-        metafunc.parametrize("backend", bs, ids=[b.id for b in bs])
+        metafunc.parametrize("backend", backends())
 
 
 def pytest_report_header(config):
-    return f"alpamayo-expert: {cli_path()}; backends: {', '.join(b.id for b in backends())}"
+    names = [f"{n} ({', '.join(f)}{'; unavailable: ' + why if why else ''})" for n, f, why in compiled_backends()]
+    return f"alpamayo-expert: {cli_path()}; backends: {'; '.join(names)}"
