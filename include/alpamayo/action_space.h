@@ -1,4 +1,4 @@
-// The unicycle action space with acceleration and curvature (REFERENCE.md section 6).
+// The unicycle action space with acceleration and curvature (docs/MATH.md section 6).
 #pragma once
 #include <vector>
 

@@ -1,4 +1,4 @@
-// Rope tables, the Euler time grid and the documented noise generator (REFERENCE.md sections 2, 4, 5).
+// Rope tables, the Euler time grid and the documented noise generator (docs/MATH.md sections 2, 4, 5).
 #pragma once
 #include <cstdint>
 #include <vector>

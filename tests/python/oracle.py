@@ -1,4 +1,4 @@
-"""PyTorch oracle for the Alpamayo action expert (REFERENCE.md sections 3-6), written for the tests.
+"""PyTorch oracle for the Alpamayo action expert (docs/MATH.md sections 3-6), written for the tests.
 
 The expert layers run in transformers' own Qwen3VLTextModel, loaded from the same safetensors the
 engine reads, with a DynamicCache prefilled from the context, position_ids [3, B, T] and a 4D additive

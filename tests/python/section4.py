@@ -1,4 +1,4 @@
-"""A second, transformers-free reading of REFERENCE.md section 4 (rope from the formula, GQA by index),
+"""A second, transformers-free reading of docs/MATH.md section 4 (rope from the formula, GQA by index),
 used only to check the oracle's use of Qwen3VLTextModel (position ids, mask, cache, M-RoPE)."""
 from __future__ import annotations
 
