@@ -42,13 +42,15 @@ std::vector<uint16_t> random_bf16(size_t n, float scale, Rng& r) {
   return v;
 }
 
-long vm_hwm_kb() {
+long proc_status_kb(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
   while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+    if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::string(key).size()));
   return -1;
 }
+long vm_hwm_kb() { return proc_status_kb("VmHWM:"); }
+long vm_rss_kb() { return proc_status_kb("VmRSS:"); }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -164,9 +166,9 @@ int main(int argc, char** argv) {
     if (sessions == 2) {
       // A second session on the same model: only its own buffers. Then both at once, each compared bitwise
       // with its result alone (the same context and seed, so also with each other).
+      const long rss_one = vm_rss_kb();
       Session second(model);
       second.bind(context());
-      const long hwm_two = vm_hwm_kb();
       so.steps = 2;
       const SampleResult alone = session.sample(so);
       SampleResult ra, rb;
@@ -175,10 +177,11 @@ int main(int argc, char** argv) {
       ra = session.sample(so);
       th.join();
       const double both_s = seconds_since(t0);
+      const long rss_two = vm_rss_kb();  // after the second session has touched all its buffers
       const bool same = ra.action == alone.action && rb.action == alone.action;
-      std::printf("second session: buffers %.1f MiB, VmHWM +%.1f MiB over one session; two sessions at once: "
+      std::printf("second session: buffers %.1f MiB, resident memory +%.1f MiB; two sessions at once: "
                   "%.3f s for 2 steps each; bitwise equal to the solo run: %s\n",
-                  second.buffer_bytes() / 1048576.0, (hwm_two - hwm_one) / 1024.0, both_s, same ? "yes" : "NO");
+                  second.buffer_bytes() / 1048576.0, (rss_two - rss_one) / 1024.0, both_s, same ? "yes" : "NO");
       if (!same) return 1;
     }
     std::printf("{\"backend\":\"%s\",\"weights\":\"%s\",\"threads\":%d,\"S\":%d,\"step_s_mean\":%.5f,"
