@@ -22,12 +22,34 @@
 
 namespace alpamayo {
 
-// The VLM's KV cache for one bound context. key[l], value[l]: [B, Hkv, P, d] (F32, F16 or BF16), on any
-// device a backend can read. The data must stay valid until the next bind() or the session's destruction.
+// The VLM's KV cache for one bound context (docs/FORMATS.md, docs/MATH.md section 2): G prompt caches
+// stored once, B samples each naming its prompt and optionally carrying suffix rows of its own (the
+// reasoning text it generated after the shared prompt). Sample b attends to
+//   prompt rows [prefix_pad[g], valid_len[g]) of prompt g = prompt(b)  (left padding masked)
+//   ++ its suffix rows [0, suffix_len[b])  ++ its own T action tokens,
+// and its expert tokens sit at rotary positions i + rope_delta_b + offset(b), offset(b) =
+// valid_len[g] + suffix_len[b] (the index after its `<traj_future_start>` in the padded sequence).
+// The common case, one cache row set per sample, is G = B, prompt(b) = b, no padding and no suffix.
+// Tensors are F32, F16 or BF16 on any device a backend can read; the data must stay valid until the next
+// bind() or the session's destruction.
 struct KVCache {
   int B = 0, Hkv = 0, P = 0, d = 0;
+  int G = 0;                                // prompts; key[l], value[l]: [G, Hkv, P, d]
   std::vector<TensorView> key, value;
-  std::vector<int64_t> valid_len;  // S_b, 0 <= S_b <= P
+  std::vector<int64_t> valid_len;           // [G] rows of each prompt's segment, <= P
+  std::vector<int64_t> prefix_pad;          // [G] leading masked rows (left padding); empty: none
+  std::vector<int64_t> prompt_of;           // [B] each sample's prompt; empty: sample b uses prompt b
+  int Q = 0;                                // suffix capacity; suffix_key[l], suffix_value[l]: [B, Hkv, Q, d]
+  std::vector<TensorView> suffix_key, suffix_value;  // empty: no suffixes
+  std::vector<int64_t> suffix_len;          // [B] valid suffix rows; empty: none
+
+  int prompt(int b) const { return prompt_of.empty() ? b : static_cast<int>(prompt_of[b]); }
+  int64_t pad(int g) const { return prefix_pad.empty() ? 0 : prefix_pad[g]; }
+  int64_t suffix(int b) const { return suffix_len.empty() ? 0 : suffix_len[b]; }
+  // Rows of the padded sequence before sample b's action tokens: its rotary position offset.
+  int64_t offset(int b) const { return valid_len[prompt(b)] + suffix(b); }
+  // Cache rows sample b attends to (prompt rows after the padding, then its suffix).
+  int64_t attended(int b) const { return valid_len[prompt(b)] - pad(prompt(b)) + suffix(b); }
 };
 
 // Rotary tables for the expert tokens of each sample: cos/sin [B, T, d] (HF rotate_half layout), host fp32.
@@ -50,10 +72,16 @@ struct Captures {
 };
 
 // What a session binds. Everything here has been validated against the model (model.h).
+// With classifier-free guidance (NVlabs/alpamayo1.5 FlowMatching._guided_v) every step also runs the
+// expert over the unguided context and uses v = (1 - w) v_unguided + w v_guided.
 struct Binding {
   KVCache kv;
   RopeTables rope;
-  CaptureRequest capture;
+  CaptureRequest capture;   // captures the guided pass
+  bool guided = false;
+  KVCache unguided_kv;      // same B and layer count as kv
+  RopeTables unguided_rope;
+  double guidance_weight = 1.0;
 };
 
 // One whole sample. Host arrays; x holds x_0 on entry and x_N on return.

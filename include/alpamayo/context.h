@@ -1,7 +1,9 @@
-// What the VLM leaves for the expert: per-layer KV caches, valid lengths, rope deltas and ego state.
-// File format (safetensors, docs/FORMATS.md): key.{l}, value.{l} [B, Hkv, P, d] (BF16/F16/F32),
-// valid_len [B] I64, rope_delta [B] I64, optional ego_history_xyz [B, H, 3] and ego_history_rot
-// [B, H, 3, 3] (F32) or v0 [B] (F32).
+// What the VLM leaves for the expert: per-layer KV caches (G prompts stored once, optional per-sample
+// suffixes), lengths, left padding, rope deltas and ego state. File format (safetensors, docs/FORMATS.md):
+// key.{l}, value.{l} [G, Hkv, P, d] (BF16/F16/F32), valid_len [G] I64, optional prefix_pad [G] I64,
+// optional prompt_index [B] I64, optional suffix_key.{l}, suffix_value.{l} [B, Hkv, Q, d] with
+// suffix_len [B] I64, rope_delta [B] I64, optional ego_history_xyz [B, H, 3] and ego_history_rot
+// [B, H, 3, 3] (F32) or v0 [B] (F32). A file without the optional tensors has G = B, as before.
 #pragma once
 #include <memory>
 #include <optional>
@@ -22,10 +24,12 @@ struct EgoHistory {
 
 class Context {
  public:
-  // Maps and validates a context file: every tensor's shape and dtype, 0 <= S_b <= P, no NaN/Inf in the
-  // valid cache rows or the ego state. Throws Error naming the file and the tensor.
+  // Maps and validates a context file: every tensor's shape and dtype, lengths and indices in range, no
+  // NaN/Inf in the cache rows some sample attends to or in the ego state. Throws Error naming the file
+  // and the tensor.
   static Context open(const std::string& path);
-  // Builds a context from caller-owned views (the embedding API); validated the same way.
+  // Builds a context from caller-owned views (the embedding API); validated the same way. kv.G = 0 (and no
+  // prompt_of) means one prompt per sample.
   static Context from_views(KVCache kv, std::vector<int64_t> rope_delta, std::optional<EgoHistory> history,
                             std::optional<std::vector<float>> v0, const std::string& name = "context");
 

@@ -13,14 +13,27 @@
 
 namespace alpamayo {
 
+// Classifier-free guidance (Alpamayo 1.5's navigation guidance): the unguided context, built from the
+// prompt without the navigation text, and the weight w of v = (1 - w) v_unguided + w v_guided.
+struct Guidance {
+  Context unguided;
+  double weight = 1.0;
+};
+
 struct BindOptions {
-  CaptureRequest capture{};  // debug captures of one Euler step, read back with Session::captures()
+  CaptureRequest capture{};          // debug captures of one Euler step, read back with Session::captures()
+  std::optional<Guidance> guidance{};  // same samples and layers as the bound context
 };
 
 struct SampleOptions {
   int steps = 0;                   // 0: diffusion_cfg.num_inference_steps; else 1..100000
-  std::optional<uint64_t> seed{};  // noise from gaussian_noise(seed) when no noise is given
-  std::vector<float> noise{};      // [B, T, A]; empty: draw from seed (0 if unset)
+  // Initial noise, the first given of: the caller's noise [B, T, A]; one seed per sample (sample b from
+  // gaussian_noise(seeds[b], T*A), reproducible alone); one seed for the batch (gaussian_noise(seed, B*T*A));
+  // seed 0.
+  std::vector<float> noise{};
+  std::vector<uint64_t> seeds{};
+  std::optional<uint64_t> seed{};
+  double temperature = 1.0;        // the initial noise is multiplied by it (fp32), as the release does
   bool all_steps = false;          // keep every x_k and v_k
   std::optional<double> v0{};      // overrides the context's v0 / ego-history estimate
 };
@@ -46,9 +59,9 @@ class Session {
   Session(Session&&) noexcept;
   Session& operator=(Session&&) noexcept;
 
-  // Validates the context against the model (layer count, heads, head dim, every tensor's shape, dtype and
-  // device, lengths, v0 and ego-history sizes, finite cache rows in use) and binds it. A context of other
-  // sizes may be bound at any time; a failed bind leaves the session unbound.
+  // Validates the context (and a guidance context) against the model (layer count, heads, head dim, every
+  // tensor's shape, dtype and device, lengths, v0 and ego-history sizes, finite cache rows in use) and
+  // binds it. A context of other sizes may be bound at any time; a failed bind leaves the session unbound.
   void bind(Context ctx, const BindOptions& opts = {});
   bool bound() const { return ctx_.has_value(); }
   const Context& context() const;
@@ -63,7 +76,7 @@ class Session {
  private:
   std::shared_ptr<const Model> model_;
   std::unique_ptr<BackendSession> backend_;
-  std::optional<Context> ctx_;
+  std::optional<Context> ctx_, unguided_;
 };
 
 }  // namespace alpamayo

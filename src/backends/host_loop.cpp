@@ -22,6 +22,20 @@ void HostLoopSession::bind(const Binding& b) {
     cap_.hidden.assign(n, 0.f);
     if (req_.layers) cap_.layers.assign(cfg_.L, std::vector<float>(n, 0.f));
   }
+  unguided_.reset();
+  hidden_u_.clear();
+  v_u_.clear();
+  if (b.guided) {
+    unguided_ = new_sibling();
+    Binding u;
+    u.kv = b.unguided_kv;
+    u.rope = b.unguided_rope;
+    unguided_->B_ = B_;
+    unguided_->bind_step(u);
+    weight_ = b.guidance_weight;
+    hidden_u_.assign(n, 0.f);
+    v_u_.assign(v_.size(), 0.f);
+  }
   bind_step(b);
 }
 
@@ -45,6 +59,13 @@ void HostLoopSession::denoise(const DenoiseArgs& a) {
       cap_.step = k;
     }
     proj_.out(hidden_.data(), B_ * cfg_.T, v_.data());
+    if (unguided_) {
+      // NVlabs/alpamayo1.5 FlowMatching._guided_v: (1 - w) * unguided_v + w * guided_v, fp32 products.
+      unguided_->step(emb_.data(), hidden_u_.data(), nullptr);
+      proj_.out(hidden_u_.data(), B_ * cfg_.T, v_u_.data());
+      const float wu = static_cast<float>(1.0 - weight_), wg = static_cast<float>(weight_);
+      for (int64_t i = 0; i < n; ++i) v_[i] = wu * v_u_[i] + wg * v_[i];
+    }
     for (int64_t i = 0; i < n; ++i)
       check(std::isfinite(v_[i]), "velocity at Euler step " + std::to_string(k) + ": non-finite value " +
                                       std::to_string(v_[i]) + " at flat index " + std::to_string(i));
@@ -57,9 +78,10 @@ void HostLoopSession::denoise(const DenoiseArgs& a) {
 }
 
 size_t HostLoopSession::buffer_bytes() const {
-  size_t f = emb_.size() + hidden_.size() + v_.size() + t_.size() + cap_.emb.size() + cap_.hidden.size();
+  size_t f = emb_.size() + hidden_.size() + v_.size() + t_.size() + cap_.emb.size() + cap_.hidden.size() +
+             hidden_u_.size() + v_u_.size();
   for (const auto& l : cap_.layers) f += l.size();
-  return f * sizeof(float) + step_buffer_bytes();
+  return f * sizeof(float) + step_buffer_bytes() + (unguided_ ? unguided_->step_buffer_bytes() : 0);
 }
 
 }  // namespace alpamayo

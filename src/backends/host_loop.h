@@ -2,6 +2,7 @@
 // the Euler loop, the action projections and the debug captures, so such a backend only implements
 // bind_step() and step(). A device backend derives from BackendSession directly and runs the loop itself.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "alpamayo/backend.h"
@@ -22,7 +23,8 @@ class HostLoopSession : public BackendSession {
  public:
   HostLoopSession(const ExpertConfig& cfg, const ActionProjections& proj) : cfg_(cfg), proj_(proj) {}
   void bind(const Binding& b) final;
-  // for k < N: emb = in(x, t_k); hidden = step(emb); v = out(hidden); x += (t_{k+1} - t_k) v
+  // for k < N: emb = in(x, t_k); hidden = step(emb); v = out(hidden); x += (t_{k+1} - t_k) v, with guidance
+  // v = (1 - w) out(step_unguided(emb)) + w v (the same emb: x and t do not depend on the context)
   void denoise(const DenoiseArgs& a) final;
   const Captures& captures() const final { return cap_; }
   size_t buffer_bytes() const final;
@@ -34,6 +36,8 @@ class HostLoopSession : public BackendSession {
   // output [B, T, D] (the captured step).
   virtual void step(const float* emb, float* hidden, float* const* layers) = 0;
   virtual size_t step_buffer_bytes() const = 0;
+  // An unbound session of the same model, for the unguided pass of classifier-free guidance.
+  virtual std::unique_ptr<HostLoopSession> new_sibling() const = 0;
 
   const ExpertConfig& cfg_;
 
@@ -43,6 +47,10 @@ class HostLoopSession : public BackendSession {
   CaptureRequest req_;
   Captures cap_;
   std::vector<float> emb_, hidden_, v_, t_;
+  // Guidance: the unguided context bound to a sibling session, its hidden state and velocity.
+  std::unique_ptr<HostLoopSession> unguided_;
+  double weight_ = 1.0;
+  std::vector<float> hidden_u_, v_u_;
 };
 
 }  // namespace alpamayo

@@ -54,16 +54,33 @@ int64_t first_non_finite(const void* p, DType t, int64_t n) {
   return -1;
 }
 
-// NaN/Inf scan of the valid rows [0, S_b) of a [B, Hkv, P, d] cache tensor (padding rows may hold anything).
-void check_cache_finite(const TensorView& t, const std::vector<int64_t>& valid) {
-  const int64_t B = t.shape[0], H = t.shape[1], P = t.shape[2], d = t.shape[3];
+// NaN/Inf scan of rows [lo[i], hi[i]) of each [i, h] slice of a [N, Hkv, P, d] cache tensor (the other rows
+// are padding and may hold anything).
+void check_cache_finite(const TensorView& t, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
+  const int64_t N = t.shape[0], H = t.shape[1], P = t.shape[2], d = t.shape[3];
   const size_t es = dtype_size(t.dtype);
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < N; ++b)
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t i = first_non_finite(static_cast<const uint8_t*>(t.data) + (b * H + h) * P * d * es, t.dtype, valid[b] * d);
+      const uint8_t* base = static_cast<const uint8_t*>(t.data) + ((b * H + h) * P + lo[b]) * d * es;
+      const int64_t i = first_non_finite(base, t.dtype, (hi[b] - lo[b]) * d);
       check(i < 0, t.name + ": non-finite value at [" + std::to_string(b) + ", " + std::to_string(h) + ", " +
-                       std::to_string(i / d) + ", " + std::to_string(i % d) + "]");
+                       std::to_string(lo[b] + i / d) + ", " + std::to_string(i % d) + "]");
     }
+}
+
+// Layer l's tensors "<prefix>{l}" for l < L; no other "<prefix>N" may exist.
+std::vector<TensorView> layer_tensors(const SafetensorsFile& f, const std::string& prefix, int L) {
+  for (const auto& [k, ti] : f.tensors()) {
+    if (k.rfind(prefix, 0) != 0) continue;
+    const std::string num = k.substr(prefix.size());
+    const bool ok = !num.empty() && num.size() < 10 && num.find_first_not_of("0123456789") == std::string::npos &&
+                    std::stoll(num) < L;
+    check(ok, f.path() + ": tensor '" + k + "' does not belong to layers 0.." + std::to_string(L - 1) +
+                  " (layer indices must be contiguous and match key.{l})");
+  }
+  std::vector<TensorView> out;
+  for (int l = 0; l < L; ++l) out.push_back(f.view(prefix + std::to_string(l)));
+  return out;
 }
 
 }  // namespace
@@ -76,27 +93,37 @@ Context Context::open(const std::string& path) {
   int L = 0;
   while (f.contains("key." + std::to_string(L))) ++L;
   check(L > 0, path + ": missing tensor 'key.0' (a context needs key.{l} and value.{l} per layer)");
-  for (const auto& [k, ti] : f.tensors()) {
-    if (k.rfind("key.", 0) == 0 || k.rfind("value.", 0) == 0) {
-      const std::string num = k.substr(k.find('.') + 1);
-      const bool ok = !num.empty() && num.find_first_not_of("0123456789") == std::string::npos && std::stoll(num) < L;
-      check(ok, path + ": tensor '" + k + "' does not belong to layers 0.." + std::to_string(L - 1) +
-                    " (layer indices must be contiguous)");
-    }
-  }
-  const TensorView k0 = f.view("key.0");
-  check(k0.shape.size() == 4, k0.name + ": expected shape [B, Hkv, P, d], found " + shape_str(k0.shape));
   KVCache& kv = c.kv_;
-  kv.B = static_cast<int>(k0.shape[0]);
+  kv.key = layer_tensors(f, "key.", L);
+  kv.value = layer_tensors(f, "value.", L);
+  const TensorView& k0 = kv.key[0];
+  check(k0.shape.size() == 4, k0.name + ": expected shape [G, Hkv, P, d], found " + shape_str(k0.shape));
+  kv.G = static_cast<int>(k0.shape[0]);
   kv.Hkv = static_cast<int>(k0.shape[1]);
   kv.P = static_cast<int>(k0.shape[2]);
   kv.d = static_cast<int>(k0.shape[3]);
-  for (int l = 0; l < L; ++l) {
-    kv.key.push_back(f.view("key." + std::to_string(l)));
-    kv.value.push_back(f.view("value." + std::to_string(l)));
+  const int64_t G = kv.G;
+  kv.valid_len = read_i64(f, "valid_len", G);
+  if (f.contains("prefix_pad")) kv.prefix_pad = read_i64(f, "prefix_pad", G);
+  int64_t B = G;
+  if (f.contains("prompt_index")) {
+    const TensorView pi = f.view("prompt_index");
+    check(pi.shape.size() == 1 && pi.shape[0] > 0, pi.name + ": expected shape [B] with B >= 1, found " + shape_str(pi.shape));
+    B = pi.shape[0];
+    kv.prompt_of = read_i64(f, "prompt_index", B);
   }
-  const int64_t B = kv.B;
-  kv.valid_len = read_i64(f, "valid_len", B);
+  kv.B = static_cast<int>(B);
+  const bool sk = f.contains("suffix_key.0"), sl = f.contains("suffix_len");
+  check(sk == sl, path + ": suffix_key.{l}/suffix_value.{l} and suffix_len must be given together (found only " +
+                      (sk ? "suffix_key.0" : "suffix_len") + ")");
+  if (sk) {
+    kv.suffix_key = layer_tensors(f, "suffix_key.", L);
+    kv.suffix_value = layer_tensors(f, "suffix_value.", L);
+    const TensorView& s0 = kv.suffix_key[0];
+    check(s0.shape.size() == 4, s0.name + ": expected shape [B, Hkv, Q, d], found " + shape_str(s0.shape));
+    kv.Q = static_cast<int>(s0.shape[2]);
+    kv.suffix_len = read_i64(f, "suffix_len", B);
+  }
   c.rope_delta_ = read_i64(f, "rope_delta", B);
   const bool hx = f.contains("ego_history_xyz"), hr = f.contains("ego_history_rot");
   check(hx == hr, path + ": ego_history_xyz and ego_history_rot must be given together (found only " +
@@ -121,6 +148,9 @@ Context Context::from_views(KVCache kv, std::vector<int64_t> rope_delta, std::op
   Context c;
   c.name_ = name;
   c.kv_ = std::move(kv);
+  // One row set per sample unless the caller says otherwise.
+  if (c.kv_.G == 0 && c.kv_.prompt_of.empty()) c.kv_.G = c.kv_.B;
+  if (c.kv_.B == 0 && c.kv_.prompt_of.empty()) c.kv_.B = c.kv_.G;
   c.rope_delta_ = std::move(rope_delta);
   c.history_ = std::move(history);
   c.v0_ = std::move(v0);
@@ -129,37 +159,81 @@ Context Context::from_views(KVCache kv, std::vector<int64_t> rope_delta, std::op
 }
 
 void Context::validate() {
-  const KVCache& kv = kv_;
+  KVCache& kv = kv_;
   const std::string& n = name_;
-  check(kv.B > 0 && kv.Hkv > 0 && kv.P > 0 && kv.d > 0, n + ": empty KV cache dimensions");
-  check(kv.key.size() == kv.value.size(), n + ": key and value layer counts differ");
-  const std::vector<int64_t> shape = {kv.B, kv.Hkv, kv.P, kv.d};
+  check(kv.G > 0 && kv.B > 0 && kv.Hkv > 0 && kv.P > 0 && kv.d > 0,
+        n + ": empty KV cache dimensions (G=" + std::to_string(kv.G) + " B=" + std::to_string(kv.B) + " Hkv=" +
+            std::to_string(kv.Hkv) + " P=" + std::to_string(kv.P) + " d=" + std::to_string(kv.d) + ")");
   check(!kv.key.empty(), n + ": the KV cache has no layers");
-  for (size_t l = 0; l < kv.key.size(); ++l)
-    for (const TensorView* t : {&kv.key[l], &kv.value[l]}) {
-      check(t->data != nullptr || t->numel() == 0, t->name + ": null data pointer");
-      expect_float(*t);
-      expect_shape(*t, shape);
-      check(t->is_contiguous(), t->name + ": the cache must be row-major contiguous [B, Hkv, P, d], found strides " +
-                                    shape_str(t->strides));
+  check(kv.key.size() == kv.value.size(), n + ": key and value layer counts differ");
+  auto check_layers = [&](const std::vector<TensorView>& list, const std::vector<int64_t>& shape) {
+    for (const TensorView& t : list) {
+      check(t.data != nullptr || t.numel() == 0, t.name + ": null data pointer");
+      expect_float(t);
+      expect_shape(t, shape);
+      check(t.is_contiguous(), t.name + ": cache tensors must be row-major contiguous, found strides " +
+                                   shape_str(t.strides));
     }
-  check(static_cast<int>(kv.valid_len.size()) == kv.B, n + ": valid_len has " + std::to_string(kv.valid_len.size()) +
-                                                            " entries, the cache batch is " + std::to_string(kv.B));
-  check(static_cast<int>(rope_delta_.size()) == kv.B, n + ": rope_delta has " + std::to_string(rope_delta_.size()) +
-                                                           " entries, the cache batch is " + std::to_string(kv.B));
-  for (int b = 0; b < kv.B; ++b) {
-    check(kv.valid_len[b] >= 0 && kv.valid_len[b] <= kv.P,
-          n + ": valid_len[" + std::to_string(b) + "] = " + std::to_string(kv.valid_len[b]) + " is outside [0, P = " +
+  };
+  check_layers(kv.key, {kv.G, kv.Hkv, kv.P, kv.d});
+  check_layers(kv.value, {kv.G, kv.Hkv, kv.P, kv.d});
+  auto count = [&](const std::vector<int64_t>& v, int64_t want, const char* what, const char* dim) {
+    check(static_cast<int64_t>(v.size()) == want, n + ": " + what + " has " + std::to_string(v.size()) +
+                                                      " entries, expected " + dim + " = " + std::to_string(want));
+  };
+  count(kv.valid_len, kv.G, "valid_len", "G (prompts)");
+  if (!kv.prefix_pad.empty()) count(kv.prefix_pad, kv.G, "prefix_pad", "G (prompts)");
+  for (int g = 0; g < kv.G; ++g) {
+    check(kv.valid_len[g] >= 0 && kv.valid_len[g] <= kv.P,
+          n + ": valid_len[" + std::to_string(g) + "] = " + std::to_string(kv.valid_len[g]) + " is outside [0, P = " +
               std::to_string(kv.P) + "]");
+    check(kv.pad(g) >= 0 && kv.pad(g) <= kv.valid_len[g],
+          n + ": prefix_pad[" + std::to_string(g) + "] = " + std::to_string(kv.pad(g)) + " is outside [0, valid_len = " +
+              std::to_string(kv.valid_len[g]) + "]");
+  }
+  if (kv.prompt_of.empty()) {
+    check(kv.B == kv.G, n + ": " + std::to_string(kv.B) + " samples but " + std::to_string(kv.G) +
+                            " prompts and no prompt_index naming each sample's prompt");
+  } else {
+    count(kv.prompt_of, kv.B, "prompt_index", "B (samples)");
+    for (int b = 0; b < kv.B; ++b)
+      check(kv.prompt_of[b] >= 0 && kv.prompt_of[b] < kv.G,
+            n + ": prompt_index[" + std::to_string(b) + "] = " + std::to_string(kv.prompt_of[b]) +
+                " names no prompt (the cache holds G = " + std::to_string(kv.G) + ")");
+  }
+  const bool suffix = !kv.suffix_key.empty() || !kv.suffix_value.empty() || !kv.suffix_len.empty();
+  if (suffix) {
+    check(kv.suffix_key.size() == kv.key.size() && kv.suffix_value.size() == kv.key.size(),
+          n + ": suffix caches have " + std::to_string(kv.suffix_key.size()) + "/" +
+              std::to_string(kv.suffix_value.size()) + " layers, the prompt caches " + std::to_string(kv.key.size()));
+    check(kv.Q > 0, n + ": suffix caches need Q >= 1 rows of capacity");
+    check_layers(kv.suffix_key, {kv.B, kv.Hkv, kv.Q, kv.d});
+    check_layers(kv.suffix_value, {kv.B, kv.Hkv, kv.Q, kv.d});
+    count(kv.suffix_len, kv.B, "suffix_len", "B (samples)");
+    for (int b = 0; b < kv.B; ++b)
+      check(kv.suffix_len[b] >= 0 && kv.suffix_len[b] <= kv.Q,
+            n + ": suffix_len[" + std::to_string(b) + "] = " + std::to_string(kv.suffix_len[b]) +
+                " is outside [0, Q = " + std::to_string(kv.Q) + "]");
+  }
+  count(rope_delta_, kv.B, "rope_delta", "B (samples)");
+  for (int b = 0; b < kv.B; ++b) {
     const int64_t lim = int64_t(1) << 40;  // positions stay exact in fp32 rope arguments far below this
     check(rope_delta_[b] > -lim && rope_delta_[b] < lim,
           n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range");
   }
   // Device-resident caches are scanned by the backend that can read them (Session::bind refuses a cache
-  // no backend of the session can read); host caches here, once.
+  // no backend of the session can read); host caches here, once: the rows some sample attends to.
+  std::vector<int64_t> lo(kv.G), hi(kv.valid_len);
+  for (int g = 0; g < kv.G; ++g) lo[g] = kv.pad(g);
   for (size_t l = 0; l < kv.key.size(); ++l)
     for (const TensorView* t : {&kv.key[l], &kv.value[l]})
-      if (t->device.host_accessible()) check_cache_finite(*t, kv.valid_len);
+      if (t->device.host_accessible()) check_cache_finite(*t, lo, hi);
+  if (suffix) {
+    const std::vector<int64_t> zero(kv.B, 0);
+    for (size_t l = 0; l < kv.suffix_key.size(); ++l)
+      for (const TensorView* t : {&kv.suffix_key[l], &kv.suffix_value[l]})
+        if (t->device.host_accessible()) check_cache_finite(*t, zero, kv.suffix_len);
+  }
   if (history_) {
     const int64_t H = history_->H;
     check(H >= 2, n + ": ego_history_xyz needs at least 2 poses to estimate v0, found " + std::to_string(H));
@@ -174,7 +248,7 @@ void Context::validate() {
   }
   if (v0_) {
     check(static_cast<int>(v0_->size()) == kv.B, n + ": v0 has " + std::to_string(v0_->size()) +
-                                                     " values, the cache batch is " + std::to_string(kv.B));
+                                                     " values, the context has B = " + std::to_string(kv.B) + " samples");
     check_finite(v0_->data(), v0_->size(), n + ": v0");
   }
 }

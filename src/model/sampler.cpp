@@ -11,10 +11,10 @@ std::vector<float> rope_inv_freq(int d, double theta) {
   return inv;
 }
 
-RopeTables make_rope_tables(const std::vector<int64_t>& valid_len, const std::vector<int64_t>& rope_delta, int T,
+RopeTables make_rope_tables(const std::vector<int64_t>& offset, const std::vector<int64_t>& rope_delta, int T,
                             int d, double theta) {
   RopeTables r;
-  r.B = static_cast<int>(valid_len.size());
+  r.B = static_cast<int>(offset.size());
   r.T = T;
   r.d = d;
   r.cos.resize(int64_t(r.B) * T * d);
@@ -23,7 +23,7 @@ RopeTables make_rope_tables(const std::vector<int64_t>& valid_len, const std::ve
   const int half = d / 2;
   for (int b = 0; b < r.B; ++b)
     for (int i = 0; i < T; ++i) {
-      const float p = static_cast<float>(i + rope_delta[b] + valid_len[b]);
+      const float p = static_cast<float>(i + rope_delta[b] + offset[b]);
       float* c = r.cos.data() + (int64_t(b) * T + i) * d;
       float* s = r.sin.data() + (int64_t(b) * T + i) * d;
       for (int j = 0; j < half; ++j) {

@@ -10,8 +10,8 @@ namespace alpamayo {
 // inv_freq_j = 1 / theta^(2j/d) in fp32, as transformers computes it.
 std::vector<float> rope_inv_freq(int d, double theta);
 
-// cos/sin [B, T, d] for positions p = i + rope_delta_b + S_b (i < T), HF rotate_half layout.
-RopeTables make_rope_tables(const std::vector<int64_t>& valid_len, const std::vector<int64_t>& rope_delta, int T,
+// cos/sin [B, T, d] for positions p = i + rope_delta_b + offset_b (i < T), HF rotate_half layout.
+RopeTables make_rope_tables(const std::vector<int64_t>& offset, const std::vector<int64_t>& rope_delta, int T,
                             int d, double theta);
 
 // torch.linspace(0, 1, n + 1) in fp32, bit for bit (the upper half is filled from the end).

@@ -24,23 +24,53 @@ const Context& Session::context() const {
   return *ctx_;
 }
 
-void Session::bind(Context ctx, const BindOptions& opts) {
-  const ExpertConfig& c = model_->config();
-  ctx_.reset();  // a failed bind leaves the session unbound, never half-bound
-  ctx.check_compatible(c);
-  const BackendModel& be = model_->backend();
-  for (const auto* list : {&ctx.kv().key, &ctx.kv().value})
+namespace {
+
+void check_readable(const Context& ctx, const BackendModel& be) {
+  const KVCache& kv = ctx.kv();
+  for (const auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
     for (const TensorView& t : *list)
       check(be.can_read(t.device), t.name + ": lives in " + t.device.str() + " memory, which the " + be.name() +
                                        " backend cannot read");
+}
+
+std::vector<int64_t> offsets(const KVCache& kv) {
+  std::vector<int64_t> o(kv.B);
+  for (int b = 0; b < kv.B; ++b) o[b] = kv.offset(b);
+  return o;
+}
+
+}  // namespace
+
+void Session::bind(Context ctx, const BindOptions& opts) {
+  const ExpertConfig& c = model_->config();
+  ctx_.reset();  // a failed bind leaves the session unbound, never half-bound
+  unguided_.reset();
+  ctx.check_compatible(c);
+  check_readable(ctx, model_->backend());
   check(opts.capture.step >= -1, "bind: capture step must be -1 (none) or a step index, found " +
                                      std::to_string(opts.capture.step));
   Binding b;
   b.kv = ctx.kv();
-  b.rope = make_rope_tables(b.kv.valid_len, ctx.rope_delta(), c.T, c.d, c.rope_theta);
+  b.rope = make_rope_tables(offsets(b.kv), ctx.rope_delta(), c.T, c.d, c.rope_theta);
   b.capture = opts.capture;
+  if (opts.guidance) {
+    const Context& u = opts.guidance->unguided;
+    const double w = opts.guidance->weight;
+    check(std::isfinite(w), "guidance weight must be finite, found " + std::to_string(w));
+    u.check_compatible(c);
+    check(u.batch() == ctx.batch(), u.name() + ": the guidance context has " + std::to_string(u.batch()) +
+                                        " samples, the guided context " + ctx.name() + " has " +
+                                        std::to_string(ctx.batch()));
+    check_readable(u, model_->backend());
+    b.guided = true;
+    b.unguided_kv = u.kv();
+    b.unguided_rope = make_rope_tables(offsets(u.kv()), u.rope_delta(), c.T, c.d, c.rope_theta);
+    b.guidance_weight = w;
+  }
   backend_->bind(b);
   ctx_.emplace(std::move(ctx));
+  if (opts.guidance) unguided_.emplace(opts.guidance->unguided);
 }
 
 const Captures& Session::captures() const { return backend_->captures(); }
@@ -58,6 +88,8 @@ SampleResult Session::sample(const SampleOptions& o) {
   r.steps = o.steps > 0 ? o.steps : c.num_steps;
   check(r.steps >= 1 && r.steps <= 100000, "steps must be in [1, 100000], found " + std::to_string(r.steps));
   const int64_t n = int64_t(r.B) * r.T * r.A;
+  check(std::isfinite(o.temperature) && o.temperature >= 0,
+        "temperature must be finite and >= 0, found " + std::to_string(o.temperature));
   std::vector<float> x;
   if (!o.noise.empty()) {
     check(static_cast<int64_t>(o.noise.size()) == n, "noise: expected " + std::to_string(n) + " values [B=" +
@@ -65,8 +97,19 @@ SampleResult Session::sample(const SampleOptions& o) {
                                                          std::to_string(r.A) + "], found " + std::to_string(o.noise.size()));
     check_finite(o.noise.data(), n, "noise");
     x = o.noise;
+  } else if (!o.seeds.empty()) {
+    check(static_cast<int>(o.seeds.size()) == r.B, "seeds: expected one per sample (B = " + std::to_string(r.B) +
+                                                       "), found " + std::to_string(o.seeds.size()));
+    for (uint64_t s : o.seeds) {
+      const std::vector<float> xb = gaussian_noise(s, int64_t(r.T) * r.A);
+      x.insert(x.end(), xb.begin(), xb.end());
+    }
   } else {
     x = gaussian_noise(o.seed.value_or(0), n);
+  }
+  if (o.temperature != 1.0) {
+    const float temp = static_cast<float>(o.temperature);
+    for (float& e : x) e = e * temp;
   }
 
   // v0 first, so that a bad history fails before the expensive sampling.

@@ -73,6 +73,7 @@ class CpuSession final : public HostLoopSession {
   void bind_step(const Binding& b) override;
   void step(const float* emb, float* hidden, float* const* layers) override;
   size_t step_buffer_bytes() const override;
+  std::unique_ptr<HostLoopSession> new_sibling() const override { return std::make_unique<CpuSession>(m_); }
 
  private:
   // The plans of one layer's four matmuls for one thread.

@@ -61,39 +61,50 @@ void rope_apply(float* x, int T, int H, int d, const float* cos, const float* si
     }
 }
 
-void attention(const float* q, const float* k_own, const float* v_own, const float* k_cache,
-               const float* v_cache, int T, int Hq, int Hkv, int d, int P, int S, float* out, int threads) {
+void attention(const float* q, const float* k_own, const float* v_own, const std::vector<KeySegment>& cache,
+               int T, int Hq, int Hkv, int d, float* out, int threads) {
   const int group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  int S = 0;
+  for (const KeySegment& seg : cache) S += seg.rows;
   split(Hq, threads, [&](int h0, int h1) {
     std::vector<float> p(static_cast<size_t>(S) + T);
+    std::vector<const float*> krow(S), vrow(S);
     for (int h = h0; h < h1; ++h) {
       const int kvh = h / group;
-      const float* kc = k_cache + int64_t(kvh) * P * d;
-      const float* vc = v_cache + int64_t(kvh) * P * d;
+      int j = 0;
+      for (const KeySegment& seg : cache)
+        for (int r = 0; r < seg.rows; ++r, ++j) {
+          krow[j] = seg.k + kvh * seg.head_stride + int64_t(r) * d;
+          vrow[j] = seg.v + kvh * seg.head_stride + int64_t(r) * d;
+        }
       for (int t = 0; t < T; ++t) {
         const float* qt = q + (int64_t(t) * Hq + h) * d;
         float mx = -INFINITY;
-        for (int j = 0; j < S; ++j) mx = std::max(mx, p[j] = dot(qt, kc + int64_t(j) * d, d) * scale);
-        for (int j = 0; j < T; ++j)
-          mx = std::max(mx, p[S + j] = dot(qt, k_own + (int64_t(j) * Hkv + kvh) * d, d) * scale);
+        for (int i = 0; i < S; ++i) mx = std::max(mx, p[i] = dot(qt, krow[i], d) * scale);
+        for (int i = 0; i < T; ++i)
+          mx = std::max(mx, p[S + i] = dot(qt, k_own + (int64_t(i) * Hkv + kvh) * d, d) * scale);
         float sum = 0.f;
-        for (int j = 0; j < S + T; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int i = 0; i < S + T; ++i) sum += (p[i] = std::exp(p[i] - mx));
         float* o = out + (int64_t(t) * Hq + h) * d;
         std::fill(o, o + d, 0.f);
-        for (int j = 0; j < S; ++j) {
-          const float w = p[j] / sum;
-          const float* vr = vc + int64_t(j) * d;
-          for (int i = 0; i < d; ++i) o[i] += w * vr[i];
+        for (int i = 0; i < S; ++i) {
+          const float w = p[i] / sum;
+          for (int c = 0; c < d; ++c) o[c] += w * vrow[i][c];
         }
-        for (int j = 0; j < T; ++j) {
-          const float w = p[S + j] / sum;
-          const float* vr = v_own + (int64_t(j) * Hkv + kvh) * d;
-          for (int i = 0; i < d; ++i) o[i] += w * vr[i];
+        for (int i = 0; i < T; ++i) {
+          const float w = p[S + i] / sum;
+          const float* vr = v_own + (int64_t(i) * Hkv + kvh) * d;
+          for (int c = 0; c < d; ++c) o[c] += w * vr[c];
         }
       }
     }
   });
+}
+
+void attention(const float* q, const float* k_own, const float* v_own, const float* k_cache,
+               const float* v_cache, int T, int Hq, int Hkv, int d, int P, int S, float* out, int threads) {
+  attention(q, k_own, v_own, {KeySegment{k_cache, v_cache, int64_t(P) * d, S}}, T, Hq, Hkv, d, out, threads);
 }
 
 }  // namespace alpamayo::ref

@@ -15,6 +15,20 @@ void rms_norm(const float* x, const float* w, int rows, int n, double eps, float
 // In-place HF rotate_half rotary embedding of x [T, H, d] with tables cos/sin [T, d].
 void rope_apply(float* x, int T, int H, int d, const float* cos, const float* sin);
 
+// A run of cache rows one sample attends to: rows [0, rows) of each KV head h at k + h * head_stride
+// (row stride d), values likewise.
+struct KeySegment {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t head_stride = 0;
+  int rows = 0;
+};
+
+// Non-causal GQA attention of one sample over its cache segments in order, then its own T tokens.
+//   q [T, Hq, d] (normed, roped); own k, v [T, Hkv, d] (k normed, roped). out [T, Hq, d]. Softmax in fp32.
+void attention(const float* q, const float* k_own, const float* v_own, const std::vector<KeySegment>& cache,
+               int T, int Hq, int Hkv, int d, float* out, int threads = 1);
+
 // Non-causal GQA attention of one sample.
 //   q [T, Hq, d] (normed, roped); own k, v [T, Hkv, d] (k normed, roped);
 //   cache k, v [Hkv, P, d]; only rows [0, S) are attended. out [T, Hq, d]. Softmax in fp32.

@@ -22,12 +22,10 @@ struct RefLayer {
         up(to_f32(w.up)), down(to_f32(w.down)) {}
 };
 
-class ReferenceModel;
-
 class ReferenceSession final : public HostLoopSession {
  public:
   ReferenceSession(const ExpertConfig& cfg, const ActionProjections& proj, const ExpertWeights& w, int threads)
-      : HostLoopSession(cfg, proj), weights_(w), threads_(threads) {}
+      : HostLoopSession(cfg, proj), proj_(proj), weights_(w), threads_(threads) {}
 
  protected:
   void bind_step(const Binding& b) override {
@@ -36,6 +34,9 @@ class ReferenceSession final : public HostLoopSession {
   }
 
   size_t step_buffer_bytes() const override { return (rope_.cos.size() + rope_.sin.size()) * sizeof(float); }
+  std::unique_ptr<HostLoopSession> new_sibling() const override {
+    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, threads_);
+  }
 
   void step(const float* emb, float* hidden, float* const* layers) override {
     const int B = kv_.B, T = rope_.T, D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
@@ -46,6 +47,11 @@ class ReferenceSession final : public HostLoopSession {
     for (int l = 0; l < cfg_.L; ++l) {
       const RefLayer w(weights_.layers[l]);
       const std::vector<float> key = to_f32(kv_.key[l]), value = to_f32(kv_.value[l]);
+      std::vector<float> skey, svalue;
+      if (!kv_.suffix_key.empty()) {
+        skey = to_f32(kv_.suffix_key[l]);
+        svalue = to_f32(kv_.suffix_value[l]);
+      }
       ref::rms_norm(h.data(), w.input_norm.data(), M, D, cfg_.rms_eps, a.data());
       ref::matmul_nt(a.data(), M, D, w.q.data(), Hq * d, q.data(), threads_);
       ref::matmul_nt(a.data(), M, D, w.k.data(), Hkv * d, k.data(), threads_);
@@ -57,11 +63,18 @@ class ReferenceSession final : public HostLoopSession {
         const float* s = rope_.sin.data() + int64_t(b) * T * d;
         ref::rope_apply(q.data() + int64_t(b) * T * Hq * d, T, Hq, d, c, s);
         ref::rope_apply(k.data() + int64_t(b) * T * Hkv * d, T, Hkv, d, c, s);
-        const int64_t cache_off = int64_t(b) * Hkv * kv_.P * d;
+        // Prompt rows after its left padding, then this sample's suffix rows (docs/MATH.md section 2).
+        const int g = kv_.prompt(b);
+        const int64_t pad = kv_.pad(g), poff = (int64_t(g) * Hkv * kv_.P + pad) * d;
+        std::vector<ref::KeySegment> segs = {{key.data() + poff, value.data() + poff, int64_t(kv_.P) * d,
+                                              static_cast<int>(kv_.valid_len[g] - pad)}};
+        if (kv_.suffix(b) > 0) {
+          const int64_t soff = int64_t(b) * Hkv * kv_.Q * d;
+          segs.push_back({skey.data() + soff, svalue.data() + soff, int64_t(kv_.Q) * d, static_cast<int>(kv_.suffix(b))});
+        }
         ref::attention(q.data() + int64_t(b) * T * Hq * d, k.data() + int64_t(b) * T * Hkv * d,
-                       v.data() + int64_t(b) * T * Hkv * d, key.data() + cache_off,
-                       value.data() + cache_off, T, Hq, Hkv, d, kv_.P,
-                       static_cast<int>(kv_.valid_len[b]), att.data() + int64_t(b) * T * Hq * d, threads_);
+                       v.data() + int64_t(b) * T * Hkv * d, segs, T, Hq, Hkv, d,
+                       att.data() + int64_t(b) * T * Hq * d, threads_);
       }
       ref::matmul_nt(att.data(), M, Hq * d, w.o.data(), D, tmp.data(), threads_);
       for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
@@ -77,6 +90,7 @@ class ReferenceSession final : public HostLoopSession {
   }
 
  private:
+  const ActionProjections& proj_;
   const ExpertWeights& weights_;  // views into the checkpoint, which the Model keeps alive
   int threads_;
   KVCache kv_;
