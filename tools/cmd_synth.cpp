@@ -116,7 +116,16 @@ Run add_demo(CLI::App& app) {
     if (a->size == "small") { spec.L = 4; spec.D = 256; spec.Hq = 4; spec.Hkv = 2; spec.d = 64; spec.I = 1024; spec.ain_hidden = 128; }
     const fs::path dir = fs::path(a->out_dir) / ("checkpoint-" + a->size);
     fs::create_directories(a->out_dir);
-    if (!fs::exists(dir / "config.json")) {
+    bool reuse = fs::exists(dir / "config.json");
+    if (reuse) {
+      try {  // a checkpoint an older version wrote (R1-shaped config over Alpamayo 2 tensors) is written anew
+        Checkpoint::open(dir.string());
+      } catch (const Error& e) {
+        std::fprintf(stderr, "the synthetic checkpoint in %s does not load (%s); writing it anew\n", dir.c_str(), e.what());
+        reuse = false;
+      }
+    }
+    if (!reuse) {
       std::fprintf(stderr, "writing a synthetic %s checkpoint to %s ...\n", a->size.c_str(), dir.c_str());
       write_synthetic_checkpoint(dir.string(), spec);
     }

@@ -1,5 +1,6 @@
 #include "io/config_json.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -66,9 +67,10 @@ bool get(const Section& s, const char* key, double* out) {
 bool get(const Section& s, const char* key, int* out) {
   if (!has(s, key)) return false;
   const json& v = (*s.obj)[key];
-  const bool integral = v.is_number_integer() || (v.is_number_float() && v.get<double>() == static_cast<int>(v.get<double>()));
+  const double x = v.is_number() ? v.get<double>() : 0.5;  // 12.0 is accepted as 12, as Python would
+  const bool integral = v.is_number() && std::floor(x) == x && std::abs(x) < 2147483648.0;
   check(integral, key_in(s, key) + " must be an integer, found " + v.dump());
-  *out = v.is_number_integer() ? v.get<int>() : static_cast<int>(v.get<double>());
+  *out = static_cast<int>(x);
   return true;
 }
 
