@@ -168,8 +168,13 @@ ReleaseConfig::ReleaseConfig(const json& root, std::string path, const json* vlm
     // expert_config lacks its counterpart (the file's values would otherwise silently become defaults).
     for (const char* k : kFlat) {
       if (!has(top_, k)) continue;
-      const bool nested = std::string(k) == "expert_cfg" ? has(base_, "llm_config") || has(base_, "expert_update_cfg")
-                                                         : has(base_, k);
+      bool nested = std::string(k) == "expert_cfg" ? has(base_, "llm_config") || has(base_, "expert_update_cfg")
+                                                   : has(base_, k);
+      if (std::string(k) == "expert_non_causal_attention" && !nested) {  // harmless when it equals the default
+        bool top = true;
+        get(top_, k, &top);
+        nested = top;
+      }
       const std::string counterpart = std::string(k) == "expert_cfg" ? "expert_config.llm_config / expert_update_cfg"
                                                                       : std::string("expert_config.") + k;
       check(nested, key_in(top_, k) + " is where Alpamayo-R1 and 1.5 keep it; " + name + " (" + evidence_ +

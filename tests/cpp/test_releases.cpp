@@ -252,6 +252,15 @@ TEST(Releases, MissingAndContradictoryKeysAreErrors) {
                       {"config.json", "'action_in_proj_cfg'", "expert_config.action_in_proj_cfg", "missing"});
   expect_config_error([](json& c) { c["action_space_cfg"] = c["expert_config"]["action_space_cfg"]; c.erase("expert_config"); },
                       {"config.json", "no 'expert_config'", "action_space_cfg", "Is model_type right?"});
+  expect_config_error([](json& c) { c["expert_non_causal_attention"] = false; c["expert_config"].erase("expert_non_causal_attention"); },
+                      {"config.json", "'expert_non_causal_attention'", "expert_config.expert_non_causal_attention"});
+  {  // the same key saying what the release's default says anyway is only noted
+    json j = orig;
+    j["expert_non_causal_attention"] = true;
+    j["expert_config"].erase("expert_non_causal_attention");
+    std::ofstream(tmp / "ck/config.json") << j.dump();
+    EXPECT_TRUE(Checkpoint::open(tmp / "ck")->config().non_causal);
+  }
   // Contradictions: between keys, between keys and tensors.
   expect_config_error([](json& c) { c["expert_config"]["expert_update_cfg"]["num_attention_heads"] = 8; },
                       {"config.json", "expert_config.expert_update_cfg.num_attention_heads", "8", "contradicts",
