@@ -1,4 +1,4 @@
-// `sample` and `inspect`.
+// `sample`.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -36,7 +36,7 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& opt
 namespace {
 
 struct SampleArgs {
-  std::string checkpoint, context, noise, out, json, svg, layers_out, vlm_config, backend;
+  std::string checkpoint, context, noise, out, json, svg, layers_out, vlm_config, backend, release;
   uint64_t seed = 0;
   int steps = 0, threads = 0;
   std::string weights;
@@ -69,7 +69,7 @@ void run_sample(const SampleArgs& a) {
   check_output_path(a.json, "--json");
   check_output_path(a.svg, "--svg");
   check_output_path(a.layers_out, "--layers-out");
-  auto ck = Checkpoint::open(a.checkpoint, a.vlm_config);
+  auto ck = Checkpoint::open(a.checkpoint, checkpoint_options(a.vlm_config, a.release));
   BackendOptions bo;
   bo.threads = a.threads;
   bo.weights = a.weights;
@@ -125,6 +125,7 @@ Run add_sample(CLI::App& app) {
   app.add_option("--weights", a->weights, "weight format (cpu: bf16 | int8; reference: f32; default: the backend's first)");
   app.add_option("--v0", a->v0, "initial speed in m/s (overrides the context's v0 / ego history)");
   app.add_option("--vlm-config", a->vlm_config, "the VLM's config.json (text_config: eps, theta, layer count)");
+  add_release_option(app, a->release);
   app.add_option("--out", a->out, "output safetensors: action, xyz, yaw, rot, v0")->required();
   app.add_flag("--all-steps", a->all_steps, "also write x_steps [N+1, B, T, A] and v_steps [N, B, T, A]");
   app.add_option("--layers-out", a->layers_out, "write step-0 emb, layer.{l} outputs and final hidden");
@@ -144,27 +145,6 @@ Run add_backends(CLI::App&) {
       if (const std::string why = b.unavailable(); !why.empty()) std::printf(" -- unavailable: %s", why.c_str());
       std::printf("\n");
     }
-  };
-}
-
-Run add_inspect(CLI::App& app) {
-  auto dir = std::make_shared<std::string>();
-  auto vlm = std::make_shared<std::string>();
-  app.add_option("checkpoint", *dir, "checkpoint directory")->required();
-  app.add_option("--vlm-config", *vlm, "the VLM's config.json");
-  return [dir, vlm] {
-    auto ck = Checkpoint::open(*dir, *vlm);
-    const ExpertConfig& c = ck->config();
-    std::printf("checkpoint   %s\nlayout       %s\n", dir->c_str(), layout_name(ck->layout()));
-    std::printf("expert       L=%d D=%d heads=%d/%d head_dim=%d mlp=%d  (%.6g M parameters, dtype %s)\n", c.L, c.D, c.Hq,
-                c.Hkv, c.d, c.I, ck->expert_parameters() / 1e6, dtype_name(ck->expert().layers[0].q.dtype));
-    std::printf("action_in    hidden=%d enc_layers=%d fourier=%d max_freq=%g\n", c.ain_hidden, c.ain_layers, c.n_fourier, c.max_freq);
-    std::printf("action space T=%d A=%d dt=%g accel %g+-%g curvature %g+-%g v_lambda=%g v_ridge=%g\n", c.T, c.A, c.dt,
-                c.accel_mean, c.accel_std, c.curvature_mean, c.curvature_std, c.v_lambda, c.v_ridge);
-    std::printf("sampler      %s, %d steps\n", c.int_method.c_str(), c.num_steps);
-    for (const auto& n : ck->notes()) std::printf("note         %s\n", n.c_str());
-    for (const auto& f : ck->files()) std::printf("file         %s\n", f.c_str());
-    std::printf("skipped      %lld vlm.* tensors (never read)\n", static_cast<long long>(ck->vlm_tensors_skipped()));
   };
 }
 

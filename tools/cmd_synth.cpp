@@ -49,15 +49,16 @@ void add_checkpoint_size_options(CLI::App& app, SyntheticCheckpointSpec& s) {
 Run add_make_checkpoint(CLI::App& app) {
   auto a = std::make_shared<CkArgs>();
   app.add_option("--out", a->out, "output directory")->required();
-  app.add_option("--layout", a->layout, "r1 (expert.layers.*, with buffers) | a2 (expert.expert.layers.*)");
+  app.add_option("--layout", a->layout,
+                 "release whose config.json and tensor layout are written: r1 (Alpamayo-R1: flat config, buffers) | "
+                 "1.5 (Alpamayo 1.5: flat config, no buffers) | a2 (Alpamayo 2 Super: nested config, expert.expert.*)");
   app.add_option("--dtype", a->dtype, "bf16 | f16 | f32");
   app.add_option("--shards", a->spec.shards, "number of expert shards (> 1: sharded with an index)")->check(CLI::Range(1, 1000));
   app.add_option("--seed", a->spec.seed, "seed");
-  app.add_flag("--text-config", a->spec.text_config, "also write a text_config section");
   add_checkpoint_size_options(app, a->spec);
   return [a] {
-    check(a->layout == "r1" || a->layout == "a2", "--layout: expected r1 or a2, found '" + a->layout + "'");
-    a->spec.layout = a->layout == "r1" ? Layout::R1 : Layout::A2;
+    a->spec.release = parse_release(a->layout, "--layout");
+    a->spec.layout = release_layout(*a->spec.release);
     a->spec.dtype = parse_float_dtype(a->dtype, "--dtype");
     write_synthetic_checkpoint(a->out, a->spec);
     std::fprintf(stderr, "wrote %s\n", a->out.c_str());
@@ -66,7 +67,7 @@ Run add_make_checkpoint(CLI::App& app) {
 
 Run add_make_context(CLI::App& app) {
   struct Args {
-    std::string checkpoint, out, dtype = "bf16", valid, delta;
+    std::string checkpoint, out, dtype = "bf16", valid, delta, release;
     SyntheticContextSpec spec;
   };
   auto a = std::make_shared<Args>();
@@ -79,8 +80,9 @@ Run add_make_context(CLI::App& app) {
   app.add_option("--dtype", a->dtype, "cache dtype bf16 | f16 | f32");
   app.add_option("--history", a->spec.history, "ego history poses (0: write v0 instead)")->check(CLI::Range(0, 100000));
   app.add_option("--seed", a->spec.seed, "seed");
+  add_release_option(app, a->release);
   return [a] {
-    auto ck = Checkpoint::open(a->checkpoint);
+    auto ck = Checkpoint::open(a->checkpoint, checkpoint_options("", a->release));
     a->spec.dtype = parse_float_dtype(a->dtype, "--dtype");
     if (!a->valid.empty()) a->spec.valid_len = parse_int_list(a->valid, "--valid-len");
     if (!a->delta.empty()) a->spec.rope_delta = parse_int_list(a->delta, "--rope-delta");
@@ -114,7 +116,16 @@ Run add_demo(CLI::App& app) {
     if (a->size == "small") { spec.L = 4; spec.D = 256; spec.Hq = 4; spec.Hkv = 2; spec.d = 64; spec.I = 1024; spec.ain_hidden = 128; }
     const fs::path dir = fs::path(a->out_dir) / ("checkpoint-" + a->size);
     fs::create_directories(a->out_dir);
-    if (!fs::exists(dir / "config.json")) {
+    bool reuse = fs::exists(dir / "config.json");
+    if (reuse) {
+      try {  // a checkpoint an older version wrote (R1-shaped config over Alpamayo 2 tensors) is written anew
+        Checkpoint::open(dir.string());
+      } catch (const Error& e) {
+        std::fprintf(stderr, "the synthetic checkpoint in %s does not load (%s); writing it anew\n", dir.c_str(), e.what());
+        reuse = false;
+      }
+    }
+    if (!reuse) {
       std::fprintf(stderr, "writing a synthetic %s checkpoint to %s ...\n", a->size.c_str(), dir.c_str());
       write_synthetic_checkpoint(dir.string(), spec);
     }

@@ -2,6 +2,9 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+
+#include "alpamayo/checkpoint.h"
 
 namespace alpamayo::cli {
 
@@ -12,6 +15,11 @@ Run add_make_checkpoint(CLI::App& app);
 Run add_make_context(CLI::App& app);
 Run add_demo(CLI::App& app);
 Run add_backends(CLI::App& app);
+
+// --release: the release whose layout a checkpoint's config.json follows, when its model_type is not a
+// known one. checkpoint_options() turns it and --vlm-config into Checkpoint::open's options.
+void add_release_option(CLI::App& app, std::string& release);
+alpamayo::CheckpointOptions checkpoint_options(const std::string& vlm_config, const std::string& release);
 
 // Parses "1,2,-3" into integers; throws alpamayo::Error naming the option on bad input.
 std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option);

@@ -1,12 +1,29 @@
-// The expert's configuration: sizes derived from the checkpoint's tensors, checked against config.json.
+// The expert's configuration: sizes derived from the checkpoint's tensors, checked against config.json;
+// every other value read from where the checkpoint's release keeps it (docs/FORMATS.md).
 #pragma once
 #include <string>
 #include <vector>
 
 namespace alpamayo {
 
+// The Alpamayo releases whose config.json the engine reads, each recognised by its model_type /
+// architectures (or named by the user when a fork renamed them).
+enum class Release {
+  R1,       // Alpamayo-R1 (Alpamayo 1): model_type alpamayo_r1, flat *_cfg keys, buffers in the checkpoint
+  A1_5,     // Alpamayo 1.5: model_type alpamayo1_5, flat *_cfg keys, no persistent buffers
+  A2Super,  // Alpamayo 2 Super: model_type alpamayo2_super, everything under expert_config / vlm_config
+};
+
+// One configuration value and where it came from: a config key ("config.json expert_config.diffusion_cfg.
+// num_inference_steps"), a tensor, or a release default ("Alpamayo 2 Super default").
+struct ConfigValue {
+  std::string name, value, source;
+};
+
 struct ExpertConfig {
-  // Transformer sizes (from the tensors; checked against expert_cfg / text_config).
+  Release release = Release::A2Super;
+
+  // Transformer sizes (from the tensors; checked against the release's expert config keys).
   int L = 0;    // layers
   int D = 0;    // hidden size
   int Hq = 0;   // query heads
@@ -37,6 +54,10 @@ struct ExpertConfig {
   int num_steps = 10;
   std::string int_method = "euler";
   bool non_causal = true;
+  // Classifier-free guidance as the release configures it (diffusion_cfg). Read and reported; a checkpoint
+  // that asks for guidance is rejected at load until the sampler implements it.
+  bool use_cfg = false;
+  double guidance_weight = 1.0;
 };
 
 // The values the released checkpoints use; synthetic checkpoints copy them for realistic scale.

@@ -1,6 +1,7 @@
 // Synthetic, seeded checkpoints and contexts in the exact release layouts, for tests, demos and benchmarks.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,18 +12,27 @@ namespace alpamayo {
 
 struct SyntheticCheckpointSpec {
   Layout layout = Layout::A2;
+  // The release whose config.json and tensors are written; default: Alpamayo-R1 for Layout::R1, Alpamayo 2
+  // Super for Layout::A2. Must use `layout` (Alpamayo 1.5: Layout::R1).
+  std::optional<Release> release;
   int L = 64, D = 1536, Hq = 16, Hkv = 8, d = 128, I = 6144;  // the seed's model (Alpamayo 2 Super)
   int ain_hidden = 512, ain_layers = 2, n_fourier = 20;
   double max_freq = 100.0;
   int T = 64, steps = 10;
+  // Alpamayo 2 Super's config.json carries the expert's text config (expert_config.llm_config): its eps and
+  // theta. Alpamayo-R1 / 1.5 take them from the VLM's config (--vlm-config), so they are not written there.
+  double rms_eps = 1e-6, rope_theta = 5e6;
   DType dtype = DType::BF16;
   int shards = 1;
   uint64_t seed = 0;
-  bool text_config = false;  // also write a text_config (the releases' config.json has none)
 };
 
-// Writes dir/config.json and the weights (single file, or `shards` expert shards plus a vlm-only shard
-// and model.safetensors.index.json). A few vlm.* tensors are included, as in a real checkpoint.
+Release synthetic_release(const SyntheticCheckpointSpec& spec);
+
+// Writes dir/config.json shaped as the release ships it (Alpamayo-R1 / 1.5: flat *_cfg keys; Alpamayo 2
+// Super: vlm_config + expert_config) and the weights in the release's layout (single file, or `shards`
+// expert shards plus a vlm-only shard and model.safetensors.index.json). Derived buffers are written for
+// Alpamayo-R1 only, as the releases do. A few vlm.* tensors are included, as in a real checkpoint.
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointSpec& spec);
 
 struct SyntheticContextSpec {

@@ -1,5 +1,6 @@
 #include "alpamayo/checkpoint.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -11,38 +12,38 @@ namespace fs = std::filesystem;
 
 namespace alpamayo {
 
-const char* layout_name(Layout l) { return l == Layout::R1 ? "R1/1.5 (expert.layers.*)" : "Alpamayo 2 (expert.expert.layers.*)"; }
+const char* layout_name(Layout l) {
+  return l == Layout::R1 ? "R1/1.5 (expert.layers.*)" : "Alpamayo 2 (expert.expert.layers.*)";
+}
 
 class CheckpointLoader {
  public:
   CheckpointLoader(Checkpoint* ck, const std::string& dir) : ck_(ck), dir_(dir) {}
 
-  void run(const std::string& vlm_config) {
+  void run(const CheckpointOptions& opts) {
     check(fs::is_directory(dir_), dir_ + ": checkpoint directory not found");
     const std::string cfg_path = (fs::path(dir_) / "config.json").string();
     check(fs::exists(cfg_path), cfg_path + ": missing (a checkpoint directory needs config.json)");
     const nlohmann::json root = read_json_file(cfg_path);
     check(root.is_object(), cfg_path + ": expected a JSON object");
-    nlohmann::json text;
-    std::string text_path;
-    if (!vlm_config.empty()) {
-      nlohmann::json v = read_json_file(vlm_config);
-      text = v.contains("text_config") ? v["text_config"] : v;
-      text_path = vlm_config;
-    } else if (root.contains("text_config") && root["text_config"].is_object()) {
-      text = root["text_config"];
-      text_path = cfg_path + " text_config";
-    }
-    const nlohmann::json* tp = text.is_object() ? &text : nullptr;
+    nlohmann::json vlm;
+    if (!opts.vlm_config.empty()) vlm = read_json_file(opts.vlm_config);
+    const ReleaseConfig rc(root, cfg_path, opts.vlm_config.empty() ? nullptr : &vlm, opts.vlm_config, opts.release);
+    ck_->release_evidence_ = rc.evidence();
+    info_ = &release_info(rc.release());
 
     index_keys();
     detect_layout();
+    check(ck_->layout_ == info_->layout,
+          dir_ + ": config.json says " + info_->name + " (" + rc.evidence() + "), whose tensors are " +
+              layout_name(info_->layout) + ", but the checkpoint holds " + layout_name(ck_->layout_) + " tensors");
     ExpertConfig& c = ck_->cfg_;
     load_layers(&c);
-    apply_config_json(root, cfg_path, tp, text_path, &c, &ck_->notes_);
-    check_sizes_against_config(root, cfg_path, tp, text_path, c);
+    rc.apply(&c, &ck_->values_);
+    rc.check_sizes(c, &ck_->values_);
     load_heads(&c);
     for (const auto& [file, sf] : opened_) ck_->files_.push_back(file);
+    for (const auto& n : rc.notes()) ck_->notes_.push_back(n);
     ck_->notes_.push_back(std::string("layout ") + layout_name(ck_->layout_));
   }
 
@@ -181,12 +182,13 @@ class CheckpointLoader {
     const std::string extra = tr + std::to_string(3 * n + 1) + ".weight";
     const std::string extra2 = tr + std::to_string(3 * n + 2) + ".weight";
     check(!has(extra) && !has(extra2), dir_ + ": tensor '" + (has(extra) ? extra : extra2) +
-                                           "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n));
+                                           "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n) +
+                                           " (" + source_of("action_in_proj_cfg.num_enc_layers") + ")");
     const TensorView w0 = get(tr + "0.weight");
     check(w0.shape.size() == 2, w0.name + ": expected a 2-D Linear weight");
     const int64_t h = w0.shape[0], in = int64_t(c->A + 1) * F;
-    check(h == c->ain_hidden, w0.name + ": hidden size " + std::to_string(h) +
-                                  " differs from action_in_proj_cfg.hidden_size " + std::to_string(c->ain_hidden));
+    check(h == c->ain_hidden, w0.name + ": hidden size " + std::to_string(h) + " differs from action_in_proj_cfg.hidden_size " +
+                                  std::to_string(c->ain_hidden) + " (" + source_of("action_in_proj_cfg.hidden_size") + ")");
     expect_shape(w0, {h, in});
     auto& a = ck_->ain_;
     a.linear_w.push_back(w0);
@@ -201,45 +203,86 @@ class CheckpointLoader {
     a.ln_w = get(ip + "norm.weight", {c->D});
     a.ln_b = get(ip + "norm.bias", {c->D});
 
+    // Derived buffers: the Fourier frequencies and the action-space statistics. Alpamayo-R1 saves them;
+    // Alpamayo 2 Super would load them but its release omits them; Alpamayo 1.5 registers them as
+    // non-persistent, so it never reads them from a checkpoint (and neither does the engine for it).
     std::vector<std::string> fk;
     for (int i = 0; i < c->A; ++i) fk.push_back(ip + "sinus." + std::to_string(i) + ".freqs");
     fk.push_back(ip + "timestep_fourier_encoder.freqs");
     int present = 0;
     for (const auto& k : fk) present += has(k);
+    const std::string rel = info_->name;
+    if (!info_->reads_buffers) {
+      if (present) ck_->notes_.push_back("Fourier freqs tensors ignored: " + rel + " does not load them");
+      present = 0;
+    }
     check(present == 0 || present == static_cast<int>(fk.size()),
           dir_ + ": some but not all Fourier freqs buffers are present (e.g. '" + fk.back() + "')");
     if (present) {
       for (const auto& k : fk) a.freqs.push_back(get(k, {1, F / 2}));
-      ck_->notes_.push_back("Fourier frequencies from the checkpoint's buffers");
+      set_value("fourier_freqs", "[1, " + std::to_string(F / 2) + "] x " + std::to_string(fk.size()),
+                "tensors " + ip + "sinus.*.freqs, " + ip + "timestep_fourier_encoder.freqs");
     } else {
-      ck_->notes_.push_back("Fourier frequencies computed from config (bf16-rounded, as the release's buffers)");
+      set_value("fourier_freqs", "logspace(0, log10(max_freq), " + std::to_string(F / 2) + ")",
+                "computed from action_in_proj_cfg (bf16-rounded, as the release's buffers)");
     }
 
     const char* stats[] = {"accel_mean", "accel_std", "curvature_mean", "curvature_std"};
     double* dst[] = {&c->accel_mean, &c->accel_std, &c->curvature_mean, &c->curvature_std};
     for (int i = 0; i < 4; ++i) {
-      const std::string k = "action_space." + std::string(stats[i]);
+      const std::string k = heads_ + "action_space." + std::string(stats[i]);
       if (!has(k)) continue;
+      if (!info_->reads_buffers) {
+        ck_->notes_.push_back("tensor '" + k + "' ignored: " + rel + " takes action_space_cfg." + stats[i] + " from config");
+        continue;
+      }
       const TensorView v = get(k);
       check(v.numel() == 1, v.name + ": expected a scalar, found shape " + shape_str(v.shape));
       float val;
       convert_to_f32(v, &val);
       *dst[i] = val;  // the buffer is what the released model uses
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(val));
+      set_value(std::string("action_space_cfg.") + stats[i], buf, "tensor " + k + " (overrides the config key)");
     }
     check(c->accel_std > 0 && c->curvature_std > 0, dir_ + ": action-space stds must be positive");
   }
 
+  std::string source_of(const std::string& name) const {
+    for (const ConfigValue& v : ck_->values_)
+      if (v.name == name) return v.source;
+    return "not recorded";
+  }
+
+  // Replaces the recorded value `name` (a buffer overriding a config key) or appends it.
+  void set_value(const std::string& name, const std::string& value, const std::string& source) {
+    for (ConfigValue& v : ck_->values_)
+      if (v.name == name) {
+        v.value = value;
+        v.source = source;
+        return;
+      }
+    ck_->values_.push_back({name, value, source});
+  }
+
   Checkpoint* ck_;
+  const ReleaseInfo* info_ = nullptr;
   std::string dir_, expert_, heads_;
   std::map<std::string, std::string> key_file_;
   std::map<std::string, const SafetensorsFile*> opened_;
 };
 
-std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& dir, const std::string& vlm_config) {
+std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOptions& options) {
   std::shared_ptr<Checkpoint> ck(new Checkpoint());
   ck->dir_ = dir;
-  CheckpointLoader(ck.get(), dir).run(vlm_config);
+  CheckpointLoader(ck.get(), dir).run(options);
   return ck;
+}
+
+std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& dir, const std::string& vlm_config) {
+  CheckpointOptions o;
+  o.vlm_config = vlm_config;
+  return open(dir, o);
 }
 
 }  // namespace alpamayo

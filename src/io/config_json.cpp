@@ -1,5 +1,9 @@
 #include "io/config_json.h"
 
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -7,6 +11,7 @@
 
 namespace alpamayo {
 using nlohmann::json;
+using Section = ReleaseConfig::Section;
 
 json read_json_file(const std::string& path) {
   std::ifstream f(path);
@@ -22,118 +27,334 @@ json read_json_file(const std::string& path) {
 
 namespace {
 
-// Reads obj[key] as a number into *out when present; throws naming the key if it is not a number.
-template <class T>
-bool get_num(const json& obj, const char* key, const std::string& where, T* out) {
-  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return false;
-  check(obj[key].is_number(), where + ": key '" + key + "' must be a number, found " + obj[key].dump());
-  *out = obj[key].get<T>();
+// Shortest decimal that reads back as the same double.
+std::string fmt(double v) {
+  char buf[40];
+  for (int p = 6; p <= 17; ++p) {
+    std::snprintf(buf, sizeof buf, "%.*g", p, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+std::string fmt(int v) { return std::to_string(v); }
+std::string fmt(bool v) { return v ? "true" : "false"; }
+std::string fmt(const std::string& v) { return v; }
+std::string fmt(const double (&v)[2]) {
+  std::string s("[");
+  s += fmt(v[0]);
+  s += ", ";
+  s += fmt(v[1]);
+  s += "]";
+  return s;
+}
+
+std::string join(const std::string& label, const std::string& key) { return label.empty() ? key : label + "." + key; }
+// "config.json expert_config.action_space_cfg.dt": a key as `inspect` shows its source.
+std::string where(const Section& s, const std::string& key) { return s.file + " " + join(s.label, key); }
+// "/path/config.json: 'expert_config.action_space_cfg.dt'": a key as an error message names it.
+std::string key_in(const Section& s, const std::string& key) { return s.path + ": '" + join(s.label, key) + "'"; }
+
+bool has(const Section& s, const char* key) { return s.obj && s.obj->contains(key) && !(*s.obj)[key].is_null(); }
+
+bool get(const Section& s, const char* key, double* out) {
+  if (!has(s, key)) return false;
+  const json& v = (*s.obj)[key];
+  check(v.is_number(), key_in(s, key) + " must be a number, found " + v.dump());
+  *out = v.get<double>();
   return true;
 }
 
-const json& section(const json& root, const char* key, const std::string& path) {
-  static const json empty = json::object();
-  if (!root.contains(key) || root[key].is_null()) return empty;
-  check(root[key].is_object(), path + ": '" + key + "' must be an object");
-  return root[key];
+bool get(const Section& s, const char* key, int* out) {
+  if (!has(s, key)) return false;
+  const json& v = (*s.obj)[key];
+  const double x = v.is_number() ? v.get<double>() : 0.5;  // 12.0 is accepted as 12, as Python would
+  const bool integral = v.is_number() && std::floor(x) == x && std::abs(x) < 2147483648.0;
+  check(integral, key_in(s, key) + " must be an integer, found " + v.dump());
+  *out = static_cast<int>(x);
+  return true;
 }
 
-void get_bounds(const json& obj, const char* key, const std::string& where, double out[2]) {
-  if (!obj.contains(key) || obj[key].is_null()) return;
-  const json& v = obj[key];
+bool get(const Section& s, const char* key, bool* out) {
+  if (!has(s, key)) return false;
+  const json& v = (*s.obj)[key];
+  check(v.is_boolean(), key_in(s, key) + " must be true or false, found " + v.dump());
+  *out = v.get<bool>();
+  return true;
+}
+
+bool get(const Section& s, const char* key, std::string* out) {
+  if (!has(s, key)) return false;
+  const json& v = (*s.obj)[key];
+  check(v.is_string(), key_in(s, key) + " must be a string, found " + v.dump());
+  *out = v.get<std::string>();
+  return true;
+}
+
+bool get(const Section& s, const char* key, double (*out)[2]) {
+  if (!has(s, key)) return false;
+  const json& v = (*s.obj)[key];
   check(v.is_array() && v.size() == 2 && v[0].is_number() && v[1].is_number(),
-        where + ": '" + key + "' must be [min, max], found " + v.dump());
-  out[0] = v[0].get<double>();
-  out[1] = v[1].get<double>();
+        key_in(s, key) + " must be [min, max], found " + v.dump());
+  (*out)[0] = v[0].get<double>();
+  (*out)[1] = v[1].get<double>();
+  return true;
 }
 
-// rope_theta may sit at the top level or inside rope_scaling / rope_parameters (newer configs).
-bool find_theta(const json& t, double* theta) {
-  if (!t.is_object()) return false;
-  if (t.contains("rope_theta") && t["rope_theta"].is_number()) { *theta = t["rope_theta"].get<double>(); return true; }
-  for (const char* k : {"rope_parameters", "rope_scaling"})
-    if (t.contains(k) && t[k].is_object() && t[k].contains("rope_theta") && t[k]["rope_theta"].is_number()) {
-      *theta = t[k]["rope_theta"].get<double>();
+// Reads section.key into *out when present and records the value with its source (the key, or the default).
+struct Recorder {
+  std::vector<ConfigValue>* values;
+  std::string dflt;
+  template <class T>
+  void read(const Section& s, const char* key, const std::string& name, T* out) const {
+    const bool found = get(s, key, out);
+    values->push_back({name, fmt(*out), found ? where(s, key) : dflt});
+  }
+};
+
+// rope_theta: at the top level of a text config, or inside rope_parameters (transformers 5) / rope_scaling.
+bool find_theta(const Section& s, double* theta, std::string* src) {
+  if (get(s, "rope_theta", theta)) {
+    *src = where(s, "rope_theta");
+    return true;
+  }
+  for (const char* k : {"rope_parameters", "rope_scaling"}) {
+    if (!has(s, k) || !(*s.obj)[k].is_object()) continue;
+    const Section sub{&(*s.obj)[k], join(s.label, k), s.file, s.path};
+    if (get(sub, "rope_theta", theta)) {
+      *src = where(sub, "rope_theta");
       return true;
     }
+  }
   return false;
 }
 
-void check_size(const json& obj, const char* key, const std::string& where, int actual, const std::string& what) {
-  int64_t v = 0;
-  if (get_num(obj, key, where, &v))
-    check(v == actual, where + ": '" + key + "' = " + std::to_string(v) + " but the checkpoint's tensors give " +
-                           what + " = " + std::to_string(actual));
+// A hydra `_target_` names the class the release instantiates; only the one the engine implements is accepted.
+void check_target(const Section& s, const char* cls) {
+  std::string t;
+  if (!get(s, "_target_", &t)) return;
+  const std::string last = t.substr(t.rfind('.') == std::string::npos ? 0 : t.rfind('.') + 1);
+  check(last == cls, key_in(s, "_target_") + " is '" + t + "'; the engine implements " + cls + " only");
 }
 
 }  // namespace
 
-void apply_config_json(const json& root, const std::string& path, const json* text, const std::string& text_path,
-                       ExpertConfig* cfg, std::vector<std::string>* notes) {
-  check(root.is_object(), path + ": expected a JSON object");
-  const json& ain = section(root, "action_in_proj_cfg", path);
-  const std::string ain_w = path + ": action_in_proj_cfg";
-  get_num(ain, "hidden_size", ain_w, &cfg->ain_hidden);
-  get_num(ain, "num_enc_layers", ain_w, &cfg->ain_layers);
-  get_num(ain, "num_fourier_feats", ain_w, &cfg->n_fourier);
-  get_num(ain, "max_freq", ain_w, &cfg->max_freq);
-  check(cfg->ain_layers >= 1, ain_w + ": num_enc_layers must be >= 1, found " + std::to_string(cfg->ain_layers));
-  check(cfg->n_fourier >= 4 && cfg->n_fourier % 2 == 0,
-        ain_w + ": num_fourier_feats must be even and >= 4, found " + std::to_string(cfg->n_fourier));
-  check(cfg->max_freq > 0, ain_w + ": max_freq must be positive");
-
-  const json& as = section(root, "action_space_cfg", path);
-  const std::string as_w = path + ": action_space_cfg";
-  get_num(as, "n_waypoints", as_w, &cfg->T);
-  get_num(as, "dt", as_w, &cfg->dt);
-  get_num(as, "accel_mean", as_w, &cfg->accel_mean);
-  get_num(as, "accel_std", as_w, &cfg->accel_std);
-  get_num(as, "curvature_mean", as_w, &cfg->curvature_mean);
-  get_num(as, "curvature_std", as_w, &cfg->curvature_std);
-  get_num(as, "v_lambda", as_w, &cfg->v_lambda);
-  get_num(as, "v_ridge", as_w, &cfg->v_ridge);
-  get_bounds(as, "accel_bounds", as_w, cfg->accel_bounds);
-  get_bounds(as, "curvature_bounds", as_w, cfg->curvature_bounds);
-  check(cfg->T >= 1, as_w + ": n_waypoints must be >= 1");
-  check(cfg->dt > 0, as_w + ": dt must be positive");
-
-  const json& df = section(root, "diffusion_cfg", path);
-  get_num(df, "num_inference_steps", path + ": diffusion_cfg", &cfg->num_steps);
-  if (df.contains("int_method") && df["int_method"].is_string()) cfg->int_method = df["int_method"].get<std::string>();
-  check(cfg->int_method == "euler", path + ": diffusion_cfg.int_method '" + cfg->int_method + "' is not supported (euler)");
-  check(cfg->num_steps >= 1, path + ": diffusion_cfg.num_inference_steps must be >= 1");
-  if (root.contains("expert_non_causal_attention") && root["expert_non_causal_attention"].is_boolean())
-    cfg->non_causal = root["expert_non_causal_attention"].get<bool>();
-  check(cfg->non_causal, path + ": expert_non_causal_attention = false is not supported (the released experts are non-causal)");
-
-  // eps / theta: Qwen3-VL defaults < VLM text config < expert_cfg (applied on top, as the release does).
-  const json& ecfg = section(root, "expert_cfg", path);
-  cfg->eps_source = cfg->theta_source = "Qwen3-VL default";
-  if (text && get_num(*text, "rms_norm_eps", text_path, &cfg->rms_eps)) cfg->eps_source = text_path;
-  if (text && find_theta(*text, &cfg->rope_theta)) cfg->theta_source = text_path;
-  if (get_num(ecfg, "rms_norm_eps", path + ": expert_cfg", &cfg->rms_eps)) cfg->eps_source = path + " expert_cfg";
-  if (find_theta(ecfg, &cfg->rope_theta)) cfg->theta_source = path + " expert_cfg";
-  check(cfg->rms_eps > 0, path + ": rms_norm_eps must be positive");
-  check(cfg->rope_theta > 1, path + ": rope_theta must be > 1");
-  notes->push_back("rms_norm_eps " + std::to_string(cfg->rms_eps) + " from " + cfg->eps_source);
-  notes->push_back("rope_theta " + std::to_string(cfg->rope_theta) + " from " + cfg->theta_source);
+Section ReleaseConfig::section(const Section& parent, const char* key, bool required) const {
+  Section s{nullptr, join(parent.label, key), parent.file, parent.path};
+  if (has(parent, key)) {
+    check((*parent.obj)[key].is_object(), key_in(parent, key) + " must be an object, found " + (*parent.obj)[key].dump());
+    s.obj = &(*parent.obj)[key];
+  } else {
+    check(!required, parent.path + ": missing '" + s.label + "', which an " + release_name(release_) +
+                         " config.json (model_type '" + release_model_type(release_) + "') must have");
+  }
+  return s;
 }
 
-void check_sizes_against_config(const json& root, const std::string& path, const json* text,
-                                const std::string& text_path, const ExpertConfig& c) {
-  const json& e = section(root, "expert_cfg", path);
-  const std::string ew = path + ": expert_cfg";
-  check_size(e, "hidden_size", ew, c.D, "D");
-  check_size(e, "intermediate_size", ew, c.I, "I");
-  check_size(e, "num_attention_heads", ew, c.Hq, "Hq");
-  check_size(e, "num_key_value_heads", ew, c.Hkv, "Hkv");
-  check_size(e, "head_dim", ew, c.d, "d");
-  check_size(e, "num_hidden_layers", ew, c.L, "L");
-  if (text) {
-    check_size(*text, "num_hidden_layers", text_path, c.L, "the expert's layer count L");
-    if (!e.contains("num_key_value_heads")) check_size(*text, "num_key_value_heads", text_path, c.Hkv, "Hkv");
-    if (!e.contains("head_dim")) check_size(*text, "head_dim", text_path, c.d, "d");
+ReleaseConfig::ReleaseConfig(const json& root, std::string path, const json* vlm, std::string vlm_path,
+                             std::optional<Release> user)
+    : root_(root), path_(std::move(path)), vlm_path_(std::move(vlm_path)) {
+  check(root_.is_object(), path_ + ": expected a JSON object");
+  release_ = recognise_release(root_, path_, user, &evidence_);
+  const std::string name = release_name(release_);
+  top_ = {&root_, "", std::filesystem::path(path_).filename().string(), path_};
+  static const char* kFlat[] = {"expert_cfg", "action_in_proj_cfg", "action_space_cfg", "diffusion_cfg",
+                                "expert_non_causal_attention"};
+  if (release_ == Release::A2Super) {
+    check(has(top_, "expert_config") || !has(top_, "action_space_cfg"),
+          path_ + ": no 'expert_config' but a top-level 'action_space_cfg' (the Alpamayo-R1 / 1.5 layout); " + name +
+              " (" + evidence_ + ") keeps its expert's sections in expert_config. Is model_type right?");
+    base_ = section(top_, "expert_config", true);
+    // A flat (R1-style) key at the top level of a Super config is not read by the release: an error when
+    // expert_config lacks its counterpart (the file's values would otherwise silently become defaults).
+    for (const char* k : kFlat) {
+      if (!has(top_, k)) continue;
+      bool nested = std::string(k) == "expert_cfg" ? has(base_, "llm_config") || has(base_, "expert_update_cfg")
+                                                   : has(base_, k);
+      if (std::string(k) == "expert_non_causal_attention" && !nested) {  // harmless when it equals the default
+        bool top = true;
+        get(top_, k, &top);
+        nested = top;
+      }
+      const std::string counterpart = std::string(k) == "expert_cfg" ? "expert_config.llm_config / expert_update_cfg"
+                                                                      : std::string("expert_config.") + k;
+      check(nested, key_in(top_, k) + " is where Alpamayo-R1 and 1.5 keep it; " + name + " (" + evidence_ +
+                        ") reads " + counterpart + ", which is missing");
+      notes_.push_back(std::string("top-level '") + k + "' ignored: " + name + " reads expert_config");
+    }
+    expert_ = section(base_, "llm_config", false);
+    update_ = section(base_, "expert_update_cfg", false);
+    check(expert_.obj || update_.obj, path_ + ": expert_config has neither 'llm_config' (the expert's text config) nor "
+                                              "'expert_update_cfg'; " + name + " defines its expert with one of them");
+    if (expert_.obj && update_.obj)
+      for (const auto& [k, v] : update_.obj->items()) {
+        if (!expert_.obj->contains(k) || !v.is_number() || !(*expert_.obj)[k].is_number()) continue;
+        const double a = v.get<double>(), b = (*expert_.obj)[k].get<double>();
+        check(a == b, key_in(update_, k) + " = " + fmt(a) + " contradicts '" + join(expert_.label, k) + "' = " + fmt(b));
+      }
+    const Section vlmc = section(top_, "vlm_config", false);
+    const Section vt = section(vlmc, "text_config", false);
+    if (vt.obj) vlm_text_.push_back(vt);
+  } else {
+    base_ = top_;
+    // Super's nesting under a flat release's model_type: the flat keys this release reads must be there.
+    for (const char* k : {"expert_config", "vlm_config"}) {
+      if (!has(top_, k)) continue;
+      for (const char* s : {"action_in_proj_cfg", "action_space_cfg", "diffusion_cfg"})
+        check(has(top_, s), path_ + ": no top-level '" + s + "' but '" + k + "' (the Alpamayo 2 Super layout); " +
+                                name + " (" + evidence_ + ") keeps its *_cfg keys at the top level. Is model_type right?");
+      notes_.push_back(std::string("'") + k + "' ignored: " + name + " reads the top-level *_cfg keys");
+    }
+    check(!has(top_, "text_config"),
+          key_in(top_, "text_config") + " is not part of an " + name + " config.json (the release builds its expert "
+          "from the text config of the VLM named by vlm_name_or_path); pass that VLM's config.json with --vlm-config");
+    expert_ = section(top_, "expert_cfg", false);
   }
+  ain_ = section(base_, "action_in_proj_cfg", true);
+  aspace_ = section(base_, "action_space_cfg", true);
+  diffusion_ = section(base_, "diffusion_cfg", true);
+  if (vlm) {
+    const bool nested = vlm->is_object() && vlm->contains("text_config");
+    vlm_text_storage_ = nested ? (*vlm)["text_config"] : *vlm;
+    check(vlm_text_storage_.is_object(), vlm_path_ + ": expected a VLM config.json or its text_config (a JSON object)");
+    vlm_text_.push_back({&vlm_text_storage_, nested ? "text_config" : "",
+                         std::filesystem::path(vlm_path_).filename().string(), vlm_path_});
+  }
+}
+
+std::vector<Section> ReleaseConfig::text_chain() const {
+  if (release_ != Release::A2Super) {  // the expert is the VLM's text config with expert_cfg applied on top
+    std::vector<Section> c{expert_};
+    c.insert(c.end(), vlm_text_.begin(), vlm_text_.end());
+    return c;
+  }
+  if (expert_.obj) return {update_, expert_};  // llm_config: the expert's own, complete text config
+  std::vector<Section> c{update_};             // expert_update_cfg on top of the VLM's text config
+  c.insert(c.end(), vlm_text_.begin(), vlm_text_.end());
+  return c;
+}
+
+void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) const {
+  cfg->release = release_;
+  const std::string name = release_name(release_);
+  const Recorder rec{values, name + " default"};
+
+  const Section aout = section(base_, "action_out_proj_cfg", false);
+  check_target(ain_, "PerWaypointActionInProjV2");
+  check_target(aspace_, "UnicycleAccelCurvatureActionSpace");
+  check_target(diffusion_, "FlowMatching");
+  check_target(aout, "Linear");
+
+  rec.read(ain_, "hidden_size", "action_in_proj_cfg.hidden_size", &cfg->ain_hidden);
+  rec.read(ain_, "num_enc_layers", "action_in_proj_cfg.num_enc_layers", &cfg->ain_layers);
+  rec.read(ain_, "num_fourier_feats", "action_in_proj_cfg.num_fourier_feats", &cfg->n_fourier);
+  rec.read(ain_, "max_freq", "action_in_proj_cfg.max_freq", &cfg->max_freq);
+  check(cfg->ain_hidden >= 1, key_in(ain_, "hidden_size") + " must be >= 1, found " + fmt(cfg->ain_hidden));
+  check(cfg->ain_layers >= 1, key_in(ain_, "num_enc_layers") + " must be >= 1, found " + fmt(cfg->ain_layers));
+  check(cfg->n_fourier >= 4 && cfg->n_fourier % 2 == 0,
+        key_in(ain_, "num_fourier_feats") + " must be even and >= 4, found " + fmt(cfg->n_fourier));
+  check(cfg->max_freq > 0, key_in(ain_, "max_freq") + " must be positive, found " + fmt(cfg->max_freq));
+
+  rec.read(aspace_, "n_waypoints", "action_space_cfg.n_waypoints", &cfg->T);
+  rec.read(aspace_, "dt", "action_space_cfg.dt", &cfg->dt);
+  rec.read(aspace_, "accel_mean", "action_space_cfg.accel_mean", &cfg->accel_mean);
+  rec.read(aspace_, "accel_std", "action_space_cfg.accel_std", &cfg->accel_std);
+  rec.read(aspace_, "curvature_mean", "action_space_cfg.curvature_mean", &cfg->curvature_mean);
+  rec.read(aspace_, "curvature_std", "action_space_cfg.curvature_std", &cfg->curvature_std);
+  rec.read(aspace_, "accel_bounds", "action_space_cfg.accel_bounds", &cfg->accel_bounds);
+  rec.read(aspace_, "curvature_bounds", "action_space_cfg.curvature_bounds", &cfg->curvature_bounds);
+  rec.read(aspace_, "v_lambda", "action_space_cfg.v_lambda", &cfg->v_lambda);
+  rec.read(aspace_, "v_ridge", "action_space_cfg.v_ridge", &cfg->v_ridge);
+  check(cfg->T >= 1, key_in(aspace_, "n_waypoints") + " must be >= 1, found " + fmt(cfg->T));
+  check(cfg->dt > 0, key_in(aspace_, "dt") + " must be positive, found " + fmt(cfg->dt));
+
+  rec.read(diffusion_, "num_inference_steps", "diffusion_cfg.num_inference_steps", &cfg->num_steps);
+  rec.read(diffusion_, "int_method", "diffusion_cfg.int_method", &cfg->int_method);
+  check(cfg->int_method == "euler", key_in(diffusion_, "int_method") + " is '" + cfg->int_method +
+                                        "'; the releases' FlowMatching (and the engine) integrate with euler only");
+  check(cfg->num_steps >= 1, key_in(diffusion_, "num_inference_steps") + " must be >= 1, found " + fmt(cfg->num_steps));
+  if (release_ == Release::R1) {  // Alpamayo-R1's FlowMatching has no guidance switch: it never guides
+    cfg->use_cfg = false;
+    values->push_back({"diffusion_cfg.use_classifier_free_guidance", "false",
+                       has(diffusion_, "use_classifier_free_guidance")
+                           ? "fixed by " + name + " (no guidance in its sampler; " + where(diffusion_, "use_classifier_free_guidance") + " is not read)"
+                           : "fixed by " + name + " (no guidance in its sampler)"});
+  } else {
+    rec.read(diffusion_, "use_classifier_free_guidance", "diffusion_cfg.use_classifier_free_guidance", &cfg->use_cfg);
+  }
+  rec.read(diffusion_, "inference_guidance_weight", "diffusion_cfg.inference_guidance_weight", &cfg->guidance_weight);
+  check(!cfg->use_cfg, key_in(diffusion_, "use_classifier_free_guidance") +
+                           " = true: sampling with classifier-free guidance (a guided and an unguided velocity per step, "
+                           "weight inference_guidance_weight) is not supported yet");
+
+  rec.read(base_, "expert_non_causal_attention", "expert_non_causal_attention", &cfg->non_causal);
+  check(cfg->non_causal, key_in(base_, "expert_non_causal_attention") +
+                             " = false: causal attention among the expert's own tokens is not supported (every released "
+                             "expert attends non-causally; the engine implements that only)");
+
+  // eps / theta: the first text config of the release's chain that has them, else the Qwen3-VL defaults.
+  const std::string qwen = release_ == Release::A2Super ? "Qwen3-VL text config default" :
+                           "Qwen3-VL default (" + name + " inherits its VLM's)";
+  cfg->eps_source = cfg->theta_source = qwen;
+  cfg->rms_eps = 1e-6;
+  cfg->rope_theta = 5e6;
+  const std::vector<Section> chain = text_chain();
+  for (const Section& s : chain)
+    if (get(s, "rms_norm_eps", &cfg->rms_eps)) {
+      cfg->eps_source = where(s, "rms_norm_eps");
+      break;
+    }
+  for (const Section& s : chain)
+    if (find_theta(s, &cfg->rope_theta, &cfg->theta_source)) break;
+  check(cfg->rms_eps > 0, path_ + ": rms_norm_eps must be positive, found " + fmt(cfg->rms_eps) + " (" + cfg->eps_source + ")");
+  check(cfg->rope_theta > 1, path_ + ": rope_theta must be > 1, found " + fmt(cfg->rope_theta) + " (" + cfg->theta_source + ")");
+  values->push_back({"rms_norm_eps", fmt(cfg->rms_eps), cfg->eps_source});
+  values->push_back({"rope_theta", fmt(cfg->rope_theta), cfg->theta_source});
+  std::string vlm_name;
+  if (get(top_, "vlm_name_or_path", &vlm_name)) values->push_back({"vlm_name_or_path", vlm_name, where(top_, "vlm_name_or_path")});
+  if (release_ != Release::A2Super && vlm_text_.empty())
+    notes_.push_back("rms_norm_eps, rope_theta and the VLM's layer count come from the VLM's text config, which an " +
+                     name + " config.json does not carry" +
+                     (vlm_name.empty() ? std::string() : " (its VLM: " + vlm_name + ")") +
+                     "; pass the VLM's config.json with --vlm-config to read and check them");
+}
+
+void ReleaseConfig::check_sizes(const ExpertConfig& c, std::vector<ConfigValue>* values) const {
+  struct Size {
+    const char* key;
+    int actual;
+    const char* what;
+    std::string confirmed;
+  };
+  Size sizes[] = {{"num_hidden_layers", c.L, "the expert's layer count L", ""}, {"hidden_size", c.D, "D", ""},
+                  {"intermediate_size", c.I, "I", ""},  {"num_attention_heads", c.Hq, "Hq", ""},
+                  {"num_key_value_heads", c.Hkv, "Hkv", ""}, {"head_dim", c.d, "d", ""}};
+  const bool super = release_ == Release::A2Super;
+  auto check_in = [](const Section& s, Size& z, const std::string& why) {
+    int v = 0;
+    if (!get(s, z.key, &v)) return;
+    check(v == z.actual, key_in(s, z.key) + " = " + fmt(v) + " but the checkpoint's tensors give " + z.what + " = " +
+                             fmt(z.actual) + why);
+    z.confirmed += (z.confirmed.empty() ? "" : ", ") + where(s, z.key);
+  };
+  for (Size& z : sizes) {
+    const std::string k = z.key;
+    check_in(expert_, z, "");
+    if (super) check_in(update_, z, "");
+    // The VLM's text config: its layer count always (expert layer l reads the VLM's cache layer l). For
+    // Super also its cache shape (KV heads, head dim); for R1 / 1.5 every size expert_cfg does not override,
+    // since the expert is a copy of that config with expert_cfg applied.
+    const bool layers = k == "num_hidden_layers";
+    const bool cache = k == "num_key_value_heads" || k == "head_dim";
+    for (const Section& s : vlm_text_) {
+      if (layers) check_in(s, z, " (the expert reads the VLM's KV cache layer by layer)");
+      else if (super ? cache : !has(expert_, z.key)) check_in(s, z, super ? " (the expert reads the VLM's KV cache)" : "");
+    }
+  }
+  const char* names[] = {"layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim"};
+  for (int i = 0; i < 6; ++i)
+    values->push_back({names[i], fmt(sizes[i].actual),
+                       "tensors" + (sizes[i].confirmed.empty() ? std::string(" (no config key states it)")
+                                                               : "; matches " + sizes[i].confirmed)});
 }
 
 }  // namespace alpamayo

@@ -76,13 +76,90 @@ void fill_entry(const Entry& e, uint64_t seed, void* dst) {
 Init linear_init(int64_t fan_in, float gain = 1.f) { return {0.f, gain * std::sqrt(3.f / fan_in), {}}; }
 Init norm_init() { return {1.f, 0.1f, {}}; }
 
+// A Qwen3-VL text config as transformers writes it (the fields the releases' configs carry).
+nlohmann::json text_config(int L, int D, int I, int Hq, int Hkv, int d, double eps, double theta) {
+  const int hw = (d / 2) * 20 / 64;  // Qwen3-VL's [24, 20, 20] split of d/2 = 64, scaled
+  return {{"model_type", "qwen3_vl_text"}, {"hidden_size", D}, {"intermediate_size", I}, {"num_hidden_layers", L},
+          {"num_attention_heads", Hq}, {"num_key_value_heads", Hkv}, {"head_dim", d}, {"hidden_act", "silu"},
+          {"attention_bias", false}, {"rms_norm_eps", eps}, {"rope_theta", theta},
+          {"rope_scaling", {{"rope_type", "default"}, {"mrope_interleaved", true}, {"mrope_section", {d / 2 - 2 * hw, hw, hw}}}},
+          {"max_position_embeddings", 262144}, {"vocab_size", 155776}};
+}
+
+// config.json as the release ships it (shapes from NVIDIA's configs; tokenizer/vision fields omitted).
+nlohmann::json synthetic_config(const SyntheticCheckpointSpec& s, Release release) {
+  using R = ReleasedActionStats;
+  const std::string pkg = release == Release::R1 ? "alpamayo_r1" : release == Release::A1_5 ? "alpamayo1_5" : "alpamayo2_super";
+  nlohmann::json action_space = {
+      {"_target_", pkg + ".action_space.UnicycleAccelCurvatureActionSpace"},
+      {"n_waypoints", s.T}, {"dt", 0.1}, {"accel_mean", R::accel_mean}, {"accel_std", R::accel_std},
+      {"curvature_mean", R::curvature_mean}, {"curvature_std", R::curvature_std},
+      {"accel_bounds", {-R::accel_bound, R::accel_bound}}, {"curvature_bounds", {-R::curvature_bound, R::curvature_bound}},
+      {"v_lambda", 1e-6}, {"v_ridge", 1e-4}};
+  nlohmann::json action_in = {{"_target_", pkg + ".models.action_in_proj.PerWaypointActionInProjV2"},
+                              {"hidden_size", s.ain_hidden}, {"num_enc_layers", s.ain_layers},
+                              {"num_fourier_feats", s.n_fourier}, {"max_freq", s.max_freq}};
+  nlohmann::json action_out = {{"_target_", "torch.nn.Linear"}};
+  nlohmann::json diffusion = {{"_target_", pkg + ".diffusion.flow_matching.FlowMatching"},
+                              {"num_inference_steps", s.steps}, {"int_method", "euler"}};
+  if (release == Release::A2Super) {
+    diffusion.update({{"train_timestep_sampler", "beta"}, {"train_ignore_guidance_rate", 0.1},
+                      {"inference_guidance_weight", 3.0}, {"use_classifier_free_guidance", false}});
+    // The VLM (Qwen3-VL-32B at full size: 64 heads, hidden 5120, MLP 25600) shares L, Hkv and d with the expert.
+    const int vq = 8 * s.Hkv, vd = vq * s.d * 5 / 8;
+    return {
+        {"architectures", {"Alpamayo2Super"}},
+        {"model_type", "alpamayo2_super"},
+        {"dtype", "bfloat16"},
+        {"vlm_class", "Qwen3VLForConditionalGeneration"},
+        {"history_vocab_size", 1000}, {"future_vocab_size", 3000}, {"traj_vocab_size", 4000},
+        {"tokens_per_history_traj", 48}, {"tokens_per_future_traj", 128},
+        {"traj_ids", {{"history_id0", 151669}, {"future_id0", 152669}, {"history_start", 155674}, {"history_end", 155676},
+                      {"future_start", 155681}, {"future_end", 155683}, {"history_pad", 155684}, {"future_pad", 155685}}},
+        {"cotrain_expert_vlm", false},
+        {"vlm_config", {{"model_type", "qwen3_vl"}, {"architectures", {"Qwen3VLForConditionalGeneration"}},
+                        {"text_config", text_config(s.L, vd, 5 * vd, vq, s.Hkv, s.d, 1e-6, 5e6)}}},
+        {"expert_config",
+         {{"llm_config", text_config(s.L, s.D, s.I, s.Hq, s.Hkv, s.d, s.rms_eps, s.rope_theta)},
+          {"expert_update_cfg", {{"hidden_size", s.D}, {"intermediate_size", s.I}, {"num_attention_heads", s.Hq}, {"head_dim", s.d}}},
+          {"action_space_cfg", action_space},
+          {"action_in_proj_cfg", action_in},
+          {"action_out_proj_cfg", action_out},
+          {"diffusion_cfg", diffusion},
+          {"expert_non_causal_attention", true}}},
+    };
+  }
+  if (release == Release::A1_5) diffusion.update({{"inference_guidance_weight", 1.0}, {"use_classifier_free_guidance", false}});
+  return {
+      {"architectures", {release == Release::R1 ? "AlpamayoR1" : "Alpamayo1_5"}},
+      {"model_type", release_model_type(release)},
+      {"vlm_name_or_path", release == Release::R1 ? "Qwen/Qwen3-VL-8B-Instruct" : "nvidia/Cosmos-Reason2-8B"},
+      {"expert_non_causal_attention", true},
+      {"keep_same_dtype", true},
+      {"expert_cfg", {{"hidden_size", s.D}, {"intermediate_size", s.I}, {"num_attention_heads", s.Hq},
+                      {"num_key_value_heads", s.Hkv}, {"head_dim", s.d}}},
+      {"action_in_proj_cfg", action_in},
+      {"action_out_proj_cfg", action_out},
+      {"action_space_cfg", action_space},
+      {"diffusion_cfg", diffusion},
+  };
+}
+
 }  // namespace
+
+Release synthetic_release(const SyntheticCheckpointSpec& s) {
+  const Release r = s.release ? *s.release : (s.layout == Layout::A2 ? Release::A2Super : Release::R1);
+  check(release_layout(r) == s.layout, std::string("make-checkpoint: ") + release_name(r) + " checkpoints use the " +
+                                           layout_name(release_layout(r)) + " layout");
+  return r;
+}
 
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointSpec& s) {
   check(s.L > 0 && s.D > 0 && s.Hq > 0 && s.Hkv > 0 && s.Hq % s.Hkv == 0 && s.d > 0 && s.d % 2 == 0 && s.I > 0,
         "make-checkpoint: invalid sizes (need L, D, I > 0, even d, Hq a multiple of Hkv)");
   check(s.ain_layers >= 1 && s.n_fourier >= 4 && s.n_fourier % 2 == 0 && s.T >= 1 && s.shards >= 1,
         "make-checkpoint: invalid action_in_proj sizes, waypoints or shard count");
+  const Release release = synthetic_release(s);
   fs::create_directories(dir);
   const bool a2 = s.layout == Layout::A2;
   const std::string ep = a2 ? "expert.expert." : "expert.", hp = a2 ? "expert." : "";
@@ -129,7 +206,7 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
   add(ip + "norm.bias", {D}, {0.f, 0.1f, {}}, w);
   add(hp + "action_out_proj.weight", {A, D}, linear_init(D, 0.5f), w);
   add(hp + "action_out_proj.bias", {A}, {0.f, 0.05f, {}}, w);
-  if (!a2) {  // R1/1.5 checkpoints carry the derived buffers
+  if (release == Release::R1) {  // Alpamayo-R1 checkpoints carry the derived buffers
     const std::vector<float> fr = fourier_freqs(s.n_fourier, s.max_freq, true);
     for (int i = 0; i < A; ++i) add(ip + "sinus." + std::to_string(i) + ".freqs", {1, F / 2}, {0, 0, fr}, w);
     add(ip + "timestep_fourier_encoder.freqs", {1, F / 2}, {0, 0, fr}, w);
@@ -172,30 +249,7 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
     write_text_file((fs::path(dir) / "model.safetensors.index.json").string(),
                     nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
 
-  using R = ReleasedActionStats;
-  nlohmann::json cfg = {
-      {"model_type", "alpamayo_r1"},
-      {"vlm_name_or_path", "Qwen/Qwen3-VL-8B-Instruct"},
-      {"expert_non_causal_attention", true},
-      {"expert_cfg", {{"hidden_size", s.D}, {"intermediate_size", s.I}, {"num_attention_heads", s.Hq},
-                      {"num_key_value_heads", s.Hkv}, {"head_dim", s.d}}},
-      {"action_in_proj_cfg", {{"_target_", "alpamayo_r1.models.action_in_proj.PerWaypointActionInProjV2"},
-                              {"hidden_size", s.ain_hidden}, {"num_enc_layers", s.ain_layers},
-                              {"num_fourier_feats", s.n_fourier}, {"max_freq", s.max_freq}}},
-      {"action_space_cfg", {{"_target_", "alpamayo_r1.action_space.UnicycleAccelCurvatureActionSpace"},
-                            {"n_waypoints", s.T}, {"dt", 0.1}, {"accel_mean", R::accel_mean}, {"accel_std", R::accel_std},
-                            {"curvature_mean", R::curvature_mean}, {"curvature_std", R::curvature_std},
-                            {"accel_bounds", {-R::accel_bound, R::accel_bound}},
-                            {"curvature_bounds", {-R::curvature_bound, R::curvature_bound}},
-                            {"v_lambda", 1e-6}, {"v_ridge", 1e-4}}},
-      {"diffusion_cfg", {{"_target_", "alpamayo_r1.diffusion.flow_matching.FlowMatching"},
-                         {"num_inference_steps", s.steps}, {"int_method", "euler"}}},
-  };
-  if (s.text_config)
-    cfg["text_config"] = {{"num_hidden_layers", s.L}, {"num_key_value_heads", s.Hkv}, {"head_dim", s.d},
-                          {"rms_norm_eps", 1e-6},
-                          {"rope_scaling", {{"rope_type", "default"}, {"rope_theta", 5e6}, {"mrope_section", {24, 20, 20}}}}};
-  write_text_file((fs::path(dir) / "config.json").string(), cfg.dump(2));
+  write_text_file((fs::path(dir) / "config.json").string(), synthetic_config(s, release).dump(2));
 }
 
 void write_synthetic_context(const std::string& path, const ExpertConfig& c, const SyntheticContextSpec& s) {

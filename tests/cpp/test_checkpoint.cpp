@@ -48,9 +48,9 @@ TEST(Checkpoint, DetectsBothLayoutsAndDerivesSizesFromTensors) {
 }
 
 TEST(Checkpoint, EpsAndThetaFromTextConfigOrVlmConfig) {
+  // Alpamayo-R1: the VLM's text config only through --vlm-config, else the Qwen3-VL defaults.
   TempDir tmp;
-  auto spec = tiny_spec();
-  write_synthetic_checkpoint(tmp / "ck", spec);
+  write_synthetic_checkpoint(tmp / "ck", tiny_spec(Release::R1));
   auto ck = Checkpoint::open(tmp / "ck");
   EXPECT_DOUBLE_EQ(ck->config().rms_eps, 1e-6);
   EXPECT_DOUBLE_EQ(ck->config().rope_theta, 5e6);
@@ -60,15 +60,21 @@ TEST(Checkpoint, EpsAndThetaFromTextConfigOrVlmConfig) {
   ck = Checkpoint::open(tmp / "ck", tmp / "vlm.json");
   EXPECT_DOUBLE_EQ(ck->config().rms_eps, 1e-5);
   EXPECT_DOUBLE_EQ(ck->config().rope_theta, 1e6);
+  EXPECT_EQ(ck->config().eps_source, "vlm.json text_config.rms_norm_eps");
+  EXPECT_EQ(ck->config().theta_source, "vlm.json text_config.rope_parameters.rope_theta");
   std::ofstream(tmp / "vlm36.json") << R"({"num_hidden_layers": 36})";
   expect_error([&] { Checkpoint::open(tmp / "ck", tmp / "vlm36.json"); }, {"vlm36.json", "num_hidden_layers", "36", "2"});
-  edit_config(tmp / "ck", [](nlohmann::json& j) { j["text_config"] = {{"num_hidden_layers", 2}, {"rope_theta", 123456.0}}; });
-  EXPECT_DOUBLE_EQ(Checkpoint::open(tmp / "ck")->config().rope_theta, 123456.0);
+  // expert_cfg, applied on top of the VLM's text config, wins.
+  edit_config(tmp / "ck", [](nlohmann::json& j) { j["expert_cfg"]["rope_theta"] = 123456.0; });
+  EXPECT_DOUBLE_EQ(Checkpoint::open(tmp / "ck", tmp / "vlm.json")->config().rope_theta, 123456.0);
+  // A text_config inside an R1 config.json is not where the release looks: an error, not a silent default.
+  edit_config(tmp / "ck", [](nlohmann::json& j) { j["text_config"] = {{"num_hidden_layers", 2}, {"rope_theta", 1e4}}; });
+  expect_error([&] { Checkpoint::open(tmp / "ck"); }, {"config.json", "'text_config'", "Alpamayo-R1", "--vlm-config"});
 }
 
 TEST(Checkpoint, ConfigMismatchesAreErrors) {
   TempDir tmp;
-  write_synthetic_checkpoint(tmp / "ck", tiny_spec());
+  write_synthetic_checkpoint(tmp / "ck", tiny_spec(Release::R1));
   edit_config(tmp / "ck", [](nlohmann::json& j) { j["expert_cfg"]["hidden_size"] = 2048; });
   expect_error([&] { Checkpoint::open(tmp / "ck"); }, {"config.json", "hidden_size", "2048", "64"});
   edit_config(tmp / "ck", [](nlohmann::json& j) { j["expert_cfg"]["hidden_size"] = 64; j["action_in_proj_cfg"]["num_enc_layers"] = 1; });

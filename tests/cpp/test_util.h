@@ -74,4 +74,11 @@ inline SyntheticCheckpointSpec tiny_spec(Layout layout = Layout::A2) {
   return s;
 }
 
+// A tiny checkpoint of the given release (its config.json shape and tensor layout).
+inline SyntheticCheckpointSpec tiny_spec(Release release) {
+  SyntheticCheckpointSpec s = tiny_spec(release_layout(release));
+  s.release = release;
+  return s;
+}
+
 }  // namespace alpamayo::test

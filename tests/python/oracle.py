@@ -23,7 +23,11 @@ A2_PREFIXES = {  # Alpamayo 2 prefix -> R1 prefix
     "expert.expert.": "expert.",
     "expert.action_in_proj.": "action_in_proj.",
     "expert.action_out_proj.": "action_out_proj.",
+    "expert.action_space.": "action_space.",
 }
+RELEASES = {"alpamayo_r1": "r1", "alpamayo1_5": "1.5", "alpamayo2_super": "a2"}  # model_type -> release
+# Buffers the releases load from a checkpoint: Alpamayo 1.5 registers them non-persistent (never loaded).
+BUFFERS = ("action_in_proj.sinus.", "action_in_proj.timestep_fourier_encoder.", "action_space.")
 QWEN3VL_EPS, QWEN3VL_THETA = 1e-6, 5e6
 
 
@@ -36,7 +40,7 @@ def _checkpoint_files(d: Path) -> list[Path]:
 
 
 def _rope_theta(tc: dict) -> float | None:
-    if "rope_theta" in tc:
+    if tc.get("rope_theta") is not None:
         return float(tc["rope_theta"])
     for k in ("rope_parameters", "rope_scaling"):
         if isinstance(tc.get(k), dict) and "rope_theta" in tc[k]:
@@ -62,10 +66,15 @@ class Checkpoint:
     steps: int = 10
 
 
-def load_checkpoint(directory, text_config: dict | None = None) -> Checkpoint:
-    """text_config: a VLM text config (as --vlm-config gives the engine); else config.json's, else defaults."""
+def load_checkpoint(directory, text_config: dict | None = None, release: str | None = None) -> Checkpoint:
+    """Reads config.json as its release ships it (the release from model_type, or `release`):
+    Alpamayo-R1 / 1.5 keep flat *_cfg keys and take eps / theta from the VLM's text config (`text_config`,
+    as --vlm-config gives the engine), else the Qwen3-VL defaults; Alpamayo 2 Super keeps everything under
+    expert_config, eps / theta in its llm_config (or expert_update_cfg over vlm_config.text_config).
+    `text_config` given for Super replaces those (to build counterfactual oracles)."""
     d = Path(directory)
     cfg = json.loads((d / "config.json").read_text())
+    release = release or RELEASES[cfg["model_type"]]
     w: dict[str, torch.Tensor] = {}
     layout = "r1"
     for f in _checkpoint_files(d):
@@ -78,7 +87,10 @@ def load_checkpoint(directory, text_config: dict | None = None) -> Checkpoint:
                     if k.startswith(a2):
                         name, layout = r1 + k[len(a2):], "a2"
                         break
+                if release == "1.5" and name.startswith(BUFFERS):
+                    continue
                 w[name] = sf.get_tensor(k).to(torch.float32)
+    assert layout == ("a2" if release == "a2" else "r1"), (release, layout)
     ck = Checkpoint(config=cfg, w=w, layout=layout)
     ck.L = sum(1 for k in w if k.startswith("expert.layers.") and k.endswith(".input_layernorm.weight"))
     q = w["expert.layers.0.self_attn.q_proj.weight"]
@@ -86,19 +98,29 @@ def load_checkpoint(directory, text_config: dict | None = None) -> Checkpoint:
     ck.D, ck.Hq = q.shape[1], q.shape[0] // ck.d
     ck.Hkv = w["expert.layers.0.self_attn.k_proj.weight"].shape[0] // ck.d
     ck.I = w["expert.layers.0.mlp.gate_proj.weight"].shape[0]
-    tc = text_config if text_config is not None else cfg.get("text_config") or {}
-    ck.eps = float(tc.get("rms_norm_eps", QWEN3VL_EPS))
-    ck.theta = _rope_theta(tc) or QWEN3VL_THETA
-    ai = cfg.get("action_in_proj_cfg", {})
+    if release == "a2":
+        sec = cfg["expert_config"]
+        if text_config is not None:
+            chain = [text_config]
+        elif "llm_config" in sec:
+            chain = [sec.get("expert_update_cfg", {}), sec["llm_config"]]
+        else:
+            chain = [sec.get("expert_update_cfg", {}), cfg.get("vlm_config", {}).get("text_config", {})]
+    else:
+        sec = cfg
+        chain = [cfg.get("expert_cfg") or {}, text_config or {}]
+    ck.eps = next((float(t["rms_norm_eps"]) for t in chain if "rms_norm_eps" in t), QWEN3VL_EPS)
+    ck.theta = next((th for th in map(_rope_theta, chain) if th is not None), QWEN3VL_THETA)
+    ai = sec["action_in_proj_cfg"]
     ck.ain = dict(hidden=ai.get("hidden_size", 1024), layers=ai.get("num_enc_layers", 4),
                   F=ai.get("num_fourier_feats", 20), max_freq=float(ai.get("max_freq", 100.0)))
-    asp = cfg.get("action_space_cfg", {})
+    asp = sec["action_space_cfg"]
     ck.aspace = dict(T=asp.get("n_waypoints", 64), dt=float(asp.get("dt", 0.1)),
                      v_lambda=float(asp.get("v_lambda", 1e-6)), v_ridge=float(asp.get("v_ridge", 1e-4)))
     for s in ("accel_mean", "accel_std", "curvature_mean", "curvature_std"):
         buf = w.get(f"action_space.{s}")
         ck.aspace[s] = float(buf) if buf is not None else float(asp.get(s, 0.0 if s.endswith("mean") else 1.0))
-    ck.steps = int(cfg.get("diffusion_cfg", {}).get("num_inference_steps", 10))
+    ck.steps = int(sec["diffusion_cfg"].get("num_inference_steps", 10))
     return ck
 
 

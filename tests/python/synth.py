@@ -84,34 +84,87 @@ def expert_tensors(dm: Dims, seed: int) -> dict[str, torch.Tensor]:
     return t
 
 
-def config_json(dm: Dims, text_config: dict | None = None) -> dict:
-    cfg = {
-        "model_type": "alpamayo_r1",
-        "vlm_name_or_path": "Qwen/Qwen3-VL-8B-Instruct",
+LAYOUTS = ("r1", "1.5", "a2")  # Alpamayo-R1, Alpamayo 1.5, Alpamayo 2 Super
+_PACKAGE = {"r1": "alpamayo_r1", "1.5": "alpamayo1_5", "a2": "alpamayo2_super"}
+
+
+def qwen3_text_config(L: int, D: int, I: int, Hq: int, Hkv: int, d: int, eps: float = 1e-6,
+                      theta: float = 5e6) -> dict:
+    """A Qwen3-VL text config as transformers 4.57 saves it (top-level rope_theta, mrope in rope_scaling)."""
+    hw = (d // 2) * 20 // 64
+    return {"model_type": "qwen3_vl_text", "hidden_size": D, "intermediate_size": I, "num_hidden_layers": L,
+            "num_attention_heads": Hq, "num_key_value_heads": Hkv, "head_dim": d, "hidden_act": "silu",
+            "rms_norm_eps": eps, "rope_theta": theta, "max_position_embeddings": 262144, "vocab_size": 155776,
+            "rope_scaling": {"rope_type": "default", "mrope_interleaved": True, "mrope_section": [d // 2 - 2 * hw, hw, hw]}}
+
+
+def config_json(dm: Dims, layout: str = "r1", text_config: dict | None = None) -> dict:
+    """config.json shaped as each release ships it. Alpamayo-R1 / 1.5: flat *_cfg keys, the VLM only named
+    (vlm_name_or_path). Alpamayo 2 Super: the VLM's config under vlm_config, everything of the expert under
+    expert_config (its own text config in llm_config). text_config: values of the expert's text config
+    (eps, theta), which only Super's config.json carries; R1 / 1.5 take them from --vlm-config."""
+    pkg = _PACKAGE[layout]
+    ain = {"_target_": f"{pkg}.models.action_in_proj.PerWaypointActionInProjV2", "hidden_size": dm.ain_hidden,
+           "num_enc_layers": dm.ain_layers, "num_fourier_feats": dm.F, "max_freq": dm.max_freq}
+    aspace = {"_target_": f"{pkg}.action_space.UnicycleAccelCurvatureActionSpace", "n_waypoints": dm.T, "dt": 0.1,
+              **RELEASED, "accel_bounds": [-9.8, 9.8], "curvature_bounds": [-0.33, 0.33], "v_lambda": 1e-6, "v_ridge": 1e-4}
+    diffusion = {"_target_": f"{pkg}.diffusion.flow_matching.FlowMatching", "num_inference_steps": dm.steps,
+                 "int_method": "euler"}
+    if layout == "a2":
+        llm = qwen3_text_config(dm.L, dm.D, dm.I, dm.Hq, dm.Hkv, dm.d)
+        if text_config:
+            if any(k in text_config for k in ("rope_theta", "rope_parameters", "rope_scaling")):
+                for k in ("rope_theta", "rope_parameters", "rope_scaling"):
+                    llm.pop(k, None)
+            llm.update(text_config)
+        vq = 8 * dm.Hkv  # the VLM: shares L, Hkv, d with the expert (Qwen3-VL-32B: 64 heads, hidden 5120)
+        return {
+            "architectures": ["Alpamayo2Super"], "model_type": "alpamayo2_super", "dtype": "bfloat16",
+            "vlm_class": "Qwen3VLForConditionalGeneration", "history_vocab_size": 1000, "future_vocab_size": 3000,
+            "tokens_per_history_traj": 48, "tokens_per_future_traj": 128,
+            "traj_ids": {"history_id0": 151669, "future_id0": 152669, "history_start": 155674, "history_end": 155676,
+                         "future_start": 155681, "future_end": 155683, "history_pad": 155684, "future_pad": 155685},
+            "vlm_config": {"model_type": "qwen3_vl",
+                           "text_config": qwen3_text_config(dm.L, vq * dm.d * 5 // 8, 5 * vq * dm.d * 5 // 8, vq, dm.Hkv, dm.d)},
+            "expert_config": {
+                "llm_config": llm,
+                "expert_update_cfg": {"hidden_size": dm.D, "intermediate_size": dm.I, "num_attention_heads": dm.Hq,
+                                      "head_dim": dm.d},
+                "action_space_cfg": aspace, "action_in_proj_cfg": ain, "action_out_proj_cfg": {"_target_": "torch.nn.Linear"},
+                "diffusion_cfg": {**diffusion, "train_timestep_sampler": "beta", "inference_guidance_weight": 3.0,
+                                  "use_classifier_free_guidance": False},
+                "expert_non_causal_attention": True,
+            },
+        }
+    if text_config is not None:
+        raise ValueError(f"an {layout} config.json has no text config; pass the VLM's with --vlm-config")
+    if layout == "1.5":
+        diffusion.update(inference_guidance_weight=1.0, use_classifier_free_guidance=False)
+    return {
+        "architectures": ["AlpamayoR1" if layout == "r1" else "Alpamayo1_5"],
+        "model_type": pkg,
+        "vlm_name_or_path": "Qwen/Qwen3-VL-8B-Instruct" if layout == "r1" else "nvidia/Cosmos-Reason2-8B",
         "expert_cfg": {"hidden_size": dm.D, "intermediate_size": dm.I, "num_attention_heads": dm.Hq,
                        "num_key_value_heads": dm.Hkv, "head_dim": dm.d},
-        "action_in_proj_cfg": {"_target_": "alpamayo_r1.models.action_in_proj.PerWaypointActionInProjV2",
-                               "hidden_size": dm.ain_hidden, "num_enc_layers": dm.ain_layers,
-                               "num_fourier_feats": dm.F, "max_freq": dm.max_freq},
-        "action_space_cfg": {"n_waypoints": dm.T, "dt": 0.1, **RELEASED,
-                             "accel_bounds": [-9.8, 9.8], "curvature_bounds": [-0.33, 0.33],
-                             "v_lambda": 1e-6, "v_ridge": 1e-4},
-        "diffusion_cfg": {"num_inference_steps": dm.steps, "int_method": "euler"},
+        "action_in_proj_cfg": ain,
+        "action_out_proj_cfg": {"_target_": "torch.nn.Linear"},
+        "action_space_cfg": aspace,
+        "diffusion_cfg": diffusion,
         "expert_non_causal_attention": True,
+        "keep_same_dtype": True,
     }
-    if text_config is not None:
-        cfg["text_config"] = text_config
-    return cfg
 
 
 def checkpoint_tensors(dm: Dims, layout: str, dtype: str, seed: int) -> dict[str, torch.Tensor]:
-    """Tensors as stored: weights in `dtype`; R1 adds f32 freqs/action-space buffers; both get vlm.* decoys."""
+    """Tensors as stored: weights in `dtype`; R1 adds its f32 freqs/action-space buffers (1.5 registers them as
+    non-persistent, Super's release omits them); all get vlm.* decoys."""
     from oracle import fourier_freqs
     base = {k: v.to(DTYPES[dtype]) for k, v in expert_tensors(dm, seed).items()}
     out: dict[str, torch.Tensor] = {"vlm.model.embed_tokens.weight": torch.randn(8, 16).to(DTYPES[dtype]),
                                     "vlm.lm_head.weight": torch.full((8, 16), float("nan"))}
-    if layout == "r1":
+    if layout in ("r1", "1.5"):
         out.update(base)
+    if layout == "r1":
         # The release keeps these buffers in bf16; hold the bf16 values (60.0, not 59.948).
         f = fourier_freqs(dm.F, dm.max_freq).reshape(1, -1).to(torch.bfloat16)
         for i in range(2):
@@ -122,15 +175,15 @@ def checkpoint_tensors(dm: Dims, layout: str, dtype: str, seed: int) -> dict[str
     elif layout == "a2":
         for k, v in base.items():
             out["expert." + ("expert." + k[len("expert."):] if k.startswith("expert.") else k)] = v
-    else:
+    elif layout != "1.5":
         raise ValueError(layout)
     return out
 
 
 def make_checkpoint(directory, dm: Dims = TINY, layout: str = "r1", dtype: str = "f32", shards: int = 1,
                     seed: int = 0, text_config: dict | None = None) -> Path:
-    return write_checkpoint(directory, checkpoint_tensors(dm, layout, dtype, seed), config_json(dm, text_config),
-                            shards=shards)
+    return write_checkpoint(directory, checkpoint_tensors(dm, layout, dtype, seed),
+                            config_json(dm, layout, text_config), shards=shards)
 
 
 @dataclass

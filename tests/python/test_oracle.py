@@ -23,7 +23,7 @@ class Case:
     shards: int
     spec: CtxSpec
     dims: Dims = TINY
-    text_config: dict | None = None     # written into config.json
+    text_config: dict | None = None     # the expert's text config in config.json (Super: expert_config.llm_config)
     vlm_config: dict | None = None      # passed with --vlm-config
     extra: tuple = ()
     v0: float | None = None             # --v0 on the command line
@@ -46,11 +46,12 @@ CASES = {
     "r1-bf16-3shards-bf16ctx-v0": Case("r1", "bf16", 3, CtxSpec(kv_dtype="bf16", motion="v0")),
     "a2-bf16-1file-f16ctx-history": Case("a2", "bf16", 1, CtxSpec(kv_dtype="f16", motion="history")),
     "a2-f32-2shards-bf16ctx-cli-v0": Case("a2", "f32", 2, CtxSpec(kv_dtype="bf16", motion="none"), v0=7.5),
-    "r1-bf16-L3-textconfig-eps1e-2-theta2e4": Case(
-        "r1", "bf16", 1, CtxSpec(kv_dtype="bf16", motion="history", rope_delta=(-30, 4, 17)), dims=L3,
+    "1.5-bf16-2shards-f16ctx-history": Case("1.5", "bf16", 2, CtxSpec(kv_dtype="f16", motion="history")),
+    "a2-bf16-L3-llm-config-eps1e-2-theta2e4": Case(
+        "a2", "bf16", 1, CtxSpec(kv_dtype="bf16", motion="history", rope_delta=(-30, 4, 17)), dims=L3,
         text_config=_tc(L3, 1e-2, 2e4, "rope_parameters")),
-    "a2-bf16-vlm-config-eps1e-3-theta1e6": Case(
-        "a2", "bf16", 2, CtxSpec(kv_dtype="f32", motion="v0"),
+    "r1-bf16-vlm-config-eps1e-3-theta1e6": Case(
+        "r1", "bf16", 2, CtxSpec(kv_dtype="f32", motion="v0"),
         vlm_config={"model_type": "qwen3_vl", "text_config": _tc(TINY, 1e-3, 1e6, "rope_scaling")}),
 }
 

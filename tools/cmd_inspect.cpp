@@ -1,0 +1,57 @@
+// `inspect`: what a checkpoint holds, which release it is, and where every value the engine uses came from.
+#include <cstdio>
+#include <memory>
+
+#include "alpamayo/checkpoint.h"
+#include "alpamayo/error.h"
+#include "commands.h"
+
+namespace alpamayo::cli {
+
+void add_release_option(CLI::App& app, std::string& release) {
+  app.add_option("--release", release,
+                 "the release whose config.json layout the checkpoint follows, when its model_type is not a known "
+                 "one: r1 | 1.5 | a2 (or alpamayo_r1, alpamayo1_5, alpamayo2_super)");
+}
+
+CheckpointOptions checkpoint_options(const std::string& vlm_config, const std::string& release) {
+  CheckpointOptions o;
+  o.vlm_config = vlm_config;
+  if (!release.empty()) o.release = parse_release(release, "--release");
+  return o;
+}
+
+Run add_inspect(CLI::App& app) {
+  struct Args {
+    std::string dir, vlm, release;
+  };
+  auto a = std::make_shared<Args>();
+  app.add_option("checkpoint", a->dir, "checkpoint directory")->required();
+  app.add_option("--vlm-config", a->vlm, "the VLM's config.json (or its text_config)");
+  add_release_option(app, a->release);
+  return [a] {
+    auto ck = Checkpoint::open(a->dir, checkpoint_options(a->vlm, a->release));
+    const ExpertConfig& c = ck->config();
+    std::printf("checkpoint   %s\n", a->dir.c_str());
+    std::printf("release      %s (%s)\n", release_name(ck->release()), ck->release_evidence().c_str());
+    std::printf("layout       %s\n", layout_name(ck->layout()));
+    std::printf("expert       L=%d D=%d heads=%d/%d head_dim=%d mlp=%d eps=%g theta=%g  (%.6g M parameters, dtype %s)\n",
+                c.L, c.D, c.Hq, c.Hkv, c.d, c.I, c.rms_eps, c.rope_theta, ck->expert_parameters() / 1e6,
+                dtype_name(ck->expert().layers[0].q.dtype));
+    std::printf("action_in    hidden=%d enc_layers=%d fourier=%d max_freq=%g\n", c.ain_hidden, c.ain_layers, c.n_fourier,
+                c.max_freq);
+    std::printf("action space T=%d A=%d dt=%g accel %g+-%g curvature %g+-%g v_lambda=%g v_ridge=%g\n", c.T, c.A, c.dt,
+                c.accel_mean, c.accel_std, c.curvature_mean, c.curvature_std, c.v_lambda, c.v_ridge);
+    std::printf("sampler      %s, %d steps; classifier-free guidance %s (weight %g); attention %s\n",
+                c.int_method.c_str(), c.num_steps, c.use_cfg ? "on" : "off", c.guidance_weight,
+                c.non_causal ? "non-causal" : "causal");
+    // One line per value: `value  NAME = VALUE  <- SOURCE` (a config key, a tensor, or a default).
+    for (const ConfigValue& v : ck->values())
+      std::printf("value        %-44s = %-22s <- %s\n", v.name.c_str(), v.value.c_str(), v.source.c_str());
+    for (const auto& n : ck->notes()) std::printf("note         %s\n", n.c_str());
+    for (const auto& f : ck->files()) std::printf("file         %s\n", f.c_str());
+    std::printf("skipped      %lld vlm.* tensors (never read)\n", static_cast<long long>(ck->vlm_tensors_skipped()));
+  };
+}
+
+}  // namespace alpamayo::cli
