@@ -33,25 +33,51 @@
 namespace alpamayo {
 namespace {
 
+// How a context's cache rows are laid out (docs/FORMATS.md): G = S.size() prompts of P rows with S[g] rows
+// in use, of which the first pad[g] are left padding; B samples (rope_delta.size()), sample b reading
+// prompt prompt_of[b] (default b) and suffix rows [0, suffix[b]) of a [B, Hkv, Q, d] suffix cache.
+struct CtxSpec {
+  int P;
+  std::vector<int64_t> S, rope_delta;
+  std::vector<int64_t> prompt_of{}, pad{};
+  int Q = 0;
+  std::vector<int64_t> suffix{};
+  std::string key() const {
+    std::string k = std::to_string(P) + "/" + std::to_string(Q);
+    for (const auto* v : {&S, &rope_delta, &prompt_of, &pad, &suffix}) {
+      k += "|";
+      for (int64_t x : *v) k += std::to_string(x) + ",";
+    }
+    return k;
+  }
+};
+
 struct Shape {
   std::string name;
-  int L, D, Hq, Hkv, d, I, T, P;
-  std::vector<int64_t> S;           // valid cache rows per sample (B = S.size())
-  std::vector<int64_t> rope_delta;  // per sample, negative as multimodal prompts make them
-  DType wdt, cdt;                   // checkpoint weight and cache dtypes
+  int L, D, Hq, Hkv, d, I, T;
+  CtxSpec ctx;
+  DType wdt, cdt;  // checkpoint weight and cache dtypes
   int steps;
 };
 
-// GQA 1:1, 2:1 and 4:1; head dims 16 to 128; B 1 to 3 with S_b from 0 to P; negative rope deltas; f32, f16
-// and bf16 weights and caches; NaN in every padding row (a backend that reads one fails). The f16 shape has
-// enough rows for the cpu backend to split a sample's keys into chunks merged by log-sum-exp.
+// GQA 1:1, 2:1 and 4:1; head dims 16 to 128; B 1 to 6 with S_b from 0 to P; negative rope deltas; f32, f16
+// and bf16 weights and caches; NaN in every row no sample may read (after S, in the left padding, after a
+// suffix), so a backend that reads one fails. The f16 shapes have enough rows for the cpu backend to split
+// keys into chunks merged by log-sum-exp; the shared-prompt shapes (several samples naming one prompt, each
+// with its own suffix rows, left padding) exercise the cascade over a prompt stored once.
 const std::vector<Shape>& shapes() {
+  using D = DType;
   static const std::vector<Shape> s = {
-      {"mha_d16_B1_f32", 2, 32, 2, 2, 16, 64, 8, 12, {12}, {-5}, DType::F32, DType::F32, 3},
-      {"gqa2_d64_B3_bf16", 2, 64, 4, 2, 64, 128, 16, 40, {0, 17, 40}, {-30, 0, 7}, DType::BF16, DType::BF16, 3},
-      {"gqa4_d128_B2_f16_chunks", 2, 128, 8, 2, 128, 256, 8, 700, {650, 1}, {-250, 3}, DType::F16, DType::F16, 2},
-      {"gqa2_d48_B2_mixed", 2, 96, 2, 1, 48, 288, 5, 9, {3, 0}, {-2, -9}, DType::BF16, DType::F32, 3},
-      {"gqa2_d32_T64_B1_bf16", 3, 64, 4, 2, 32, 160, 64, 100, {100}, {-1200}, DType::BF16, DType::BF16, 4},
+      {"mha_d16_B1_f32", 2, 32, 2, 2, 16, 64, 8, {12, {12}, {-5}}, D::F32, D::F32, 3},
+      {"gqa2_d64_B3_bf16", 2, 64, 4, 2, 64, 128, 16, {40, {0, 17, 40}, {-30, 0, 7}}, D::BF16, D::BF16, 3},
+      {"gqa4_d128_B2_f16_chunks", 2, 128, 8, 2, 128, 256, 8, {700, {650, 1}, {-250, 3}}, D::F16, D::F16, 2},
+      {"gqa2_d48_B2_mixed", 2, 96, 2, 1, 48, 288, 5, {9, {3, 0}, {-2, -9}}, D::BF16, D::F32, 3},
+      {"gqa2_d32_T64_B1_bf16", 3, 64, 4, 2, 32, 160, 64, {100, {100}, {-1200}}, D::BF16, D::BF16, 4},
+      {"shared_G2_B4_suffix_leftpad", 2, 64, 4, 2, 32, 128, 8,
+       {30, {30, 22}, {-10, -10, 4, -10}, {0, 0, 1, 0}, {3, 0}, 7, {5, 0, 7, 2}}, D::BF16, D::BF16, 3},
+      {"shared_G1_B6_chunks_f16", 2, 128, 8, 2, 64, 256, 16,
+       {600, {600}, {-300, -300, -300, -300, -300, -300}, {0, 0, 0, 0, 0, 0}, {40}, 120, {100, 120, 0, 37, 64, 119}},
+       D::F16, D::F16, 2},
   };
   return s;
 }
@@ -104,28 +130,41 @@ class Problem {
     return Model::from_weights(cfg, w, store_, backend, o);
   }
 
-  // A context of this shape's batch, or of another (B, P, S, rope deltas) for rebinding tests.
-  Context context() { return context(s_.P, s_.S, s_.rope_delta); }
-  // The same arguments give the same context (the values are drawn once).
-  Context context(int P, const std::vector<int64_t>& S, const std::vector<int64_t>& rd) {
-    std::string key = std::to_string(P);
-    for (int64_t v : S) key += "," + std::to_string(v);
-    for (int64_t v : rd) key += ";" + std::to_string(v);
+  // A context of this shape's layout, or of another one (rebinding, guidance). The same spec gives the same
+  // context (the values are drawn once).
+  Context context() { return context(s_.ctx); }
+  Context context(const CtxSpec& c) {
+    const std::string key = c.key();
     if (auto it = contexts_.find(key); it != contexts_.end()) return it->second;
     KVCache kv;
-    kv.B = static_cast<int>(S.size());
+    kv.G = static_cast<int>(c.S.size());
+    kv.B = static_cast<int>(c.rope_delta.size());
     kv.Hkv = s_.Hkv;
-    kv.P = P;
+    kv.P = c.P;
     kv.d = s_.d;
-    kv.valid_len = S;
+    kv.valid_len = c.S;
+    kv.prefix_pad = c.pad;
+    kv.prompt_of = c.prompt_of;
+    std::vector<int64_t> lo = c.pad.empty() ? std::vector<int64_t>(kv.G, 0) : c.pad;
     for (int l = 0; l < s_.L; ++l) {
-      kv.key.push_back(cache(P, S, "key." + std::to_string(l)));
-      kv.value.push_back(cache(P, S, "value." + std::to_string(l)));
+      kv.key.push_back(cache(c.P, lo, c.S, "key." + std::to_string(l)));
+      kv.value.push_back(cache(c.P, lo, c.S, "value." + std::to_string(l)));
     }
-    std::vector<float> v0(S.size());
-    for (size_t b = 0; b < S.size(); ++b) v0[b] = 3.f + 2.f * b;
-    return contexts_.emplace(key, Context::from_views(kv, rd, std::nullopt, v0, "conformance context")).first->second;
+    if (c.Q > 0) {
+      kv.Q = c.Q;
+      kv.suffix_len = c.suffix;
+      const std::vector<int64_t> zero(kv.B, 0);
+      for (int l = 0; l < s_.L; ++l) {
+        kv.suffix_key.push_back(cache(c.Q, zero, c.suffix, "suffix_key." + std::to_string(l)));
+        kv.suffix_value.push_back(cache(c.Q, zero, c.suffix, "suffix_value." + std::to_string(l)));
+      }
+    }
+    std::vector<float> v0(kv.B);
+    for (int b = 0; b < kv.B; ++b) v0[b] = 3.f + 2.f * b;
+    return contexts_.emplace(key, Context::from_views(kv, c.rope_delta, std::nullopt, v0, "conformance context"))
+        .first->second;
   }
+  int batch() const { return static_cast<int>(s_.ctx.rope_delta.size()); }
 
   ExpertConfig cfg;
   ModelWeights w;
@@ -155,17 +194,17 @@ class Problem {
     return store(v, {n}, s_.wdt);
   }
   TensorView norm_weight(int n) { return vec(n, 1.f, 0.1f); }
-  // [B, Hkv, P, d]: N(0,1) rows below S_b, NaN garbage beyond (must never be read).
-  TensorView cache(int P, const std::vector<int64_t>& S, std::string name) {
+  // [N, Hkv, P, d]: N(0,1) rows in [lo[i], hi[i]), NaN garbage elsewhere (must never be read).
+  TensorView cache(int P, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi, std::string name) {
     std::normal_distribution<float> n(0.f, 1.f);
-    const int B = static_cast<int>(S.size());
-    std::vector<float> v(size_t(B) * s_.Hkv * P * s_.d);
+    const int N = static_cast<int>(hi.size());
+    std::vector<float> v(size_t(N) * s_.Hkv * P * s_.d);
     size_t i = 0;
-    for (int b = 0; b < B; ++b)
+    for (int b = 0; b < N; ++b)
       for (int h = 0; h < s_.Hkv; ++h)
         for (int p = 0; p < P; ++p)
-          for (int c = 0; c < s_.d; ++c, ++i) v[i] = p < S[b] ? n(rng_) : NAN;
-    return store(v, {B, s_.Hkv, P, s_.d}, s_.cdt, std::move(name));
+          for (int c = 0; c < s_.d; ++c, ++i) v[i] = p >= lo[b] && p < hi[b] ? n(rng_) : NAN;
+    return store(v, {N, s_.Hkv, P, s_.d}, s_.cdt, std::move(name));
   }
 
   Shape s_;
@@ -292,7 +331,7 @@ TEST_P(Conformance, MatchesTheReference) {
     expect_layer_close(compare(got.cap.layers[l], ref.cap.layers[l]), tol, at + " layer " + std::to_string(l));
   expect_layer_close(compare(got.cap.hidden, ref.cap.hidden), tol, at + " final hidden");
 
-  const size_t n = size_t(sh.S.size()) * sh.T * 2;
+  const size_t n = size_t(p.batch()) * sh.T * 2;
   ASSERT_EQ(got.r.v_steps.size(), n * sh.steps) << at;
   for (int k = 0; k < sh.steps; ++k)
     expect_sampler_close(compare(got.r.v_steps.data() + k * n, ref.r.v_steps.data() + k * n, n), tol,
@@ -324,22 +363,27 @@ TEST_P(Conformance, DeterministicAcrossRunsRebindsAndSessions) {
   EXPECT_NE(s.sample({.seed = 6}).action, a.action) << at << ": the seed must matter";
 
   // Rebind to other sizes (one more sample, more rows), then back.
-  std::vector<int64_t> S2 = sh.S, rd2 = sh.rope_delta;
-  S2.push_back(sh.P + 3);
-  rd2.push_back(-1);
-  s.bind(p.context(sh.P + 5, S2, rd2));
+  CtxSpec other = sh.ctx;
+  other.P += 5;
+  const int g_new = static_cast<int>(other.S.size());
+  other.S.push_back(other.P - 2);
+  other.rope_delta.push_back(-1);
+  if (!other.prompt_of.empty()) other.prompt_of.push_back(g_new);
+  if (!other.pad.empty()) other.pad.push_back(1);
+  if (other.Q > 0) other.suffix.push_back(other.Q);
+  s.bind(p.context(other));
   const SampleResult b = s.sample({.seed = 5});
   EXPECT_EQ(b.B, a.B + 1);
   s.bind(p.context());
   EXPECT_EQ(s.sample({.seed = 5}).action, a.action) << at << ": after rebinding";
   Session fresh(m);
-  fresh.bind(p.context(sh.P + 5, S2, rd2));
+  fresh.bind(p.context(other));
   EXPECT_EQ(fresh.sample({.seed = 5}).action, b.action) << at << ": a fresh session on the rebound sizes";
 
   // Two sessions of one model at once (different contexts and seeds): each gives its solo result.
   Session s1(m), s2(m);
   s1.bind(p.context());
-  s2.bind(p.context(sh.P + 5, S2, rd2));
+  s2.bind(p.context(other));
   SampleResult r1, r2;
   std::thread t([&] { r2 = s2.sample({.seed = 5}); });
   r1 = s1.sample({.seed = 5});
@@ -407,6 +451,90 @@ TEST_P(SeamErrors, ModelLoadingChecksFormatsAndWeights) {
 INSTANTIATE_TEST_SUITE_P(Backends, SeamErrors, ::testing::ValuesIn(targets()),
                          [](const auto& info) { return target_name(info.param); });
 
+// Classifier-free guidance (Alpamayo 1.5): v = (1 - w) v_unguided + w v_guided at every step, against the
+// reference; w = 1 and w = 0 reproduce the guided and the unguided context alone, bit for bit.
+class GuidanceConformance : public ::testing::TestWithParam<Target> {};
+
+TEST_P(GuidanceConformance, MatchesTheReferenceAndIsExactAtTheEnds) {
+  const Target tg = GetParam();
+  SKIP_IF_UNAVAILABLE(tg);
+  const Shape& sh = shapes()[5];
+  Problem p(sh);
+  // The unguided prompt lacks the navigation text: other lengths, padding and rope deltas, same samples.
+  CtxSpec u = sh.ctx;
+  u.P = 24;
+  u.S = {20, 24};
+  u.pad = {0, 2};
+  u.rope_delta = {-3, -3, 1, -3};
+  const std::string at = target_name(tg) + " guidance";
+  auto run_guided = [&](const std::shared_ptr<const Model>& m, double w) {
+    Session s(m);
+    s.bind(p.context(), {.guidance = Guidance{p.context(u), w}});
+    return s.sample({.seed = 3, .all_steps = true});
+  };
+  auto run_plain = [&](const std::shared_ptr<const Model>& m, const Context& c) {
+    Session s(m);
+    s.bind(c);
+    return s.sample({.seed = 3, .all_steps = true});
+  };
+  auto m = p.model(tg.backend, tg.format);
+  const SampleResult got = run_guided(m, 1.7);
+  const SampleResult ref = run_guided(p.model("reference", oracle_format(tg.format)), 1.7);
+  const Tolerance tol = tolerance(tg.format);
+  const size_t n = size_t(p.batch()) * sh.T * 2;
+  for (int k = 0; k < sh.steps; ++k)
+    expect_sampler_close(compare(got.v_steps.data() + k * n, ref.v_steps.data() + k * n, n), tol,
+                         at + " v_" + std::to_string(k));
+  expect_sampler_close(compare(got.action, ref.action), tol, at + " x_N");
+  EXPECT_NE(got.action, run_plain(m, p.context()).action) << at << ": the weight must matter";
+  EXPECT_EQ(run_guided(m, 1.0).action, run_plain(m, p.context()).action) << at << ": w = 1";
+  EXPECT_EQ(run_guided(m, 0.0).action, run_plain(m, p.context(u)).action) << at << ": w = 0";
+
+  Session s(m);
+  CtxSpec fewer = u;
+  fewer.rope_delta.pop_back();
+  fewer.prompt_of.pop_back();
+  fewer.suffix.pop_back();
+  test::expect_error([&] { s.bind(p.context(), {.guidance = Guidance{p.context(fewer), 1.5}}); },
+                     {"guidance context has 3 samples", "has 4"});
+  test::expect_error([&] { s.bind(p.context(), {.guidance = Guidance{p.context(u), NAN}}); }, {"guidance weight"});
+  EXPECT_FALSE(s.bound());
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, GuidanceConformance, ::testing::ValuesIn(targets()),
+                         [](const auto& info) { return target_name(info.param); });
+
+// Initial noise: per-sample seeds make sample b reproducible alone; the temperature scales it in fp32.
+TEST(Conformance, PerSampleSeedsAndTemperature) {
+  const Shape& sh = shapes()[1];
+  Problem p(sh);
+  auto m = p.model("reference", "f32");
+  Session s(m);
+  s.bind(p.context());
+  const int64_t ta = int64_t(sh.T) * 2;
+  const SampleResult r = s.sample({.seeds = {5, 6, 7}, .temperature = 0.5, .all_steps = true});
+  for (int b = 0; b < 3; ++b) {
+    std::vector<float> want = gaussian_noise(5 + b, ta);
+    for (float& x : want) x = x * 0.5f;
+    EXPECT_EQ(std::vector<float>(r.x_steps.begin() + b * ta, r.x_steps.begin() + (b + 1) * ta), want) << b;
+  }
+  // Sample 1 alone, with its own seed: the same trajectory as in the batch. (Its context names prompt 1
+  // of the same cache tensors.)
+  const Context batch = p.context();
+  KVCache kv1 = batch.kv();
+  kv1.B = 1;
+  kv1.prompt_of = {1};
+  Session alone(m);
+  alone.bind(Context::from_views(kv1, {batch.rope_delta()[1]}, std::nullopt, std::vector<float>{(*batch.v0())[1]}));
+  const SampleResult a = alone.sample({.seeds = {6}, .temperature = 0.5});
+  EXPECT_EQ(a.action, std::vector<float>(r.action.begin() + ta, r.action.begin() + 2 * ta));
+  // Temperature 0: every sample starts at zero whatever the seed.
+  EXPECT_EQ(s.sample({.seed = 1, .temperature = 0.0}).action, s.sample({.seed = 2, .temperature = 0.0}).action);
+  test::expect_error([&] { s.sample({.temperature = -1.0}); }, {"temperature"});
+  test::expect_error([&] { s.sample({.temperature = NAN}); }, {"temperature"});
+  test::expect_error([&] { s.sample({.seeds = {1, 2}}); }, {"seeds", "B = 3"});
+}
+
 TEST(Conformance, ReferenceIsIndependentOfThreadCount) {
   Problem p(shapes()[2]);
   const SampleResult one = run(p.model("reference", "f32", 1), p.context(), -1).r;
@@ -441,7 +569,7 @@ TEST(Conformance, EveryBackendIsTested) {
 // The cpu backend's attention without AVX512-BF16 (forced here), on the shapes with one and several key
 // chunks per sample.
 TEST(Conformance, CpuPortableAttentionMatchesTheReference) {
-  for (int si : {1, 2}) {
+  for (int si : {1, 2, 6}) {
     const Shape& sh = shapes()[si];
     Problem p(sh);
     BackendOptions o;
@@ -453,7 +581,9 @@ TEST(Conformance, CpuPortableAttentionMatchesTheReference) {
     Context ctx = p.context();
     Binding b;
     b.kv = ctx.kv();
-    b.rope = make_rope_tables(b.kv.valid_len, ctx.rope_delta(), p.cfg.T, p.cfg.d, p.cfg.rope_theta);
+    std::vector<int64_t> offset(b.kv.B);
+    for (int i = 0; i < b.kv.B; ++i) offset[i] = b.kv.offset(i);
+    b.rope = make_rope_tables(offset, ctx.rope_delta(), p.cfg.T, p.cfg.d, p.cfg.rope_theta);
     b.capture = {.step = 0, .layers = true};
     sess->bind(b);
     std::vector<float> x = gaussian_noise(11, int64_t(b.kv.B) * p.cfg.T * p.cfg.A);

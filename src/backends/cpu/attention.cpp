@@ -15,6 +15,7 @@ AttnGeometry AttnGeometry::make(int d, int group, int T) {
   g.dp = (d + 31) / 32 * 32;
   g.R = group * T;
   g.Rp = (g.R + 15) / 16 * 16;
+  g.qld = g.Rp;
   g.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(d)));
   return g;
 }
@@ -58,14 +59,18 @@ void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyR
   std::vector<float> q(d), krow(d), vrow(d);
   for (int r = 0; r < g.R; ++r) {
     for (int i = 0; i < half; ++i) {
-      const uint32_t pair = qp[size_t(i) * g.Rp + r];
+      const uint32_t pair = qp[size_t(i) * g.qld + r];
       q[2 * i] = bf16_to_f32(static_cast<uint16_t>(pair & 0xffff));
       q[2 * i + 1] = bf16_to_f32(static_cast<uint16_t>(pair >> 16));
     }
     float* o = O + size_t(r) * g.dp;
     for (int j = j0; j < j1; ++j) {
-      const uint16_t* kr = j < kv.S ? kv.k_cache + size_t(j) * d : kv.k_own + size_t(j - kv.S) * d;
-      const uint16_t* vr = j < kv.S ? kv.v_cache + size_t(j) * d : kv.v_own + size_t(j - kv.S) * d;
+      const uint16_t* kr = j < kv.S ? kv.k_cache + size_t(j) * d
+                           : j < kv.S + kv.S2 ? kv.k_mid + size_t(j - kv.S) * d
+                                              : kv.k_own + size_t(j - kv.S - kv.S2) * d;
+      const uint16_t* vr = j < kv.S ? kv.v_cache + size_t(j) * d
+                           : j < kv.S + kv.S2 ? kv.v_mid + size_t(j - kv.S) * d
+                                              : kv.v_own + size_t(j - kv.S - kv.S2) * d;
       float s = 0.f;
       for (int c = 0; c < d; ++c) s += q[c] * bf16_to_f32(kr[c]);
       s *= g.scale_log2;
@@ -79,26 +84,25 @@ void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyR
   }
 }
 
-void merge_partials(const AttnGeometry& g, int n, const float* O, const float* m, const float* l, int T,
-                    int group, int head0, int ld, float* out_f32, uint16_t* out_bf16) {
-  const size_t ostride = size_t(g.Rp) * g.dp;
+void merge_partials(const AttnGeometry& g, int n, const float* const* O, const float* const* m,
+                    const float* const* l, int T, int group, int head0, int ld, float* out_f32, uint16_t* out_bf16) {
   std::vector<float> w(n), acc(g.d);
   for (int r = 0; r < g.R; ++r) {
     float mx = -INFINITY;
-    for (int c = 0; c < n; ++c) mx = std::max(mx, m[size_t(c) * g.Rp + r]);
+    for (int c = 0; c < n; ++c) mx = std::max(mx, m[c][r]);
     float denom = 0.f;
     for (int c = 0; c < n; ++c) {
-      const float mc = m[size_t(c) * g.Rp + r];
+      const float mc = m[c][r];
       w[c] = mc == -INFINITY ? 0.f : std::exp2(mc - mx);
-      denom += w[c] * l[size_t(c) * g.Rp + r];
+      denom += w[c] * l[c][r];
     }
     const float inv = denom > 0.f ? 1.f / denom : 0.f;
-    const float* o0 = O + size_t(r) * g.dp;
+    const float* o0 = O[0] + size_t(r) * g.dp;
     const float w0 = w[0] * inv;
 #pragma omp simd
     for (int i = 0; i < g.d; ++i) acc[i] = w0 * o0[i];
     for (int c = 1; c < n; ++c) {
-      const float* o = O + c * ostride + size_t(r) * g.dp;
+      const float* o = O[c] + size_t(r) * g.dp;
       const float wc = w[c] * inv;
 #pragma omp simd
       for (int i = 0; i < g.d; ++i) acc[i] += wc * o[i];
@@ -108,6 +112,18 @@ void merge_partials(const AttnGeometry& g, int n, const float* O, const float* m
     if (out_f32) std::copy(acc.begin(), acc.end(), out_f32 + off);
     if (out_bf16) store_bf16(acc.data(), g.d, out_bf16 + off);
   }
+}
+
+void merge_partials(const AttnGeometry& g, int n, const float* O, const float* m, const float* l, int T,
+                    int group, int head0, int ld, float* out_f32, uint16_t* out_bf16) {
+  const size_t ostride = size_t(g.Rp) * g.dp;
+  std::vector<const float*> op(n), mp(n), lp(n);
+  for (int c = 0; c < n; ++c) {
+    op[c] = O + c * ostride;
+    mp[c] = m + size_t(c) * g.Rp;
+    lp[c] = l + size_t(c) * g.Rp;
+  }
+  merge_partials(g, n, op.data(), mp.data(), lp.data(), T, group, head0, ld, out_f32, out_bf16);
 }
 
 }  // namespace alpamayo::cpu

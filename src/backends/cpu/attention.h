@@ -1,8 +1,10 @@
 // Flash-style GQA attention for the expert's shape. For one sample b and KV head g, the group*T query
 // rows (all query heads sharing g, all tokens) attend to the virtual key sequence
-// [cache rows 0..S_b) ++ [own rows 0..T), processed in blocks of kKeyBlock keys with an online softmax
-// (base-2, fp32), so no S x R score matrix exists. A chunk [j0, j1) of that sequence yields an
-// unnormalised partial (O, m, l); chunks of one (b, g) are merged by log-sum-exp.
+// [prompt cache rows] ++ [suffix rows] ++ [own rows 0..T), processed in blocks of kKeyBlock keys with an
+// online softmax (base-2, fp32), so no S x R score matrix exists. A chunk [j0, j1) of that sequence yields
+// an unnormalised partial (O, m, l); chunks of one (b, g) are merged by log-sum-exp. Samples that share a
+// prompt attend to its rows together (cascade): one item's query rows are all those samples' rows, so
+// the prompt is read once; its partial rows are merged with each sample's suffix-and-own partial.
 #pragma once
 #include <cstdint>
 
@@ -17,17 +19,22 @@ struct AttnGeometry {
   int dp = 0;   // d rounded up to 32 (output columns of O)
   int R = 0;    // query rows per KV head: group * T
   int Rp = 0;   // R rounded up to 16
+  int qld = 0;  // leading dimension of the query pairs (>= Rp; several samples' queries side by side)
   float scale_log2 = 0.f;  // log2(e) / sqrt(d)
   static AttnGeometry make(int d, int group, int T);
 };
 
-// Key/value rows of one (b, g): bf16, row stride d. Key j < S is a cache row, else own row j - S.
+// Key/value rows of one (b, g): bf16, row stride d. Key j < S is a cache row, j < S + S2 a middle (suffix)
+// row j - S, else own row j - S - S2.
 struct KeyRows {
   const uint16_t* k_cache = nullptr;
   const uint16_t* v_cache = nullptr;
   int S = 0;
   const uint16_t* k_own = nullptr;
   const uint16_t* v_own = nullptr;
+  const uint16_t* k_mid = nullptr;
+  const uint16_t* v_mid = nullptr;
+  int S2 = 0;
   // Optional memory the caller needs next (the thread's o_proj weights), prefetched into L2 spread
   // over the chunk's blocks so that it arrives without stalling anyone.
   const char* prefetch = nullptr;
@@ -50,7 +57,7 @@ struct AttnScratch {
   }
 };
 
-// Queries of one (b, g) as bf16 pairs: qp[i * Rp + r] holds (q[r][2i], q[r][2i+1]); rows >= R zero.
+// Queries of one (b, g) as bf16 pairs: qp[i * qld + r] holds (q[r][2i], q[r][2i+1]); rows >= R zero.
 // O [Rp][dp], m, l [Rp] hold the running partial; init_partial() sets the empty state.
 void init_partial(const AttnGeometry& g, float* O, float* m, float* l);
 void attend_chunk(bool use_avx512_bf16, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv,
@@ -64,6 +71,9 @@ void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp, const Ke
 // head g*group + hh to out[t * ld + (g*group + hh) * d + c], as fp32 and/or bf16 (either may be null).
 void merge_partials(const AttnGeometry& g, int n, const float* O, const float* m, const float* l, int T,
                     int group, int head0, int ld, float* out_f32, uint16_t* out_bf16);
+// The same over partials anywhere: O[c] [Rp][dp], m[c], l[c] [Rp].
+void merge_partials(const AttnGeometry& g, int n, const float* const* O, const float* const* m,
+                    const float* const* l, int T, int group, int head0, int ld, float* out_f32, uint16_t* out_bf16);
 
 bool cpu_has_avx512_bf16();
 

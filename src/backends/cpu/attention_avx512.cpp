@@ -44,7 +44,7 @@ inline uint32_t load_pair(const uint16_t* row, int i) {
 
 // acc[v][k] = sum_c q[v*16 + lane][c] * key_k[c] for NQV query vectors and kQkKeys keys.
 template <int NQV>
-ALP_BF16 inline void qk_acc(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr,
+ALP_BF16 inline void qk_acc(const uint32_t* qp, int qld, int half, const uint16_t* const* kptr,
                             __m512 (&acc)[NQV][kQkKeys]) {
 #pragma GCC unroll 16
   for (int v = 0; v < NQV; ++v)
@@ -53,7 +53,7 @@ ALP_BF16 inline void qk_acc(const uint32_t* qp, int Rp, int half, const uint16_t
   for (int i = 0; i < half; ++i) {
     __m512bh q[NQV];
 #pragma GCC unroll 16
-    for (int v = 0; v < NQV; ++v) q[v] = (__m512bh)_mm512_load_si512(qp + size_t(i) * Rp + v * 16);
+    for (int v = 0; v < NQV; ++v) q[v] = (__m512bh)_mm512_load_si512(qp + size_t(i) * qld + v * 16);
 #pragma GCC unroll 16
     for (int k = 0; k < kQkKeys; ++k) {
       const __m512bh kb = (__m512bh)_mm512_set1_epi32(static_cast<int>(load_pair(kptr[k], i)));
@@ -65,9 +65,9 @@ ALP_BF16 inline void qk_acc(const uint32_t* qp, int Rp, int half, const uint16_t
 
 // Raw scores S[k][row] for the exact (two-pass) block path.
 template <int NQV>
-ALP_BF16 inline void qk_tile(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr, float* S) {
+ALP_BF16 inline void qk_tile(const uint32_t* qp, int qld, int Rp, int half, const uint16_t* const* kptr, float* S) {
   __m512 acc[NQV][kQkKeys];
-  qk_acc<NQV>(qp, Rp, half, kptr, acc);
+  qk_acc<NQV>(qp, qld, half, kptr, acc);
 #pragma GCC unroll 16
   for (int k = 0; k < kQkKeys; ++k)
 #pragma GCC unroll 16
@@ -78,10 +78,10 @@ ALP_BF16 inline void qk_tile(const uint32_t* qp, int Rp, int half, const uint16_
 // rescale), written as bf16 pairs P[k/2][row]; row sums added to lsum. Keys >= nvalid get p = 0.
 // A score far above m shows up as a huge (or infinite) row sum, which the caller checks.
 template <int NQV>
-ALP_BF16 inline void qk_exp_tile(const uint32_t* qp, int Rp, int half, const uint16_t* const* kptr, int nvalid,
-                                 const float* m, __m512 scale, uint32_t* P, float* lsum) {
+ALP_BF16 inline void qk_exp_tile(const uint32_t* qp, int qld, int Rp, int half, const uint16_t* const* kptr,
+                                 int nvalid, const float* m, __m512 scale, uint32_t* P, float* lsum) {
   __m512 acc[NQV][kQkKeys];
-  qk_acc<NQV>(qp, Rp, half, kptr, acc);
+  qk_acc<NQV>(qp, qld, half, kptr, acc);
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                               23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
 #pragma GCC unroll 16
@@ -211,9 +211,12 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
       } else if (j < kv.S) {
         kptr[k] = kv.k_cache + size_t(j) * g.d;
         vptr[k] = kv.v_cache + size_t(j) * g.d;
+      } else if (j < kv.S + kv.S2) {
+        kptr[k] = kv.k_mid + size_t(j - kv.S) * g.d;
+        vptr[k] = kv.v_mid + size_t(j - kv.S) * g.d;
       } else {
-        kptr[k] = kv.k_own + size_t(j - kv.S) * g.d;
-        vptr[k] = kv.v_own + size_t(j - kv.S) * g.d;
+        kptr[k] = kv.k_own + size_t(j - kv.S - kv.S2) * g.d;
+        vptr[k] = kv.v_own + size_t(j - kv.S - kv.S2) * g.d;
       }
     }
     pack_values(g, vptr, npad, V);
@@ -229,10 +232,10 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
           uint32_t* p = P + size_t(k / 2) * g.Rp + r;
           const int nv = n - k;
           switch (nqv) {
-            case 4: qk_exp_tile<4>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
-            case 3: qk_exp_tile<3>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
-            case 2: qk_exp_tile<2>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
-            default: qk_exp_tile<1>(q, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            case 4: qk_exp_tile<4>(q, g.qld, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            case 3: qk_exp_tile<3>(q, g.qld, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            case 2: qk_exp_tile<2>(q, g.qld, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
+            default: qk_exp_tile<1>(q, g.qld, g.Rp, half, kptr + k, nv, m + r, scale, p, lblk + r); break;
           }
         }
       }
@@ -249,10 +252,10 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
           const uint32_t* q = qp + r;
           float* s = S + size_t(k) * g.Rp + r;
           switch (nqv) {
-            case 4: qk_tile<4>(q, g.Rp, half, kptr + k, s); break;
-            case 3: qk_tile<3>(q, g.Rp, half, kptr + k, s); break;
-            case 2: qk_tile<2>(q, g.Rp, half, kptr + k, s); break;
-            default: qk_tile<1>(q, g.Rp, half, kptr + k, s); break;
+            case 4: qk_tile<4>(q, g.qld, g.Rp, half, kptr + k, s); break;
+            case 3: qk_tile<3>(q, g.qld, g.Rp, half, kptr + k, s); break;
+            case 2: qk_tile<2>(q, g.qld, g.Rp, half, kptr + k, s); break;
+            default: qk_tile<1>(q, g.qld, g.Rp, half, kptr + k, s); break;
           }
         }
       }

@@ -138,26 +138,38 @@ void CpuSession::bind_step(const Binding& bnd) {
   B_ = kv.B;
   T_ = rope.T;
   P_ = kv.P;
+  Q_ = kv.Q;
   M_ = B_ * T_;
-  S_.assign(kv.valid_len.begin(), kv.valid_len.end());
+  kv_ = kv;
   cos_ = rope.cos;
   sin_ = rope.sin;
 
-  // KV cache: used in place when bf16, otherwise converted once here.
+  // KV caches: used in place when bf16, otherwise converted once here.
+  owned_cache_.clear();
+  auto as_bf16 = [&](const TensorView& t) {
+    if (t.dtype == DType::BF16) return static_cast<const uint16_t*>(t.data);
+    owned_cache_.emplace_back(size_t(t.numel()));
+    convert_to_bf16(t, owned_cache_.back().data());
+    return static_cast<const uint16_t*>(owned_cache_.back().data());
+  };
   k_cache_.assign(L, nullptr);
   v_cache_.assign(L, nullptr);
-  owned_cache_.clear();
-  for (int l = 0; l < L; ++l)
-    for (int which = 0; which < 2; ++which) {
-      const TensorView& t = which == 0 ? kv.key[l] : kv.value[l];
-      const uint16_t* p = static_cast<const uint16_t*>(t.data);
-      if (t.dtype != DType::BF16) {
-        owned_cache_.emplace_back(size_t(t.numel()));
-        convert_to_bf16(t, owned_cache_.back().data());
-        p = owned_cache_.back().data();
-      }
-      (which == 0 ? k_cache_ : v_cache_)[l] = p;
+  ks_cache_.assign(kv.suffix_key.empty() ? 0 : L, nullptr);
+  vs_cache_.assign(ks_cache_.size(), nullptr);
+  for (int l = 0; l < L; ++l) {
+    k_cache_[l] = as_bf16(kv.key[l]);
+    v_cache_[l] = as_bf16(kv.value[l]);
+    if (!ks_cache_.empty()) {
+      ks_cache_[l] = as_bf16(kv.suffix_key[l]);
+      vs_cache_[l] = as_bf16(kv.suffix_value[l]);
     }
+  }
+  members_.assign(kv.G, {});
+  member_.assign(B_, 0);
+  for (int b = 0; b < B_; ++b) {
+    member_[b] = static_cast<int>(members_[kv.prompt(b)].size());
+    members_[kv.prompt(b)].push_back(b);
+  }
 
   // Matmul plans for M rows: the model's packed weights are shared, never modified.
   const int Nqkv = (Hq + 2 * Hkv) * d;
@@ -191,10 +203,19 @@ void CpuSession::bind_step(const Binding& bnd) {
   k_own_.resize(size_t(B_) * Hkv * T_ * d);
   v_own_.resize(size_t(B_) * Hkv * T_ * d);
   qp_.resize(size_t(B_) * Hkv * (d / 2) * geo_.Rp);
+  qbase_.assign(kv.G, 0);
+  for (int p = 1; p < kv.G; ++p) qbase_[p] = qbase_[p - 1] + members_[p - 1].size() * Hkv * (d / 2) * geo_.Rp;
   plan_attention();
-  part_o_.resize(items_.size() * geo_.Rp * geo_.dp);
-  part_m_.resize(items_.size() * geo_.Rp);
-  part_l_.resize(items_.size() * geo_.Rp);
+  size_t slots = 0, max_rows = geo_.Rp;
+  for (const AttnItem& it : items_) {
+    slots = std::max(slots, size_t(it.slot + it.count));
+    max_rows = std::max(max_rows, size_t(it.count) * geo_.Rp);
+  }
+  part_o_.resize(slots * geo_.Rp * geo_.dp);
+  part_m_.resize(slots * geo_.Rp);
+  part_l_.resize(slots * geo_.Rp);
+  AttnGeometry widest = geo_;
+  widest.R = widest.Rp = widest.qld = static_cast<int>(max_rows);
 
   for (int t = 0; t < nthreads_; ++t) {
     PerThread& pt = per_thread_[t];
@@ -209,8 +230,14 @@ void CpuSession::bind_step(const Binding& bnd) {
     pt.tmp.resize(tmp);
     pt.scratch.resize(scratch);
     pt.row.resize(std::max({D, I, d}));
-    pt.attn.resize(geo_);
+    pt.attn.resize(widest);
   }
+}
+
+uint32_t* CpuSession::qptr(int b, int g) {
+  const int p = kv_.prompt(b);
+  const size_t n = members_[p].size(), half = cfg_.d / 2;
+  return qp_.data() + qbase_[p] + (size_t(g) * n * half + member_[b]) * geo_.Rp;
 }
 
 size_t CpuSession::step_buffer_bytes() const {
@@ -227,22 +254,47 @@ size_t CpuSession::step_buffer_bytes() const {
 }
 
 void CpuSession::plan_attention() {
-  // Chunks of the key sequence so that every thread gets about two items of similar size; one chunk
-  // per (b, g) whenever that already balances (the seed: 8 heads over 2 threads), avoiding merges.
+  // Chunks of the key sequences so that every thread gets about two items of similar size; one chunk per
+  // (b, g) whenever that already balances (the seed: 8 heads over 2 threads), avoiding merges. Samples
+  // sharing a prompt attend to its rows in cascade items (the prompt read once for all of them), whose
+  // cost counts the number of samples.
+  const int Hkv = cfg_.Hkv;
+  auto own_rows = [&](int b) {  // keys of b's own sample items
+    return (shares_prompt(b) ? 0 : kv_.valid_len[kv_.prompt(b)] - kv_.pad(kv_.prompt(b))) + kv_.suffix(b) + T_;
+  };
   int64_t total = 0;
-  for (int b = 0; b < B_; ++b) total += int64_t(cfg_.Hkv) * (S_[b] + T_);
+  for (int b = 0; b < B_; ++b) total += int64_t(Hkv) * own_rows(b);
+  for (int p = 0; p < kv_.G; ++p)
+    if (members_[p].size() > 1)
+      total += int64_t(Hkv) * members_[p].size() * (kv_.valid_len[p] - kv_.pad(p));
   const int64_t target = (total + 2 * nthreads_ - 1) / (2 * nthreads_);
   const int64_t chunk = std::max<int64_t>(4 * kKeyBlock, (target + kKeyBlock - 1) / kKeyBlock * kKeyBlock);
   items_.clear();
+  merge_slots_.assign(size_t(B_) * Hkv, {});
   single_chunk_ = true;
+  int slot = 0;
+  for (int p = 0; p < kv_.G; ++p) {
+    const int n = static_cast<int>(members_[p].size());
+    const int64_t rows = kv_.valid_len[p] - kv_.pad(p);
+    if (n < 2 || rows == 0) continue;
+    single_chunk_ = false;
+    const int parts = static_cast<int>(std::max<int64_t>(1, (rows * n + chunk - 1) / chunk));
+    for (int g = 0; g < Hkv; ++g)
+      for (int c = 0; c < parts; ++c) {
+        items_.push_back({members_[p][0], g, int(rows * c / parts), int(rows * (c + 1) / parts), slot, p, n});
+        for (int s = 0; s < n; ++s) merge_slots_[size_t(members_[p][s]) * Hkv + g].push_back(slot + s);
+        slot += n;
+      }
+  }
   for (int b = 0; b < B_; ++b)
-    for (int g = 0; g < cfg_.Hkv; ++g) {
-      const int n = S_[b] + T_;
+    for (int g = 0; g < Hkv; ++g) {
+      const int64_t n = own_rows(b);
       const int parts = static_cast<int>((n + chunk - 1) / chunk);
       if (parts > 1) single_chunk_ = false;
-      for (int c = 0; c < parts; ++c)
-        items_.push_back({b, g, int(int64_t(n) * c / parts), int(int64_t(n) * (c + 1) / parts),
-                          static_cast<int>(items_.size())});
+      for (int c = 0; c < parts; ++c) {
+        items_.push_back({b, g, int(n * c / parts), int(n * (c + 1) / parts), slot});
+        merge_slots_[size_t(b) * Hkv + g].push_back(slot++);
+      }
     }
 }
 

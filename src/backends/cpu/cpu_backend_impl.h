@@ -28,9 +28,13 @@ struct CpuLayer {
   std::vector<PackedLinear> qkv, o, gate_up, down;  // one per thread
 };
 
-// One attention work item: keys [j0, j1) of sample b, KV head g, partial buffer `slot`.
+// One attention work item for KV head g, writing partial slot `slot` (a [Rp][dp] block, or `count`
+// consecutive ones). Sample item (prompt < 0): keys [j0, j1) of sample b's virtual sequence (its prompt rows
+// unless the prompt is shared, its suffix rows, its own rows). Cascade item (prompt >= 0): prompt rows
+// [j0, j1) for the queries of every sample sharing that prompt, one slot per sample.
 struct AttnItem {
   int b, g, j0, j1, slot;
+  int prompt = -1, count = 1;
 };
 
 enum Phase { kNorm1, kQkv, kRope, kAttn, kOproj, kNorm2, kGateUp, kDown, kPhases };
@@ -94,13 +98,23 @@ class CpuSession final : public HostLoopSession {
   std::vector<std::vector<LayerPlans>> plans_;  // [layer][thread]
 
   // Bound context.
-  int B_ = 0, T_ = 0, P_ = 0, M_ = 0;
-  std::vector<int> S_;
-  std::vector<const uint16_t*> k_cache_, v_cache_;  // per layer, [B, Hkv, P, d] bf16
+  int B_ = 0, T_ = 0, P_ = 0, Q_ = 0, M_ = 0;
+  KVCache kv_;                                       // lengths and prompt indices (views unused)
+  std::vector<const uint16_t*> k_cache_, v_cache_;  // per layer, prompts [G, Hkv, P, d] bf16
+  std::vector<const uint16_t*> ks_cache_, vs_cache_;  // per layer, suffixes [B, Hkv, Q, d] bf16 (or empty)
   std::vector<AlignedBuf<uint16_t>> owned_cache_;   // converted F32/F16 caches
   std::vector<float> cos_, sin_;
   AttnGeometry geo_;
+  // Samples grouped by prompt: members_[p] in sample order; member_[b] = b's index in its prompt's list.
+  // Queries of prompt p's samples lie side by side (qld = n_p * Rp) so a cascade item reads them at once.
+  std::vector<std::vector<int>> members_;
+  std::vector<int> member_;
+  std::vector<size_t> qbase_;                        // per prompt: offset of its (KV head 0) query block
+  bool shares_prompt(int b) const { return members_[kv_.prompt(b)].size() > 1; }
+  uint32_t* qptr(int b, int g);
+  int qld(int b) const { return static_cast<int>(members_[kv_.prompt(b)].size()) * geo_.Rp; }
   std::vector<AttnItem> items_;
+  std::vector<std::vector<int>> merge_slots_;        // per (b, g): the partial slots to merge
   bool single_chunk_ = true;
   std::atomic<int> next_item_{0};
 

@@ -86,7 +86,7 @@ void CpuSession::layer_phases(int tid, int l) {
       if (hd < Hq) {
         head_norm_rope(x, d, w.q_norm.data(), eps, c, sn, pt.row.data());
         const int g = hd / group, r = (hd % group) * T_ + t;
-        store_bf16_pairs(x, half, qp_.data() + int64_t(b * Hkv + g) * half * geo_.Rp + r, geo_.Rp);
+        store_bf16_pairs(x, half, qptr(b, g) + r, qld(b));
       } else {
         const bool is_k = hd < Hq + Hkv;
         const int g = is_k ? hd - Hq : hd - Hq - Hkv;
@@ -145,35 +145,58 @@ void CpuSession::attention_phase(int tid, int l) {
     float* O = part_o_.data() + it.slot * ostride;
     float* m = part_m_.data() + size_t(it.slot) * geo_.Rp;
     float* lsum = part_l_.data() + size_t(it.slot) * geo_.Rp;
-    const int64_t bg = int64_t(it.b) * Hkv + it.g;
-    KeyRows kv{k_cache_[l] + bg * P_ * d, v_cache_[l] + bg * P_ * d, S_[it.b], k_own_.data() + bg * T_ * d,
-               v_own_.data() + bg * T_ * d};
+    const int b = it.b, p = kv_.prompt(b);
+    const int64_t pg = int64_t(p) * Hkv + it.g, bg = int64_t(b) * Hkv + it.g;
+    // Prompt rows start after the left padding.
+    const size_t prompt_off = size_t(pg * P_ + kv_.pad(p)) * d;
+    const int prompt_rows = static_cast<int>(kv_.valid_len[p] - kv_.pad(p));
+    KeyRows kv;
+    AttnGeometry geo = geo_;
+    geo.qld = qld(b);
+    if (it.prompt >= 0) {  // cascade: every sample of the prompt, prompt rows only
+      kv.k_cache = k_cache_[l] + prompt_off;
+      kv.v_cache = v_cache_[l] + prompt_off;
+      kv.S = prompt_rows;
+      geo.R = geo.Rp = it.count * geo_.Rp;
+    } else {
+      if (!shares_prompt(b)) {
+        kv.k_cache = k_cache_[l] + prompt_off;
+        kv.v_cache = v_cache_[l] + prompt_off;
+        kv.S = prompt_rows;
+      }
+      if (!ks_cache_.empty()) {
+        kv.k_mid = ks_cache_[l] + size_t(bg) * Q_ * d;
+        kv.v_mid = vs_cache_[l] + size_t(bg) * Q_ * d;
+        kv.S2 = static_cast<int>(kv_.suffix(b));
+      }
+      kv.k_own = k_own_.data() + bg * T_ * d;
+      kv.v_own = v_own_.data() + bg * T_ * d;
+    }
     // Each item also pulls in this thread's o_proj weights (repeats hit L2/L3 and cost little).
     const PackedLinear& o = m_.layers_[l].o[tid];
     const MatmulPlan& op = plans_[l][tid].o;
     kv.prefetch = op.own_weights ? static_cast<const char*>(op.own_weights.get_data_handle()) : o.packed_data();
     kv.prefetch_bytes = op.own_weights ? op.own_bytes() : o.packed_bytes();
-    init_partial(geo_, O, m, lsum);
-    attend_chunk(use_bf16_attn_, geo_, qp_.data() + bg * (d / 2) * geo_.Rp, kv, it.j0, it.j1, O, m, lsum,
-                 per_thread_[tid].attn);
+    uint32_t* q = it.prompt >= 0 ? qptr(members_[p][0], it.g) : qptr(b, it.g);
+    init_partial(geo, O, m, lsum);
+    attend_chunk(use_bf16_attn_, geo, q, kv, it.j0, it.j1, O, m, lsum, per_thread_[tid].attn);
     if (single_chunk_)
-      merge_partials(geo_, 1, O, m, lsum, T_, group, it.g * group, ld, out_f32 ? out_f32 + out_off(it.b) : nullptr,
-                     out_bf16 ? out_bf16 + out_off(it.b) : nullptr);
+      merge_partials(geo_, 1, O, m, lsum, T_, group, it.g * group, ld, out_f32 ? out_f32 + out_off(b) : nullptr,
+                     out_bf16 ? out_bf16 + out_off(b) : nullptr);
   }
   if (!single_chunk_) {
     pool_.barrier();
-    // Items of one (b, g) have consecutive slots.
-    size_t first = 0;
-    for (int bg = 0; bg < B_ * Hkv; ++bg) {
-      size_t end = first;
-      while (end < items_.size() && items_[end].b * Hkv + items_[end].g == bg) ++end;
-      if (bg % nthreads_ == tid) {
-        const int b = bg / Hkv, g = bg % Hkv, n = static_cast<int>(end - first);
-        merge_partials(geo_, n, part_o_.data() + first * ostride, part_m_.data() + first * geo_.Rp,
-                       part_l_.data() + first * geo_.Rp, T_, group, g * group, ld,
-                       out_f32 ? out_f32 + out_off(b) : nullptr, out_bf16 ? out_bf16 + out_off(b) : nullptr);
+    std::vector<const float*> op, mp, lp;
+    for (int bg = tid; bg < B_ * Hkv; bg += nthreads_) {
+      const int b = bg / Hkv, g = bg % Hkv;
+      op.clear(); mp.clear(); lp.clear();
+      for (int s : merge_slots_[bg]) {
+        op.push_back(part_o_.data() + s * ostride);
+        mp.push_back(part_m_.data() + size_t(s) * geo_.Rp);
+        lp.push_back(part_l_.data() + size_t(s) * geo_.Rp);
       }
-      first = end;
+      merge_partials(geo_, static_cast<int>(op.size()), op.data(), mp.data(), lp.data(), T_, group, g * group, ld,
+                     out_f32 ? out_f32 + out_off(b) : nullptr, out_bf16 ? out_bf16 + out_off(b) : nullptr);
     }
   }
   if (i8) {
@@ -190,8 +213,10 @@ void CpuSession::print_profile(double step_ms) const {
   double sum = 0;
   for (double s : phase_s_) sum += s;
   const int L = cfg_.L > 0 ? cfg_.L : 1;
-  std::fprintf(stderr, "cpu backend profile (%s weights, %d threads, B=%d T=%d S_max=%d, L=%d)\n",
-               m_.opts_.weights.c_str(), nthreads_, B_, T_, *std::max_element(S_.begin(), S_.end()), cfg_.L);
+  int64_t s_max = 0;
+  for (int b = 0; b < B_; ++b) s_max = std::max(s_max, kv_.attended(b));
+  std::fprintf(stderr, "cpu backend profile (%s weights, %d threads, B=%d T=%d S_max=%lld, L=%d)\n",
+               m_.opts_.weights.c_str(), nthreads_, B_, T_, static_cast<long long>(s_max), cfg_.L);
   std::fprintf(stderr, "  %-20s %12s %12s %7s\n", "op", "ms/layer", "ms/step", "%");
   for (int p = 0; p < kPhases; ++p)
     std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", names[p], 1e3 * phase_s_[p] / L, 1e3 * phase_s_[p],
