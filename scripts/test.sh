@@ -9,8 +9,11 @@ ctest --test-dir build --output-on-failure -j"$(nproc)"
 echo "== reference-only build (no oneDNN) under ThreadSanitizer: the whole C++ suite"
 # Proves the engine builds without the cpu backend, and that sessions sharing a model race on nothing.
 cmake -S . -B build-ref-tsan -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-cmake --build build-ref-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-expert
+  -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_C_FLAGS="-fsanitize=thread" \
+  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
+cmake --build build-ref-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
 TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/alpamayo_tests --gtest_brief=1
+echo "== the C API test under ThreadSanitizer (threads sharing one model through the C API)"
+TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/test_capi build-ref-tsan/alpamayo-expert
 echo "== pytest"
 ALPAMAYO_CLI="$PWD/build/alpamayo-expert" PYTHONPATH="$PWD/python" "$VENV/bin/python" -m pytest tests/python -q

@@ -1,0 +1,620 @@
+// The C API (include/alpamayo/alpamayo.h) over the C++ engine. Every entry point catches everything: no C++
+// exception crosses the boundary. alpamayo::Error becomes the status the operation documents (IO_ERROR for
+// paths that cannot be read, FORMAT_ERROR for malformed files, INVALID_ARGUMENT for caller input),
+// std::bad_alloc OUT_OF_MEMORY, anything else INTERNAL; the message goes to a thread-local last error.
+#include "alpamayo/alpamayo.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "alpamayo/engine.h"
+#include "alpamayo/error.h"
+
+struct alpamayo_checkpoint {
+  std::shared_ptr<const alpamayo::Checkpoint> ck;
+};
+
+struct alpamayo_model {
+  std::shared_ptr<const alpamayo::Model> m;
+  std::string backend, weights;
+};
+
+struct alpamayo_context {
+  alpamayo::Context ctx;
+};
+
+struct alpamayo_session {
+  explicit alpamayo_session(std::shared_ptr<const alpamayo::Model> m) : model(m), s(std::move(m)) {}
+  std::shared_ptr<const alpamayo::Model> model;
+  alpamayo::Session s;
+};
+
+struct alpamayo_result {
+  alpamayo::SampleResult r;
+  bool all_steps = false;
+};
+
+namespace {
+
+using alpamayo::DType;
+
+// A failure with its status, thrown inside an entry point and turned into the status by guarded().
+class Failure : public std::runtime_error {
+ public:
+  Failure(alpamayo_status st, const std::string& msg) : std::runtime_error(msg), status(st) {}
+  alpamayo_status status;
+};
+
+void require(bool cond, alpamayo_status st, const std::string& msg) {
+  if (!cond) throw Failure(st, msg);
+}
+
+template <class T>
+void require_ptr(const T* p, const char* what) {
+  require(p != nullptr, ALPAMAYO_INVALID_ARGUMENT, std::string(what) + " is NULL");
+}
+
+thread_local std::string t_error;
+thread_local bool t_error_lost = false;  // the message could not be stored (out of memory)
+
+alpamayo_status record(alpamayo_status st, const char* fn, const char* msg) noexcept {
+  try {
+    t_error.assign(fn);
+    t_error.append(": ");
+    t_error.append(msg);
+    t_error_lost = false;
+  } catch (...) {
+    t_error_lost = true;
+  }
+  return st;
+}
+
+// Runs f; maps every exception to a status. on_error: the status of an alpamayo::Error from the engine.
+template <class F>
+alpamayo_status guarded(const char* fn, alpamayo_status on_error, F&& f) noexcept {
+  try {
+    f();
+    t_error.clear();
+    t_error_lost = false;
+    return ALPAMAYO_OK;
+  } catch (const Failure& e) {
+    return record(e.status, fn, e.what());
+  } catch (const alpamayo::Error& e) {
+    return record(on_error, fn, e.what());
+  } catch (const std::bad_alloc&) {
+    return record(ALPAMAYO_OUT_OF_MEMORY, fn, "out of memory");
+  } catch (const std::length_error& e) {
+    return record(ALPAMAYO_OUT_OF_MEMORY, fn, (std::string("allocation too large: ") + e.what()).c_str());
+  } catch (const std::filesystem::filesystem_error& e) {
+    return record(ALPAMAYO_IO_ERROR, fn, e.what());
+  } catch (const std::exception& e) {
+    return record(ALPAMAYO_INTERNAL, fn, e.what());
+  } catch (...) {
+    return record(ALPAMAYO_INTERNAL, fn, "unknown exception");
+  }
+}
+
+// Sets *out to NULL first, so a failed call never leaves a stale handle behind.
+template <class T>
+void clear_out(T** out) {
+  require_ptr(out, "out");
+  *out = nullptr;
+}
+
+bool readable(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
+
+// IO_ERROR when one of the paths cannot be read, else FORMAT_ERROR: a failed open was about the content.
+alpamayo_status open_status(std::initializer_list<std::string> paths) {
+  for (const std::string& p : paths)
+    if (!readable(p)) return ALPAMAYO_IO_ERROR;
+  return ALPAMAYO_FORMAT_ERROR;
+}
+
+std::shared_ptr<const alpamayo::Checkpoint> open_checkpoint(const char* dir, const char* vlm_config) {
+  require(dir != nullptr && *dir, ALPAMAYO_INVALID_ARGUMENT, "dir is NULL or empty");
+  const std::string d = dir, vlm = vlm_config ? vlm_config : "";
+  try {
+    return alpamayo::Checkpoint::open(d, vlm);
+  } catch (const alpamayo::Error& e) {
+    const alpamayo_status st = vlm.empty() ? open_status({d, d + "/config.json"}) : open_status({d, d + "/config.json", vlm});
+    throw Failure(st, e.what());
+  }
+}
+
+alpamayo_config make_config(const alpamayo::ExpertConfig& c) {
+  alpamayo_config o{};
+  o.layers = c.L;
+  o.hidden = c.D;
+  o.heads = c.Hq;
+  o.kv_heads = c.Hkv;
+  o.head_dim = c.d;
+  o.mlp = c.I;
+  o.waypoints = c.T;
+  o.action_dim = c.A;
+  o.default_steps = c.num_steps;
+  o.rms_eps = c.rms_eps;
+  o.rope_theta = c.rope_theta;
+  return o;
+}
+
+const alpamayo::BackendInfo& backend_info(const char* name) {
+  const auto& all = alpamayo::registered_backends();
+  require(!all.empty(), ALPAMAYO_UNSUPPORTED, "no backend in this build");
+  if (name == nullptr || *name == '\0') return all.front();
+  try {
+    return alpamayo::find_backend(name);
+  } catch (const alpamayo::Error& e) {
+    throw Failure(ALPAMAYO_UNSUPPORTED, e.what());
+  }
+}
+
+alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const alpamayo_model_options* o) {
+  const alpamayo_model_options opts = o ? *o : alpamayo_model_options{};
+  const alpamayo::BackendInfo& info = backend_info(opts.backend);
+  alpamayo::BackendOptions bo;
+  bo.weights = opts.weights && *opts.weights ? opts.weights : info.weight_formats.front();
+  const auto& fmts = info.weight_formats;
+  if (std::find(fmts.begin(), fmts.end(), bo.weights) == fmts.end()) {
+    std::string offered;
+    for (const auto& f : fmts) offered += (offered.empty() ? "" : ", ") + f;
+    throw Failure(ALPAMAYO_UNSUPPORTED, "backend " + info.name + ": unknown weight format '" + bo.weights +
+                                            "' (it offers " + offered + ")");
+  }
+  require(opts.threads >= 0 && opts.threads <= 65536, ALPAMAYO_INVALID_ARGUMENT,
+          "threads must be in [0, 65536] (0: all cores), found " + std::to_string(opts.threads));
+  bo.threads = static_cast<int>(opts.threads);
+  const std::string why = info.unavailable();
+  require(why.empty(), ALPAMAYO_UNSUPPORTED, "backend " + info.name + " cannot run here: " + why);
+  // Errors past these checks come from the backend refusing this model.
+  auto h = std::make_unique<alpamayo_model>();
+  h->m = alpamayo::Model::load(std::move(ck), info.name, bo);
+  h->backend = h->m->backend_name();
+  h->weights = h->m->weights();
+  return h.release();
+}
+
+// DLPack (code, bits, lanes) -> DType.
+DType to_dtype(const alpamayo_tensor& t, const std::string& name) {
+  const int lanes = t.dtype_lanes == 0 ? 1 : t.dtype_lanes;
+  const int code = t.dtype_code, bits = t.dtype_bits;
+  if (lanes == 1) {
+    if (code == ALPAMAYO_DTYPE_FLOAT && bits == 32) return DType::F32;
+    if (code == ALPAMAYO_DTYPE_FLOAT && bits == 16) return DType::F16;
+    if (code == ALPAMAYO_DTYPE_BFLOAT && bits == 16) return DType::BF16;
+    if (code == ALPAMAYO_DTYPE_FLOAT && bits == 64) return DType::F64;
+    if (code == ALPAMAYO_DTYPE_INT && bits == 64) return DType::I64;
+    if (code == ALPAMAYO_DTYPE_INT && bits == 32) return DType::I32;
+    if (code == ALPAMAYO_DTYPE_INT && bits == 16) return DType::I16;
+    if (code == ALPAMAYO_DTYPE_INT && bits == 8) return DType::I8;
+    if (code == ALPAMAYO_DTYPE_UINT && bits == 8) return DType::U8;
+  }
+  throw Failure(ALPAMAYO_INVALID_ARGUMENT, name + ": unsupported DLPack dtype (code " + std::to_string(code) + ", bits " +
+                                               std::to_string(bits) + ", lanes " + std::to_string(lanes) + ")");
+}
+
+alpamayo::TensorView to_view(const alpamayo_tensor& t, const std::string& name) {
+  alpamayo::TensorView v;
+  v.name = name;
+  v.dtype = to_dtype(t, name);
+  require(t.ndim >= 0 && t.ndim <= 16, ALPAMAYO_INVALID_ARGUMENT, name + ": ndim " + std::to_string(t.ndim) + " is out of range");
+  require(t.ndim == 0 || t.shape != nullptr, ALPAMAYO_INVALID_ARGUMENT, name + ": shape is NULL");
+  v.shape.assign(t.shape, t.shape + t.ndim);
+  for (int64_t s : v.shape)
+    require(s >= 0 && s <= (int64_t(1) << 40), ALPAMAYO_INVALID_ARGUMENT, name + ": invalid shape " + alpamayo::shape_str(v.shape));
+  if (t.strides) v.strides.assign(t.strides, t.strides + t.ndim);
+  switch (t.device_type) {
+    case 0:
+    case ALPAMAYO_DEVICE_CPU: v.device.type = alpamayo::DeviceType::CPU; break;
+    case ALPAMAYO_DEVICE_CUDA: v.device.type = alpamayo::DeviceType::CUDA; break;
+    case ALPAMAYO_DEVICE_CUDA_HOST: v.device.type = alpamayo::DeviceType::CUDAHost; break;
+    default:
+      throw Failure(ALPAMAYO_UNSUPPORTED, name + ": unsupported DLPack device type " + std::to_string(t.device_type));
+  }
+  require(t.device_id >= 0, ALPAMAYO_INVALID_ARGUMENT, name + ": negative device id " + std::to_string(t.device_id));
+  v.device.id = t.device_id;
+  require(t.data != nullptr || t.byte_offset == 0, ALPAMAYO_INVALID_ARGUMENT, name + ": byte_offset with a NULL data pointer");
+  v.data = t.data ? static_cast<const char*>(t.data) + t.byte_offset : nullptr;
+  return v;
+}
+
+int to_int(int64_t v, const std::string& what) {
+  require(v >= 0 && v <= std::numeric_limits<int>::max(), ALPAMAYO_INVALID_ARGUMENT,
+          what + " = " + std::to_string(v) + " is out of range");
+  return static_cast<int>(v);
+}
+
+alpamayo::Context make_context(const alpamayo_context_desc& d) {
+  const std::string name = d.name && *d.name ? d.name : "context";
+  require(d.layers > 0 && d.layers <= 4096, ALPAMAYO_INVALID_ARGUMENT,
+          name + ": layers must be in [1, 4096], found " + std::to_string(d.layers));
+  require(d.keys != nullptr && d.values != nullptr, ALPAMAYO_INVALID_ARGUMENT, name + ": keys or values is NULL");
+  require(d.batch > 0, ALPAMAYO_INVALID_ARGUMENT, name + ": batch must be positive, found " + std::to_string(d.batch));
+  require(d.valid_len != nullptr && d.rope_delta != nullptr, ALPAMAYO_INVALID_ARGUMENT,
+          name + ": valid_len or rope_delta is NULL");
+  alpamayo::KVCache kv;
+  for (int64_t l = 0; l < d.layers; ++l) {
+    kv.key.push_back(to_view(d.keys[l], name + ": key." + std::to_string(l)));
+    kv.value.push_back(to_view(d.values[l], name + ": value." + std::to_string(l)));
+  }
+  const alpamayo::TensorView& k0 = kv.key[0];
+  require(k0.shape.size() == 4, ALPAMAYO_INVALID_ARGUMENT,
+          k0.name + ": expected shape [B, Hkv, P, d], found " + alpamayo::shape_str(k0.shape));
+  require(k0.shape[0] == d.batch, ALPAMAYO_INVALID_ARGUMENT,
+          k0.name + ": batch " + std::to_string(k0.shape[0]) + " differs from desc.batch = " + std::to_string(d.batch));
+  kv.B = to_int(k0.shape[0], k0.name + ": B");
+  kv.Hkv = to_int(k0.shape[1], k0.name + ": Hkv");
+  kv.P = to_int(k0.shape[2], k0.name + ": P");
+  kv.d = to_int(k0.shape[3], k0.name + ": d");
+  kv.valid_len.assign(d.valid_len, d.valid_len + d.batch);
+  std::vector<int64_t> rope(d.rope_delta, d.rope_delta + d.batch);
+  std::optional<alpamayo::EgoHistory> hist;
+  if (d.history != 0) {
+    require(d.history > 0 && d.history <= (int64_t(1) << 24), ALPAMAYO_INVALID_ARGUMENT,
+            name + ": history = " + std::to_string(d.history) + " is out of range");
+    require(d.history_xyz != nullptr && d.history_rot != nullptr, ALPAMAYO_INVALID_ARGUMENT,
+            name + ": history > 0 needs history_xyz and history_rot");
+    alpamayo::EgoHistory h;
+    h.H = static_cast<int>(d.history);
+    h.xyz.assign(d.history_xyz, d.history_xyz + d.batch * d.history * 3);
+    h.rot.assign(d.history_rot, d.history_rot + d.batch * d.history * 9);
+    hist = std::move(h);
+  }
+  std::optional<std::vector<float>> v0;
+  if (d.v0) v0.emplace(d.v0, d.v0 + d.batch);
+  return alpamayo::Context::from_views(std::move(kv), std::move(rope), std::move(hist), std::move(v0), name);
+}
+
+void fill_array(alpamayo_array* out, const std::vector<float>& v, std::initializer_list<int64_t> shape) {
+  *out = alpamayo_array{};
+  out->data = v.data();
+  out->count = static_cast<int64_t>(v.size());
+  out->ndim = static_cast<int64_t>(shape.size());
+  int64_t i = 0, n = 1;
+  for (int64_t s : shape) {
+    out->shape[i++] = s;
+    n *= s;
+  }
+  require(n == out->count, ALPAMAYO_INTERNAL, "output size " + std::to_string(out->count) + " does not match its shape");
+}
+
+void result_array(const alpamayo_result& h, alpamayo_output which, alpamayo_array* out) {
+  const alpamayo::SampleResult& r = h.r;
+  const int64_t B = r.B, T = r.T, A = r.A, N = r.steps;
+  switch (which) {
+    case ALPAMAYO_ACTION: return fill_array(out, r.action, {B, T, A});
+    case ALPAMAYO_XYZ: return fill_array(out, r.xyz, {B, T, 3});
+    case ALPAMAYO_YAW: return fill_array(out, r.yaw, {B, T});
+    case ALPAMAYO_ROT: return fill_array(out, r.rot, {B, T, 3, 3});
+    case ALPAMAYO_V0: return fill_array(out, r.v0, {B});
+    case ALPAMAYO_X_STEPS:
+    case ALPAMAYO_V_STEPS:
+      require(h.all_steps, ALPAMAYO_INVALID_STATE,
+              std::string(which == ALPAMAYO_X_STEPS ? "x_steps" : "v_steps") + " were not kept: sample with all_steps");
+      if (which == ALPAMAYO_X_STEPS) return fill_array(out, r.x_steps, {N + 1, B, T, A});
+      return fill_array(out, r.v_steps, {N, B, T, A});
+  }
+  throw Failure(ALPAMAYO_INVALID_ARGUMENT, "unknown output " + std::to_string(static_cast<int64_t>(which)));
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* alpamayo_last_error(void) {
+  return t_error_lost ? "out of memory (the error message could not be stored)" : t_error.c_str();
+}
+
+const char* alpamayo_status_name(alpamayo_status status) {
+  switch (status) {
+    case ALPAMAYO_OK: return "ok";
+    case ALPAMAYO_INVALID_ARGUMENT: return "invalid argument";
+    case ALPAMAYO_IO_ERROR: return "I/O error";
+    case ALPAMAYO_FORMAT_ERROR: return "format error";
+    case ALPAMAYO_UNSUPPORTED: return "unsupported";
+    case ALPAMAYO_OUT_OF_MEMORY: return "out of memory";
+    case ALPAMAYO_INVALID_STATE: return "invalid state";
+    case ALPAMAYO_INTERNAL: return "internal error";
+  }
+  return "unknown status";
+}
+
+void alpamayo_version(int64_t* major, int64_t* minor, int64_t* patch) {
+  if (major) *major = ALPAMAYO_VERSION_MAJOR;
+  if (minor) *minor = ALPAMAYO_VERSION_MINOR;
+  if (patch) *patch = ALPAMAYO_VERSION_PATCH;
+}
+
+const char* alpamayo_version_string(void) { return ALPAMAYO_VERSION_STRING; }
+
+int64_t alpamayo_abi_version(void) { return ALPAMAYO_ABI_VERSION; }
+
+int64_t alpamayo_backend_count(void) {
+  try {
+    return static_cast<int64_t>(alpamayo::registered_backends().size());
+  } catch (...) {
+    return 0;
+  }
+}
+
+const char* alpamayo_backend_name(int64_t index) {
+  try {
+    const auto& all = alpamayo::registered_backends();
+    return index >= 0 && index < static_cast<int64_t>(all.size()) ? all[index].name.c_str() : nullptr;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+int64_t alpamayo_backend_format_count(int64_t index) {
+  try {
+    const auto& all = alpamayo::registered_backends();
+    return index >= 0 && index < static_cast<int64_t>(all.size()) ? static_cast<int64_t>(all[index].weight_formats.size()) : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+const char* alpamayo_backend_format(int64_t index, int64_t format) {
+  try {
+    const auto& all = alpamayo::registered_backends();
+    if (index < 0 || index >= static_cast<int64_t>(all.size())) return nullptr;
+    const auto& f = all[index].weight_formats;
+    return format >= 0 && format < static_cast<int64_t>(f.size()) ? f[format].c_str() : nullptr;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+alpamayo_status alpamayo_backend_check(const char* backend) {
+  return guarded(__func__, ALPAMAYO_UNSUPPORTED, [&] {
+    const alpamayo::BackendInfo& info = backend_info(backend);
+    const std::string why = info.unavailable();
+    require(why.empty(), ALPAMAYO_UNSUPPORTED, "backend " + info.name + " cannot run here: " + why);
+  });
+}
+
+alpamayo_status alpamayo_checkpoint_open(const char* dir, const char* vlm_config, alpamayo_checkpoint** out) {
+  return guarded(__func__, ALPAMAYO_FORMAT_ERROR, [&] {
+    clear_out(out);
+    auto h = std::make_unique<alpamayo_checkpoint>();
+    h->ck = open_checkpoint(dir, vlm_config);
+    *out = h.release();
+  });
+}
+
+void alpamayo_checkpoint_free(alpamayo_checkpoint* checkpoint) { delete checkpoint; }
+
+alpamayo_status alpamayo_checkpoint_config(const alpamayo_checkpoint* checkpoint, alpamayo_config* out) {
+  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+    require_ptr(checkpoint, "checkpoint");
+    require_ptr(out, "out");
+    *out = make_config(checkpoint->ck->config());
+  });
+}
+
+alpamayo_status alpamayo_model_load(const alpamayo_checkpoint* checkpoint, const alpamayo_model_options* options,
+                                    alpamayo_model** out) {
+  return guarded(__func__, ALPAMAYO_UNSUPPORTED, [&] {
+    clear_out(out);
+    require_ptr(checkpoint, "checkpoint");
+    *out = load_model(checkpoint->ck, options);
+  });
+}
+
+alpamayo_status alpamayo_model_open(const char* dir, const alpamayo_model_options* options, alpamayo_model** out) {
+  return guarded(__func__, ALPAMAYO_UNSUPPORTED, [&] {
+    clear_out(out);
+    backend_info(options ? options->backend : nullptr);  // an unknown backend fails before the checkpoint is read
+    *out = load_model(open_checkpoint(dir, options ? options->vlm_config : nullptr), options);
+  });
+}
+
+void alpamayo_model_free(alpamayo_model* model) { delete model; }
+
+alpamayo_status alpamayo_model_config(const alpamayo_model* model, alpamayo_config* out) {
+  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+    require_ptr(model, "model");
+    require_ptr(out, "out");
+    *out = make_config(model->m->config());
+  });
+}
+
+const char* alpamayo_model_backend(const alpamayo_model* model) { return model ? model->backend.c_str() : nullptr; }
+
+const char* alpamayo_model_weights(const alpamayo_model* model) { return model ? model->weights.c_str() : nullptr; }
+
+alpamayo_status alpamayo_context_create(const alpamayo_context_desc* desc, alpamayo_context** out) {
+  return guarded(__func__, ALPAMAYO_INVALID_ARGUMENT, [&] {
+    clear_out(out);
+    require_ptr(desc, "desc");
+    *out = new alpamayo_context{make_context(*desc)};
+  });
+}
+
+alpamayo_status alpamayo_context_open(const char* path, alpamayo_context** out) {
+  return guarded(__func__, ALPAMAYO_FORMAT_ERROR, [&] {
+    clear_out(out);
+    require(path != nullptr && *path, ALPAMAYO_INVALID_ARGUMENT, "path is NULL or empty");
+    try {
+      *out = new alpamayo_context{alpamayo::Context::open(path)};
+    } catch (const alpamayo::Error& e) {
+      throw Failure(open_status({path}), e.what());
+    }
+  });
+}
+
+void alpamayo_context_free(alpamayo_context* context) { delete context; }
+
+alpamayo_status alpamayo_context_get_info(const alpamayo_context* context, alpamayo_context_info* out) {
+  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+    require_ptr(context, "context");
+    require_ptr(out, "out");
+    const alpamayo::Context& c = context->ctx;
+    *out = alpamayo_context_info{};
+    out->layers = c.layers();
+    out->batch = c.batch();
+    out->kv_heads = c.kv().Hkv;
+    out->rows = c.kv().P;
+    out->head_dim = c.kv().d;
+    out->has_v0 = c.v0().has_value();
+    out->has_history = c.history().has_value();
+  });
+}
+
+alpamayo_status alpamayo_session_create(const alpamayo_model* model, alpamayo_session** out) {
+  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+    clear_out(out);
+    require_ptr(model, "model");
+    auto h = std::make_unique<alpamayo_session>(model->m);
+    *out = h.release();
+  });
+}
+
+void alpamayo_session_free(alpamayo_session* session) { delete session; }
+
+alpamayo_status alpamayo_session_bind(alpamayo_session* session, const alpamayo_context* context,
+                                      const alpamayo_bind_options* options) {
+  return guarded(__func__, ALPAMAYO_INVALID_ARGUMENT, [&] {
+    require_ptr(session, "session");
+    require_ptr(context, "context");
+    const alpamayo_bind_options o = options ? *options : alpamayo_bind_options{};
+    alpamayo::BindOptions bo;
+    if (o.capture) {
+      if (o.capture_step < 0 || o.capture_step > 100000) {
+        session->s = alpamayo::Session(session->model);  // a failed bind leaves the session unbound
+        throw Failure(ALPAMAYO_INVALID_ARGUMENT, "capture_step must be in [0, 100000], found " + std::to_string(o.capture_step));
+      }
+      bo.capture.step = static_cast<int>(o.capture_step);
+      bo.capture.layers = o.capture_layers != 0;
+    }
+    // The checks of Session::bind, classified: a context that does not fit is INVALID_ARGUMENT, memory the
+    // backend cannot read UNSUPPORTED. Session::bind repeats them and leaves the session unbound on failure.
+    const alpamayo::Context& ctx = context->ctx;
+    bool fits = true;
+    try {
+      ctx.check_compatible(session->model->config());
+    } catch (const alpamayo::Error&) {
+      fits = false;
+    }
+    alpamayo_status st = ALPAMAYO_INVALID_ARGUMENT;
+    const alpamayo::BackendModel& be = session->model->backend();
+    for (const auto* list : {&ctx.kv().key, &ctx.kv().value})
+      for (const alpamayo::TensorView& t : *list)
+        if (fits && !be.can_read(t.device)) st = ALPAMAYO_UNSUPPORTED;
+    try {
+      session->s.bind(ctx, bo);
+    } catch (const alpamayo::Error& e) {
+      throw Failure(st, e.what());
+    }
+  });
+}
+
+alpamayo_status alpamayo_session_sample(alpamayo_session* session, const alpamayo_sample_options* options,
+                                        alpamayo_result** out) {
+  return guarded(__func__, ALPAMAYO_INVALID_ARGUMENT, [&] {
+    clear_out(out);
+    require_ptr(session, "session");
+    require(session->s.bound(), ALPAMAYO_INVALID_STATE, "no context bound (call alpamayo_session_bind first)");
+    const alpamayo_sample_options o = options ? *options : alpamayo_sample_options{};
+    alpamayo::SampleOptions so;
+    require(o.steps >= 0 && o.steps <= 100000, ALPAMAYO_INVALID_ARGUMENT,
+            "steps must be in [1, 100000] (0: the checkpoint's default), found " + std::to_string(o.steps));
+    so.steps = static_cast<int>(o.steps);
+    so.seed = o.seed;
+    require(o.noise != nullptr || o.noise_count == 0, ALPAMAYO_INVALID_ARGUMENT,
+            "noise is NULL but noise_count = " + std::to_string(o.noise_count));
+    if (o.noise) {
+      const alpamayo::ExpertConfig& c = session->model->config();
+      const int64_t want = int64_t(session->s.context().batch()) * c.T * c.A;
+      require(o.noise_count == want, ALPAMAYO_INVALID_ARGUMENT,
+              "noise: expected " + std::to_string(want) + " values [B=" + std::to_string(session->s.context().batch()) +
+                  ", T=" + std::to_string(c.T) + ", A=" + std::to_string(c.A) + "], noise_count is " +
+                  std::to_string(o.noise_count));
+      so.noise.assign(o.noise, o.noise + o.noise_count);
+    }
+    so.all_steps = o.all_steps != 0;
+    if (o.use_v0) so.v0 = o.v0;
+    auto h = std::make_unique<alpamayo_result>();
+    h->r = session->s.sample(so);
+    h->all_steps = so.all_steps;
+    *out = h.release();
+  });
+}
+
+void alpamayo_result_free(alpamayo_result* result) { delete result; }
+
+alpamayo_status alpamayo_result_get_info(const alpamayo_result* result, alpamayo_result_info* out) {
+  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+    require_ptr(result, "result");
+    require_ptr(out, "out");
+    *out = alpamayo_result_info{};
+    out->batch = result->r.B;
+    out->waypoints = result->r.T;
+    out->action_dim = result->r.A;
+    out->steps = result->r.steps;
+    out->all_steps = result->all_steps;
+    out->seconds = result->r.seconds;
+    out->v0_source = result->r.v0_source.c_str();
+  });
+}
+
+alpamayo_status alpamayo_result_get(const alpamayo_result* result, alpamayo_output which, alpamayo_array* out) {
+  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+    require_ptr(result, "result");
+    require_ptr(out, "out");
+    result_array(*result, which, out);
+  });
+}
+
+alpamayo_status alpamayo_result_copy(const alpamayo_result* result, alpamayo_output which, float* dst, int64_t capacity) {
+  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+    require_ptr(result, "result");
+    require_ptr(dst, "dst");
+    alpamayo_array a;
+    result_array(*result, which, &a);
+    require(capacity >= a.count, ALPAMAYO_INVALID_ARGUMENT,
+            "dst holds " + std::to_string(capacity) + " floats, the output has " + std::to_string(a.count));
+    std::copy(a.data, a.data + a.count, dst);
+  });
+}
+
+int64_t alpamayo_session_captured_step(const alpamayo_session* session) {
+  try {
+    return session ? session->s.captures().step : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+alpamayo_status alpamayo_session_capture(const alpamayo_session* session, alpamayo_capture which, int64_t layer,
+                                         alpamayo_array* out) {
+  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+    require_ptr(session, "session");
+    require_ptr(out, "out");
+    const alpamayo::Captures& c = session->s.captures();
+    require(c.step >= 0, ALPAMAYO_INVALID_STATE, "no captures: bind with capture set, then sample");
+    const int64_t B = session->s.context().batch(), T = session->model->config().T,
+                  D = session->model->config().D;
+    switch (which) {
+      case ALPAMAYO_CAPTURE_EMB: return fill_array(out, c.emb, {B, T, D});
+      case ALPAMAYO_CAPTURE_HIDDEN: return fill_array(out, c.hidden, {B, T, D});
+      case ALPAMAYO_CAPTURE_LAYER:
+        require(!c.layers.empty(), ALPAMAYO_INVALID_STATE, "layer outputs were not captured: bind with capture_layers");
+        require(layer >= 0 && layer < static_cast<int64_t>(c.layers.size()), ALPAMAYO_INVALID_ARGUMENT,
+                "layer " + std::to_string(layer) + " is outside [0, " + std::to_string(c.layers.size()) + ")");
+        return fill_array(out, c.layers[layer], {B, T, D});
+    }
+    throw Failure(ALPAMAYO_INVALID_ARGUMENT, "unknown capture " + std::to_string(static_cast<int64_t>(which)));
+  });
+}
+
+}  // extern "C"
