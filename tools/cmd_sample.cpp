@@ -37,11 +37,12 @@ namespace {
 
 struct SampleArgs {
   std::string checkpoint, context, noise, out, json, svg, layers_out, vlm_config, backend, release;
+  std::string guidance_context, seeds;
   uint64_t seed = 0;
   int steps = 0, threads = 0;
   std::string weights;
-  double v0 = NAN;
-  bool all_steps = false, profile = false, exact_freqs = false, quiet = false;
+  double v0 = NAN, guidance_weight = NAN, temperature = 1.0;
+  bool all_steps = false, profile = false, exact_freqs = false, quiet = false, no_guidance = false;
 };
 
 std::vector<float> read_noise(const std::string& path, int B, int T, int A) {
@@ -81,11 +82,24 @@ void run_sample(const SampleArgs& a) {
   const std::optional<EgoHistory> history = ctx.history();
   BindOptions bind;
   if (!a.layers_out.empty()) bind.capture = {.step = 0, .layers = true};
+  const ExpertConfig& cfg = ck->config();
+  check(!(cfg.use_cfg && a.guidance_context.empty() && !a.no_guidance),
+        a.checkpoint + "/config.json: use_classifier_free_guidance is true: give the unguided context with "
+                       "--guidance-context FILE, or sample without guidance with --no-guidance");
+  check(std::isnan(a.guidance_weight) || !a.guidance_context.empty(), "--guidance-weight needs --guidance-context");
+  if (!a.guidance_context.empty())
+    bind.guidance = Guidance{Context::open(a.guidance_context),
+                             std::isnan(a.guidance_weight) ? cfg.guidance_weight : a.guidance_weight};
   session.bind(std::move(ctx), bind);
   SampleOptions so;
   so.steps = a.steps;
   so.all_steps = a.all_steps;
+  so.temperature = a.temperature;
   if (!a.noise.empty()) so.noise = read_noise(a.noise, B, ck->config().T, ck->config().A);
+  for (int64_t s : a.seeds.empty() ? std::vector<int64_t>{} : parse_int_list(a.seeds, "--seeds")) {
+    check(s >= 0, "--seeds: seeds must be >= 0, found " + std::to_string(s));
+    so.seeds.push_back(static_cast<uint64_t>(s));
+  }
   so.seed = a.seed;
   if (!std::isnan(a.v0)) so.v0 = a.v0;
   SampleResult r = session.sample(so);
@@ -118,7 +132,18 @@ Run add_sample(CLI::App& app) {
   app.add_option("--checkpoint", a->checkpoint, "checkpoint directory (config.json + safetensors)")->required();
   app.add_option("--context", a->context, "context file (safetensors, docs/FORMATS.md)")->required();
   auto* noise = app.add_option("--noise", a->noise, "noise file: safetensors with 'noise' [B, T, A] F32");
-  app.add_option("--seed", a->seed, "seed of the built-in noise generator (default 0)")->excludes(noise);
+  auto* seed = app.add_option("--seed", a->seed, "seed of the built-in noise generator for the batch (default 0)")
+                   ->excludes(noise);
+  app.add_option("--seeds", a->seeds, "one seed per sample, comma-separated (sample b reproducible alone)")
+      ->excludes(noise)
+      ->excludes(seed);
+  app.add_option("--temperature", a->temperature, "scale of the initial noise (default 1)")
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--guidance-context", a->guidance_context,
+                 "unguided context (the prompt without the navigation text): classifier-free guidance");
+  app.add_option("--guidance-weight", a->guidance_weight,
+                 "w of v = (1 - w) v_unguided + w v_guided (default: diffusion_cfg.inference_guidance_weight)");
+  app.add_flag("--no-guidance", a->no_guidance, "sample without guidance where config.json asks for it");
   app.add_option("--steps", a->steps, "Euler steps (default: diffusion_cfg.num_inference_steps)")->check(CLI::Range(1, 100000));
   app.add_option("--backend", a->backend, "backend: " + [] { std::string s; for (auto& n : backend_names()) s += n + " "; return s; }());
   app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));

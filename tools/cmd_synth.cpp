@@ -67,15 +67,20 @@ Run add_make_checkpoint(CLI::App& app) {
 
 Run add_make_context(CLI::App& app) {
   struct Args {
-    std::string checkpoint, out, dtype = "bf16", valid, delta, release;
+    std::string checkpoint, out, dtype = "bf16", valid, delta, release, prompt_index, pad, suffix;
     SyntheticContextSpec spec;
   };
   auto a = std::make_shared<Args>();
   app.add_option("--checkpoint", a->checkpoint, "checkpoint the context is for (layers, KV heads, head dim)")->required();
   app.add_option("--out", a->out, "output context file")->required();
-  app.add_option("--batch", a->spec.B, "batch B")->check(CLI::Range(1, 4096));
-  app.add_option("--rows", a->spec.P, "cache rows P")->check(CLI::Range(1, 1 << 24));
-  app.add_option("--valid-len", a->valid, "S_b per sample, comma-separated (default P)");
+  app.add_option("--batch", a->spec.B, "samples B")->check(CLI::Range(1, 4096));
+  app.add_option("--rows", a->spec.P, "prompt cache rows P")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--prompts", a->spec.G, "prompts G stored once (default: one per sample)")->check(CLI::Range(1, 4096));
+  app.add_option("--prompt-index", a->prompt_index, "each sample's prompt, comma-separated");
+  app.add_option("--valid-len", a->valid, "rows in use per prompt, comma-separated (default P)");
+  app.add_option("--prefix-pad", a->pad, "left-padding rows per prompt, comma-separated (default 0)");
+  app.add_option("--suffix-rows", a->spec.Q, "suffix cache rows Q per sample (default 0: none)")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--suffix-len", a->suffix, "suffix rows in use per sample, comma-separated (default Q)");
   app.add_option("--rope-delta", a->delta, "rope delta per sample, comma-separated (default 0)");
   app.add_option("--dtype", a->dtype, "cache dtype bf16 | f16 | f32");
   app.add_option("--history", a->spec.history, "ego history poses (0: write v0 instead)")->check(CLI::Range(0, 100000));
@@ -86,6 +91,9 @@ Run add_make_context(CLI::App& app) {
     a->spec.dtype = parse_float_dtype(a->dtype, "--dtype");
     if (!a->valid.empty()) a->spec.valid_len = parse_int_list(a->valid, "--valid-len");
     if (!a->delta.empty()) a->spec.rope_delta = parse_int_list(a->delta, "--rope-delta");
+    if (!a->prompt_index.empty()) a->spec.prompt_index = parse_int_list(a->prompt_index, "--prompt-index");
+    if (!a->pad.empty()) a->spec.prefix_pad = parse_int_list(a->pad, "--prefix-pad");
+    if (!a->suffix.empty()) a->spec.suffix_len = parse_int_list(a->suffix, "--suffix-len");
     check(a->spec.history != 1, "--history: need 0 or at least 2 poses");
     write_synthetic_context(a->out, ck->config(), a->spec);
     std::fprintf(stderr, "wrote %s\n", a->out.c_str());

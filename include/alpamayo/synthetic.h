@@ -36,9 +36,14 @@ Release synthetic_release(const SyntheticCheckpointSpec& spec);
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointSpec& spec);
 
 struct SyntheticContextSpec {
-  int B = 1, P = 4700;
-  std::vector<int64_t> valid_len;   // default: P for every sample
-  std::vector<int64_t> rope_delta;  // default: 0
+  int B = 1, P = 4700;              // samples, prompt rows
+  int G = 0;                        // prompts (0: one per sample, G = B)
+  std::vector<int64_t> valid_len;   // per prompt; default: P
+  std::vector<int64_t> prompt_index;  // per sample; default: b (needs G = B), or all 0 when G = 1
+  std::vector<int64_t> prefix_pad;  // per prompt: leading masked rows; default: none
+  int Q = 0;                        // suffix rows per sample (0: no suffix caches)
+  std::vector<int64_t> suffix_len;  // per sample; default: Q
+  std::vector<int64_t> rope_delta;  // per sample; default: 0
   DType dtype = DType::BF16;
   int history = 16;                 // ego history poses (0: write v0 instead)
   uint64_t seed = 0;

@@ -282,9 +282,8 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
     rec.read(diffusion_, "use_classifier_free_guidance", "diffusion_cfg.use_classifier_free_guidance", &cfg->use_cfg);
   }
   rec.read(diffusion_, "inference_guidance_weight", "diffusion_cfg.inference_guidance_weight", &cfg->guidance_weight);
-  check(!cfg->use_cfg, key_in(diffusion_, "use_classifier_free_guidance") +
-                           " = true: sampling with classifier-free guidance (a guided and an unguided velocity per step, "
-                           "weight inference_guidance_weight) is not supported yet");
+  check(std::isfinite(cfg->guidance_weight), key_in(diffusion_, "inference_guidance_weight") + " must be finite, found " +
+                                                 fmt(cfg->guidance_weight));
 
   rec.read(base_, "expert_non_causal_attention", "expert_non_causal_attention", &cfg->non_causal);
   check(cfg->non_causal, key_in(base_, "expert_non_causal_attention") +

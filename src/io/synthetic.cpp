@@ -253,17 +253,41 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
 }
 
 void write_synthetic_context(const std::string& path, const ExpertConfig& c, const SyntheticContextSpec& s) {
-  const int64_t B = s.B, P = s.P, H = c.Hkv, d = c.d;
-  check(B >= 1 && P >= 1, "make-context: batch and rows must be >= 1");
-  std::vector<int64_t> valid = s.valid_len.empty() ? std::vector<int64_t>(B, P) : s.valid_len;
-  std::vector<int64_t> delta = s.rope_delta.empty() ? std::vector<int64_t>(B, 0) : s.rope_delta;
-  check(static_cast<int64_t>(valid.size()) == B, "make-context: --valid-len needs " + std::to_string(B) + " values");
-  check(static_cast<int64_t>(delta.size()) == B, "make-context: --rope-delta needs " + std::to_string(B) + " values");
-  for (int64_t v : valid) check(v >= 0 && v <= P, "make-context: valid length " + std::to_string(v) + " outside [0, P]");
+  const int64_t B = s.B, P = s.P, H = c.Hkv, d = c.d, G = s.G > 0 ? s.G : s.B, Q = s.Q;
+  check(B >= 1 && P >= 1 && G >= 1 && Q >= 0, "make-context: batch, prompts and rows must be >= 1");
+  auto per = [&](const std::vector<int64_t>& v, int64_t n, int64_t dflt, const char* opt) {
+    check(v.empty() || static_cast<int64_t>(v.size()) == n,
+          std::string("make-context: ") + opt + " needs " + std::to_string(n) + " values, found " + std::to_string(v.size()));
+    return v.empty() ? std::vector<int64_t>(n, dflt) : v;
+  };
+  const std::vector<int64_t> valid = per(s.valid_len, G, P, "--valid-len");
+  const std::vector<int64_t> pad = per(s.prefix_pad, G, 0, "--prefix-pad");
+  const std::vector<int64_t> delta = per(s.rope_delta, B, 0, "--rope-delta");
+  const std::vector<int64_t> sfx = per(s.suffix_len, B, Q, "--suffix-len");
+  std::vector<int64_t> prompt = s.prompt_index;
+  if (prompt.empty()) {
+    check(G == B || G == 1, "make-context: " + std::to_string(G) + " prompts for " + std::to_string(B) +
+                                " samples: give --prompt-index");
+    for (int64_t b = 0; b < B; ++b) prompt.push_back(G == 1 ? 0 : b);
+  }
+  prompt = per(prompt, B, 0, "--prompt-index");
+  for (int64_t g = 0; g < G; ++g) {
+    check(valid[g] >= 0 && valid[g] <= P, "make-context: valid length " + std::to_string(valid[g]) + " outside [0, P]");
+    check(pad[g] >= 0 && pad[g] <= valid[g], "make-context: prefix pad " + std::to_string(pad[g]) + " outside [0, valid length]");
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    check(prompt[b] >= 0 && prompt[b] < G, "make-context: prompt index " + std::to_string(prompt[b]) + " outside [0, G)");
+    check(sfx[b] >= 0 && sfx[b] <= Q, "make-context: suffix length " + std::to_string(sfx[b]) + " outside [0, Q]");
+  }
   std::vector<NamedTensor> specs;
   for (int l = 0; l < c.L; ++l)
     for (const char* kind : {"key.", "value."})
-      specs.push_back({kind + std::to_string(l), TensorView{s.dtype, {B, H, P, d}, nullptr, ""}});
+      specs.push_back({kind + std::to_string(l), TensorView{s.dtype, {G, H, P, d}, nullptr, ""}});
+  if (Q > 0)
+    for (int l = 0; l < c.L; ++l)
+      for (const char* kind : {"suffix_key.", "suffix_value."})
+        specs.push_back({kind + std::to_string(l), TensorView{s.dtype, {B, H, Q, d}, nullptr, ""}});
+  const size_t n_cache = specs.size();
   // Ego history: constant speed on a gentle arc ending at the origin with heading 0.
   const int Hh = s.history;
   std::vector<float> xyz, rot, v0;
@@ -286,19 +310,25 @@ void write_synthetic_context(const std::string& path, const ExpertConfig& c, con
     for (int64_t b = 0; b < B; ++b) v0.push_back(static_cast<float>(8.0 + 4.0 * rng.uniform()));
     specs.push_back({"v0", TensorView{DType::F32, {B}, v0.data(), ""}});
   }
-  specs.push_back({"valid_len", TensorView{DType::I64, {B}, valid.data(), ""}});
+  specs.push_back({"valid_len", TensorView{DType::I64, {G}, valid.data(), ""}});
   specs.push_back({"rope_delta", TensorView{DType::I64, {B}, delta.data(), ""}});
-  const size_t n_cache = static_cast<size_t>(c.L) * 2;
+  bool identity = G == B;
+  for (int64_t b = 0; b < B; ++b) identity = identity && prompt[b] == b;
+  if (!identity) specs.push_back({"prompt_index", TensorView{DType::I64, {B}, prompt.data(), ""}});
+  if (!s.prefix_pad.empty()) specs.push_back({"prefix_pad", TensorView{DType::I64, {G}, pad.data(), ""}});
+  if (Q > 0) specs.push_back({"suffix_len", TensorView{DType::I64, {B}, sfx.data(), ""}});
   write_safetensors_stream(path, specs, [&](size_t i, void* dst) {
     if (i >= n_cache) { std::memcpy(dst, specs[i].tensor.data, specs[i].tensor.nbytes()); return; }
     Rng r(hash_name(specs[i].name, s.seed));
-    std::vector<float> buf(B * H * P * d);
-    for (int64_t b = 0; b < B; ++b)
+    const bool suffix = specs[i].name.rfind("suffix_", 0) == 0;
+    const int64_t N = suffix ? B : G, R = suffix ? Q : P;
+    std::vector<float> buf(N * H * R * d);
+    for (int64_t b = 0; b < N; ++b)
       for (int64_t hh = 0; hh < H; ++hh)
-        for (int64_t p = 0; p < P; ++p) {
-          float* row = buf.data() + ((b * H + hh) * P + p) * d;
-          // Valid rows ~ unit RMS like normed keys / values; padding rows are large garbage.
-          const bool valid_row = p < valid[b];
+        for (int64_t p = 0; p < R; ++p) {
+          float* row = buf.data() + ((b * H + hh) * R + p) * d;
+          // Rows some sample reads ~ unit RMS like normed keys / values; the others are large garbage.
+          const bool valid_row = suffix ? p < sfx[b] : p >= pad[b] && p < valid[b];
           for (int64_t j = 0; j < d; ++j) row[j] = valid_row ? 1.7f * r.uniform() : 7.0f + 100.f * r.uniform();
         }
     store(s.dtype, buf.data(), static_cast<int64_t>(buf.size()), dst);

@@ -279,8 +279,6 @@ TEST(Releases, MissingAndContradictoryKeysAreErrors) {
   // Unsupported modes, each named with its key and file.
   expect_config_error([](json& c) { c["expert_config"]["expert_non_causal_attention"] = false; },
                       {"config.json", "'expert_config.expert_non_causal_attention' = false", "causal"});
-  expect_config_error([](json& c) { c["expert_config"]["diffusion_cfg"]["use_classifier_free_guidance"] = true; },
-                      {"config.json", "'expert_config.diffusion_cfg.use_classifier_free_guidance' = true", "guidance"});
   expect_config_error([](json& c) { c["expert_config"]["diffusion_cfg"]["int_method"] = "heun"; },
                       {"config.json", "expert_config.diffusion_cfg.int_method", "heun", "euler"});
   expect_config_error([](json& c) { c["expert_config"]["action_in_proj_cfg"]["_target_"] = "x.PerWaypointActionInProjV3"; },
@@ -312,11 +310,15 @@ TEST(Releases, FlatReleasesErrors) {
     edit_config(tmp / "ck", [](json& c) { c["expert_cfg"]["head_dim"] = 32; });
     expect_error([&] { Checkpoint::open(tmp / "ck"); }, {"config.json", "'expert_cfg.head_dim' = 32", "d = 16"});
   }
-  // Guidance: Alpamayo 1.5 reads the switch (and guidance is not supported yet); Alpamayo-R1 has none and ignores it.
+  // Guidance: Alpamayo 1.5 reads the switch and the weight; Alpamayo-R1 has none and ignores it.
   TempDir tmp;
   write_synthetic_checkpoint(tmp / "a15", tiny_spec(Release::A1_5));
-  edit_config(tmp / "a15", [](json& c) { c["diffusion_cfg"]["use_classifier_free_guidance"] = true; });
-  expect_error([&] { Checkpoint::open(tmp / "a15"); }, {"config.json", "'diffusion_cfg.use_classifier_free_guidance' = true"});
+  edit_config(tmp / "a15", [](json& c) {
+    c["diffusion_cfg"]["use_classifier_free_guidance"] = true;
+    c["diffusion_cfg"]["inference_guidance_weight"] = 2.5;
+  });
+  EXPECT_TRUE(Checkpoint::open(tmp / "a15")->config().use_cfg);
+  EXPECT_EQ(Checkpoint::open(tmp / "a15")->config().guidance_weight, 2.5);
   write_synthetic_checkpoint(tmp / "r1", tiny_spec(Release::R1));
   edit_config(tmp / "r1", [](json& c) { c["diffusion_cfg"]["use_classifier_free_guidance"] = true; });
   auto ck = Checkpoint::open(tmp / "r1");
