@@ -7,6 +7,7 @@
 // second session costs and checks that each gives bitwise the result it gives alone.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -61,6 +62,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 int main(int argc, char** argv) {
   int L = 64, D = 1536, Hq = 16, Hkv = 8, d = 128, I = 6144, T = 64, S = 4700, Smax = 8192, B = 1, threads = 2,
       steps = 3, warmup = 1, sessions = 1;
+  std::vector<int64_t> suffix;
+  bool copies = false;
   std::string weights = "bf16", backend = "cpu";
   bool profile = true;
   CLI::App app{"Time the denoising steps of the full-size expert on random weights"};
@@ -80,6 +83,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed Euler steps (one sample)");
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--profile", profile, "print the per-op table after each step (1/0)");
+  app.add_option("--suffix", suffix, "per-sample suffix rows after a prompt shared by the B samples (cycled)")
+      ->delimiter(',');
+  app.add_option("--copies", copies, "with --suffix: store a copy of the prompt per sample instead (1/0)");
   app.add_option("--sessions", sessions, "1, or 2: also run a second session on the same model concurrently")
       ->check(CLI::Range(1, 2));
   CLI11_PARSE(app, argc, argv);
@@ -123,19 +129,44 @@ int main(int argc, char** argv) {
     const double load_s = seconds_since(t0);
     const long hwm_model = vm_hwm_kb();
 
-    // Cache: valid rows random, the rest zero (never read).
+    // Cache: rows in use random, the rest zero (never read). --suffix R: the B samples share one S-row prompt
+    // (stored once) and each has its own suffix of R[b] rows (the reasoning text after the prompt); with
+    // --copies 1 every sample instead holds a full copy of the prompt followed by its suffix, as every
+    // implementation that does not share the prompt stores it.
+    std::vector<int64_t> sfx;
+    if (!suffix.empty())
+      for (size_t b = 0; b < size_t(B); ++b) sfx.push_back(suffix[b % suffix.size()]);
+    const int64_t Q = sfx.empty() ? 0 : *std::max_element(sfx.begin(), sfx.end());
     KVCache kv;
-    kv.B = B; kv.Hkv = Hkv; kv.P = Smax; kv.d = d;
-    kv.valid_len.assign(B, S);
+    kv.B = B; kv.Hkv = Hkv; kv.d = d;
+    const bool shared = !sfx.empty() && !copies;
+    kv.G = shared ? 1 : B;
+    kv.P = copies && !sfx.empty() ? std::max<int64_t>(Smax, S + Q) : Smax;
+    if (shared) {
+      kv.valid_len = {S};
+      kv.prompt_of.assign(B, 0);
+      kv.Q = static_cast<int>(Q);
+      kv.suffix_len = sfx;
+    } else {
+      for (int b = 0; b < B; ++b) kv.valid_len.push_back(S + (sfx.empty() ? 0 : sfx[b]));
+    }
     std::vector<std::vector<uint16_t>> store;
+    auto fill = [&](int64_t N, int64_t P, const std::vector<int64_t>& rows, const char* name) {
+      auto& c = store.emplace_back(size_t(N) * Hkv * P * d, 0);
+      for (int64_t bh = 0; bh < N * Hkv; ++bh)
+        for (size_t i = 0; i < size_t(rows[bh / Hkv]) * d; ++i) c[bh * P * d + i] = f32_to_bf16(rng.normal());
+      return TensorView{DType::BF16, {N, Hkv, P, d}, c.data(), name};
+    };
     for (int l = 0; l < L; ++l)
       for (int which = 0; which < 2; ++which) {
-        auto& c = store.emplace_back(size_t(B) * Hkv * Smax * d, 0);
-        for (size_t bh = 0; bh < size_t(B) * Hkv; ++bh)
-          for (size_t i = 0; i < size_t(S) * d; ++i) c[bh * Smax * d + i] = f32_to_bf16(rng.normal());
-        (which ? kv.value : kv.key).push_back(TensorView{DType::BF16, {B, Hkv, Smax, d}, c.data(), "cache"});
+        (which ? kv.value : kv.key).push_back(fill(kv.G, kv.P, kv.valid_len, "cache"));
+        if (shared) (which ? kv.suffix_value : kv.suffix_key).push_back(fill(B, Q, sfx, "suffix"));
       }
     auto context = [&] { return Context::from_views(kv, std::vector<int64_t>(B, 0), std::nullopt, std::vector<float>(B, 8.f)); };
+    size_t cache_bytes = 0;
+    for (const auto& c : store) cache_bytes += c.size() * 2;
+    std::printf("cache: %s, %.1f MiB\n", shared ? "one shared prompt + per-sample suffixes" : copies && !sfx.empty() ? "a prompt copy per sample + its suffix" : "one prompt per sample",
+                cache_bytes / 1048576.0);
     Session session(model);
     t0 = std::chrono::steady_clock::now();
     session.bind(context());
