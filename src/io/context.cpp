@@ -113,6 +113,12 @@ Context Context::open(const std::string& path) {
     kv.prompt_of = read_i64(f, "prompt_index", B);
   }
   kv.B = static_cast<int>(B);
+  if (!f.contains("prompt_index") && f.contains("rope_delta")) {
+    const TensorView rd = f.view("rope_delta");
+    check(rd.shape.size() != 1 || rd.shape[0] == G,
+          path + ": rope_delta has " + std::to_string(rd.shape[0]) + " samples but the cache has G = " +
+              std::to_string(G) + " prompts and no prompt_index naming each sample's prompt");
+  }
   const bool sk = f.contains("suffix_key.0"), sl = f.contains("suffix_len");
   check(sk == sl, path + ": suffix_key.{l}/suffix_value.{l} and suffix_len must be given together (found only " +
                       (sk ? "suffix_key.0" : "suffix_len") + ")");

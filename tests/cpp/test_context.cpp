@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "alpamayo/context.h"
 #include "alpamayo/engine.h"
@@ -54,7 +56,7 @@ TEST(Context, Errors) {
   expect_bad([](TensorSet& s) { reinterpret_cast<int64_t*>(s.t["valid_len"].bytes.data())[1] = 11; },
              {"ctx.safetensors", "valid_len[1] = 11", "P = 10"});
   expect_bad([](TensorSet& s) { reinterpret_cast<int64_t*>(s.t["valid_len"].bytes.data())[0] = -1; }, {"valid_len[0] = -1"});
-  expect_bad([](TensorSet& s) { s.t["rope_delta"] = Tensor::i64({3}); }, {"rope_delta", "[2]", "[3]"});
+  expect_bad([](TensorSet& s) { s.t["rope_delta"] = Tensor::i64({3}); }, {"rope_delta has 3 samples", "G = 2 prompts"});
   expect_bad([](TensorSet& s) { s.t["valid_len"] = Tensor::f32({2}); }, {"valid_len", "I64", "F32"});
   expect_bad([](TensorSet& s) { s.erase("rope_delta"); }, {"missing tensor 'rope_delta'"});
   expect_bad([](TensorSet& s) { s.erase("ego_history_rot"); }, {"ego_history_xyz and ego_history_rot"});
@@ -106,6 +108,116 @@ TEST(Context, NeedsV0OrHistory) {
   const SampleResult r = eng.sample(o);
   EXPECT_EQ(r.v0_source, "given");
   EXPECT_EQ(r.v0[1], 3.0f);
+}
+
+// Shared prompts, per-sample suffixes and left padding in a file: read as written, equal to the same
+// cache laid out as one full row set per sample (the prompt copied, then the suffix), bitwise on the
+// reference backend.
+TEST(Context, SharedPromptFileMatchesPerSampleCopies) {
+  TempDir tmp;
+  write_synthetic_checkpoint(tmp / "ck", tiny_spec());
+  auto ck = Checkpoint::open(tmp / "ck");
+  SyntheticContextSpec cs;
+  cs.B = 3;
+  cs.G = 2;
+  cs.P = 12;
+  cs.valid_len = {12, 9};
+  cs.prefix_pad = {2, 0};
+  cs.prompt_index = {1, 0, 0};
+  cs.Q = 5;
+  cs.suffix_len = {5, 0, 3};
+  cs.rope_delta = {-3, 4, 4};
+  cs.history = 0;
+  write_synthetic_context(tmp / "shared", ck->config(), cs);
+  const Context c = Context::open(tmp / "shared");
+  const KVCache& kv = c.kv();
+  EXPECT_EQ(c.batch(), 3);
+  EXPECT_EQ(kv.G, 2);
+  EXPECT_EQ(kv.prompt_of, (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(kv.prefix_pad, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(kv.suffix_len, (std::vector<int64_t>{5, 0, 3}));
+  EXPECT_EQ(kv.offset(0), 9 + 5);
+  EXPECT_EQ(kv.offset(2), 12 + 3);
+  EXPECT_EQ(kv.attended(1), 10);
+
+  // The same rows as one [B, Hkv, P', d] cache per layer: prompt rows (padding kept, masked by prefix_pad is
+  // not expressible there, so it is dropped and the rope offset kept through rope_delta), then the suffix.
+  const int Hkv = kv.Hkv, d = kv.d, P2 = kv.P + kv.Q;
+  std::vector<std::vector<uint16_t>> store;
+  KVCache flat;
+  flat.B = flat.G = 3;
+  flat.Hkv = Hkv;
+  flat.d = d;
+  flat.P = P2;
+  std::vector<int64_t> rd(3);
+  for (int b = 0; b < 3; ++b) {
+    flat.valid_len.push_back(kv.attended(b));
+    rd[b] = c.rope_delta()[b] + kv.offset(b) - kv.attended(b);  // the same rotary positions
+  }
+  for (size_t l = 0; l < kv.key.size(); ++l)
+    for (int which = 0; which < 2; ++which) {
+      const auto* prompt = static_cast<const uint16_t*>((which ? kv.value : kv.key)[l].data);
+      const auto* sfx = static_cast<const uint16_t*>((which ? kv.suffix_value : kv.suffix_key)[l].data);
+      auto& buf = store.emplace_back(size_t(3) * Hkv * P2 * d, 0);
+      for (int b = 0; b < 3; ++b)
+        for (int h = 0; h < Hkv; ++h) {
+          const int g = kv.prompt(b);
+          uint16_t* dst = buf.data() + (size_t(b) * Hkv + h) * P2 * d;
+          const uint16_t* src = prompt + ((size_t(g) * Hkv + h) * kv.P + kv.pad(g)) * d;
+          const size_t np = size_t(kv.valid_len[g] - kv.pad(g)) * d;
+          std::copy(src, src + np, dst);
+          std::copy(sfx + (size_t(b) * Hkv + h) * kv.Q * d, sfx + ((size_t(b) * Hkv + h) * kv.Q + kv.suffix(b)) * d,
+                    dst + np);
+        }
+      (which ? flat.value : flat.key).push_back(TensorView{DType::BF16, {3, Hkv, P2, d}, buf.data(), "flat"});
+    }
+  Session s(Model::load(ck, "reference"));
+  s.bind(c);
+  const SampleResult a = s.sample({.seed = 9});
+  s.bind(Context::from_views(flat, rd, std::nullopt, *c.v0()));
+  EXPECT_EQ(s.sample({.seed = 9}).action, a.action);
+}
+
+TEST(Context, SharedPromptErrors) {
+  TempDir tmp;
+  write_synthetic_checkpoint(tmp / "ck", tiny_spec());
+  auto ck = Checkpoint::open(tmp / "ck");
+  SyntheticContextSpec cs;
+  cs.B = 2;
+  cs.G = 1;
+  cs.P = 8;
+  cs.Q = 4;
+  cs.prefix_pad = {1};
+  write_synthetic_context(tmp / "ok", ck->config(), cs);
+  auto edit = [&](const std::function<void(TensorSet&)>& fn) {
+    TensorSet t = TensorSet::read(tmp / "ok");
+    fn(t);
+    t.write(tmp / "bad");
+  };
+  auto set_i64 = [](TensorSet& t, const std::string& name, std::vector<int64_t> v) {
+    t.t[name] = Tensor::i64({static_cast<int64_t>(v.size())}, v.data());
+    if (std::find(t.names.begin(), t.names.end(), name) == t.names.end()) t.names.push_back(name);
+  };
+  edit([&](TensorSet& t) { set_i64(t, "prompt_index", {0, 1}); });
+  expect_error([&] { Context::open(tmp / "bad"); }, {"prompt_index[1] = 1", "G = 1"});
+  edit([&](TensorSet& t) { set_i64(t, "suffix_len", {4, 5}); });
+  expect_error([&] { Context::open(tmp / "bad"); }, {"suffix_len[1] = 5", "Q = 4"});
+  edit([&](TensorSet& t) { set_i64(t, "prefix_pad", {9}); });
+  expect_error([&] { Context::open(tmp / "bad"); }, {"prefix_pad[0] = 9", "valid_len = 8"});
+  edit([&](TensorSet& t) { t.erase("suffix_len"); });
+  expect_error([&] { Context::open(tmp / "bad"); }, {"suffix_len must be given together"});
+  edit([&](TensorSet& t) { t.erase("prompt_index"); });
+  expect_error([&] { Context::open(tmp / "bad"); }, {"rope_delta has 2 samples", "G = 1 prompts", "prompt_index"});
+  edit([&](TensorSet& t) { t.erase("suffix_value.1"); });
+  expect_error([&] { Context::open(tmp / "bad"); }, {"suffix_value.1"});
+  edit([&](TensorSet& t) { set_i64(t, "rope_delta", {1, 2, 3}); });
+  expect_error([&] { Context::open(tmp / "bad"); }, {"rope_delta", "[2]", "[3]"});
+  // NaN in a suffix row that a sample reads is found; in a row beyond suffix_len it is allowed.
+  edit([&](TensorSet& t) {
+    auto* p = reinterpret_cast<uint16_t*>(t.t.at("suffix_key.0").bytes.data());
+    p[0] = 0x7fc0;  // sample 0, head 0, row 0
+  });
+  expect_error([&] { Context::open(tmp / "bad"); }, {"suffix_key.0", "non-finite", "[0, 0, 0, 0]"});
 }
 
 }  // namespace
