@@ -72,7 +72,10 @@ def _ints(x: Any, name: str) -> list[int]:
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         v = [v]
     if not isinstance(v, (list, tuple)):
-        raise Error(f"{name}: expected a vector of integers, got {type(x).__name__}")
+        try:
+            v = list(v)
+        except TypeError:
+            raise Error(f"{name}: expected a vector of integers, got {type(x).__name__}") from None
     out = []
     for e in v:
         if isinstance(e, (list, tuple)):  # [N, 1], as the release keeps rope_deltas
