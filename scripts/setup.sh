@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the project needs on Debian 12 and builds it.
 #   scripts/setup.sh          Debian packages + build
-#   scripts/setup.sh --python also the pinned Python packages (requirements.txt) in a virtualenv
+#   scripts/setup.sh --python also the pinned Python packages (requirements.txt) in a virtualenv, and the
+#                             Python module (pip install .) into it
 # The virtualenv lives in $ALPAMAYO_VENV (default ~/.cache/alpamayo-expert/venv) and is reused while
 # requirements.txt is unchanged.
 set -euo pipefail
@@ -25,6 +26,10 @@ if [ "${1:-}" = "--python" ]; then
   VENV="${ALPAMAYO_VENV:-$HOME/.cache/alpamayo-expert/venv}"
   if ! command -v python3 >/dev/null || ! python3 -c "import venv, ensurepip" 2>/dev/null; then
     need_apt python3 python3-venv python3-pip
+  fi
+  # The Python module's build needs the interpreter's headers (Debian's python3-dev).
+  if ! python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
+    need_apt python3-dev
   fi
   stamp="$VENV/.requirements.sha256"
   want="$(sha256sum requirements.txt | cut -d' ' -f1)"

@@ -15,5 +15,9 @@ cmake --build build-ref-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-exper
 TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/alpamayo_tests --gtest_brief=1
 echo "== the C API test under ThreadSanitizer (threads sharing one model through the C API)"
 TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/test_capi build-ref-tsan/alpamayo-expert
+echo "== the Python module: pip install . into $VENV"
+# scikit-build-core with the pinned nanobind of requirements.txt; the build directory build/python-<tag> is kept,
+# so a rerun compiles only what changed. The tests then import the installed module.
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$VENV/bin/pip" install -q --no-build-isolation .
 echo "== pytest"
 ALPAMAYO_CLI="$PWD/build/alpamayo-expert" PYTHONPATH="$PWD/python" "$VENV/bin/python" -m pytest tests/python -q

@@ -43,6 +43,7 @@ struct SampleArgs {
   std::string weights;
   double v0 = NAN, guidance_weight = NAN, temperature = 1.0;
   bool all_steps = false, profile = false, exact_freqs = false, quiet = false, no_guidance = false;
+  bool guidance_weight_given = false;  // --guidance-weight nan is an error, not "the default"
 };
 
 std::vector<float> read_noise(const std::string& path, int B, int T, int A) {
@@ -86,10 +87,10 @@ void run_sample(const SampleArgs& a) {
   check(!(cfg.use_cfg && a.guidance_context.empty() && !a.no_guidance),
         a.checkpoint + "/config.json: use_classifier_free_guidance is true: give the unguided context with "
                        "--guidance-context FILE, or sample without guidance with --no-guidance");
-  check(std::isnan(a.guidance_weight) || !a.guidance_context.empty(), "--guidance-weight needs --guidance-context");
+  check(!a.guidance_weight_given || !a.guidance_context.empty(), "--guidance-weight needs --guidance-context");
   if (!a.guidance_context.empty())
     bind.guidance = Guidance{Context::open(a.guidance_context),
-                             std::isnan(a.guidance_weight) ? cfg.guidance_weight : a.guidance_weight};
+                             a.guidance_weight_given ? a.guidance_weight : cfg.guidance_weight};
   session.bind(std::move(ctx), bind);
   SampleOptions so;
   so.steps = a.steps;
@@ -142,7 +143,8 @@ Run add_sample(CLI::App& app) {
   app.add_option("--guidance-context", a->guidance_context,
                  "unguided context (the prompt without the navigation text): classifier-free guidance");
   app.add_option("--guidance-weight", a->guidance_weight,
-                 "w of v = (1 - w) v_unguided + w v_guided (default: diffusion_cfg.inference_guidance_weight)");
+                 "w of v = (1 - w) v_unguided + w v_guided (default: diffusion_cfg.inference_guidance_weight)")
+      ->each([a](const std::string&) { a->guidance_weight_given = true; });
   app.add_flag("--no-guidance", a->no_guidance, "sample without guidance where config.json asks for it");
   app.add_option("--steps", a->steps, "Euler steps (default: diffusion_cfg.num_inference_steps)")->check(CLI::Range(1, 100000));
   app.add_option("--backend", a->backend, "backend: " + [] { std::string s; for (auto& n : backend_names()) s += n + " "; return s; }());

@@ -57,7 +57,7 @@ void Session::bind(Context ctx, const BindOptions& opts) {
   if (opts.guidance) {
     const Context& u = opts.guidance->unguided;
     const double w = opts.guidance->weight;
-    check(std::isfinite(w), "guidance weight must be finite, found " + std::to_string(w));
+    check(std::isfinite(w) && w >= 0, "guidance weight must be finite and >= 0, found " + std::to_string(w));
     u.check_compatible(c);
     check(u.batch() == ctx.batch(), u.name() + ": the guidance context has " + std::to_string(u.batch()) +
                                         " samples, the guided context " + ctx.name() + " has " +

@@ -191,15 +191,38 @@ def build_expert(ck: Checkpoint) -> Qwen3VLTextModel:
 
 @dataclass
 class ExpertContext:
-    keys: list[torch.Tensor]    # fp32 [B, Hkv, P, d]
+    """Per-sample caches as the release's step_fn sees them: sample b's own row set [B, Hkv, R, d] (prompt rows,
+    then its generated rows), rows [0, lo_b) left padding and rows >= valid_len_b (its offset) masked."""
+    keys: list[torch.Tensor]    # fp32 [B, Hkv, R, d]
     values: list[torch.Tensor]
-    valid_len: torch.Tensor     # [B] int64
+    valid_len: torch.Tensor     # [B] int64: the offset (index after <traj_future_start>)
     rope_delta: torch.Tensor    # [B] int64
+    lo: torch.Tensor | None = None  # [B] int64 left-padding rows (default 0)
 
     @classmethod
     def from_file_context(cls, ctx) -> "ExpertContext":
-        return cls([k.float() for k in ctx.keys], [v.float() for v in ctx.values],
-                   ctx.valid_len.long(), ctx.rope_delta.long())
+        """Expands a context file's G shared prompts and B suffixes into the B row sets the release holds
+        (each prompt copied once per sample, as generate(num_return_sequences) leaves it): sample b's rows are
+        prompt g(b)'s rows [0, valid_len_g) followed by its suffix rows [0, suffix_len_b)."""
+        if ctx.prompt_index is None and ctx.suffix_len is None:
+            return cls([k.float() for k in ctx.keys], [v.float() for v in ctx.values], ctx.valid_len.long(),
+                       ctx.rope_delta.long(), ctx.pads())
+        g_of, vl, sl, pads = ctx.prompt_of(), ctx.valid_len.long(), ctx.suffix_lens(), ctx.pads()
+        B = g_of.shape[0]
+        off = vl[g_of] + sl
+        R = int(off.max())
+        keys, values = [], []
+        for l in range(ctx.num_layers):
+            for src, sfx, out in ((ctx.keys[l], ctx.suffix_keys, keys), (ctx.values[l], ctx.suffix_values, values)):
+                _, H, _, d = src.shape
+                t = torch.zeros(B, H, R, d)
+                for b in range(B):
+                    g, n = int(g_of[b]), int(vl[g_of[b]])
+                    t[b, :, :n] = src[g, :, :n].float()
+                    if sfx is not None:
+                        t[b, :, n:n + int(sl[b])] = sfx[l][b, :, :int(sl[b])].float()
+                out.append(t)
+        return cls(keys, values, off, ctx.rope_delta.long(), pads[g_of])
 
 
 class Oracle:
@@ -219,6 +242,8 @@ class Oracle:
         if mask_padding:
             for b in range(self.B):
                 mask[b, :, :, int(ctx.valid_len[b]): self.P] = torch.finfo(torch.float32).min
+                if ctx.lo is not None:
+                    mask[b, :, :, : int(ctx.lo[b])] = torch.finfo(torch.float32).min
         self.mask = mask
 
     @torch.no_grad()
@@ -306,3 +331,22 @@ def decode(ck: Checkpoint, action: torch.Tensor, v0: torch.Tensor, z: torch.Tens
     rot = torch.zeros(B, T, 3, 3, dtype=torch.float64)
     rot[..., 0, 0], rot[..., 0, 1], rot[..., 1, 0], rot[..., 1, 1], rot[..., 2, 2] = c, -sn, sn, c, 1.0
     return torch.stack([x, y, zz], -1), yaw, rot
+
+
+class GuidedOracle:
+    """Classifier-free guidance (NVlabs/alpamayo1.5 FlowMatching._guided_v): each step runs step_fn over the
+    guided and the unguided context and returns (1 - w) v_unguided + w v_guided. Same interface as Oracle."""
+
+    def __init__(self, guided: Oracle, unguided: Oracle, weight: float):
+        self.g, self.u, self.w = guided, unguided, weight
+        self.ck, self.B, self.T = guided.ck, guided.B, guided.T
+        self.P = max(guided.P, unguided.P)
+        self.position_ids = torch.cat([guided.position_ids, unguided.position_ids], -1)
+
+    @torch.no_grad()
+    def step(self, x: torch.Tensor, t: torch.Tensor, capture: bool = False):
+        vg, cap = self.g.step(x, t, capture)  # the engine captures the guided pass
+        vu, _ = self.u.step(x, t)
+        return (1 - self.w) * vu + self.w * vg, cap
+
+    sample = Oracle.sample

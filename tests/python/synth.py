@@ -197,10 +197,19 @@ class CtxSpec:
     seed: int = 1
     garbage_seed: int = 2
     garbage_scale: float = 30.0      # large enough to dominate attention if it were not masked
+    # Shared prompts: valid_len / prefix_pad are per prompt (G = len(valid_len)), the rest per sample.
+    prompt_index: tuple[int, ...] | None = None
+    prefix_pad: tuple[int, ...] | None = None
+    suffix_len: tuple[int, ...] | None = None   # with Q = suffix_rows
+    suffix_rows: int = 0
+
+    @property
+    def G(self) -> int:
+        return len(self.valid_len)
 
     @property
     def B(self) -> int:
-        return len(self.valid_len)
+        return len(self.prompt_index) if self.prompt_index is not None else len(self.valid_len)
 
 
 def ego_history(B: int, H: int = 16, dt: float = 0.1, seed: int = 3):
@@ -226,19 +235,39 @@ def ego_history(B: int, H: int = 16, dt: float = 0.1, seed: int = 3):
 
 
 def context_kv(dm: Dims, spec: CtxSpec):
-    """K/V [B, Hkv, P, d] per layer: valid rows ~ roped-key scale, padding rows large finite garbage."""
+    """Prompt K/V [G, Hkv, P, d] per layer: rows in use ~ roped-key scale, left padding and rows >= valid_len
+    large finite garbage."""
     g = torch.Generator().manual_seed(spec.seed)
     gg = torch.Generator().manual_seed(spec.garbage_seed)
+    pads = spec.prefix_pad or (0,) * spec.G
     kv = []
     for _ in range(dm.L):
-        k = _randn(g, spec.B, dm.Hkv, spec.P, dm.d, std=1.7)
-        v = _randn(g, spec.B, dm.Hkv, spec.P, dm.d)
+        k = _randn(g, spec.G, dm.Hkv, spec.P, dm.d, std=1.7)
+        v = _randn(g, spec.G, dm.Hkv, spec.P, dm.d)
         for b, s in enumerate(spec.valid_len):
             n = spec.P - s
             k[b, :, s:] = _randn(gg, dm.Hkv, n, dm.d, std=spec.garbage_scale)
             v[b, :, s:] = _randn(gg, dm.Hkv, n, dm.d, std=spec.garbage_scale)
+            k[b, :, :pads[b]] = _randn(gg, dm.Hkv, pads[b], dm.d, std=spec.garbage_scale)
+            v[b, :, :pads[b]] = _randn(gg, dm.Hkv, pads[b], dm.d, std=spec.garbage_scale)
         kv.append((k, v))
     return kv
+
+
+def suffix_kv(dm: Dims, spec: CtxSpec):
+    """Suffix K/V [B, Hkv, Q, d] per layer: rows < suffix_len_b in use, the rest garbage."""
+    g = torch.Generator().manual_seed(spec.seed + 100)
+    gg = torch.Generator().manual_seed(spec.garbage_seed + 100)
+    out = []
+    for _ in range(dm.L):
+        k = _randn(g, spec.B, dm.Hkv, spec.suffix_rows, dm.d, std=1.7)
+        v = _randn(g, spec.B, dm.Hkv, spec.suffix_rows, dm.d)
+        for b, s in enumerate(spec.suffix_len):
+            n = spec.suffix_rows - s
+            k[b, :, s:] = _randn(gg, dm.Hkv, n, dm.d, std=spec.garbage_scale)
+            v[b, :, s:] = _randn(gg, dm.Hkv, n, dm.d, std=spec.garbage_scale)
+        out.append((k, v))
+    return out
 
 
 def make_context(path, dm: Dims = TINY, spec: CtxSpec = CtxSpec()) -> Path:
@@ -248,7 +277,10 @@ def make_context(path, dm: Dims = TINY, spec: CtxSpec = CtxSpec()) -> Path:
         kw["ego_history_xyz"], kw["ego_history_rot"] = ego_history(spec.B)
     elif spec.motion == "v0":
         kw["v0"] = torch.tensor(spec.v0[: spec.B])
-    write_context(path, kv, spec.valid_len, spec.rope_delta, dtype=DTYPES[spec.kv_dtype], **kw)
+    if spec.suffix_len is not None:
+        kw["suffix"], kw["suffix_len"] = suffix_kv(dm, spec), spec.suffix_len
+    write_context(path, kv, spec.valid_len, spec.rope_delta, dtype=DTYPES[spec.kv_dtype],
+                  prefix_pad=spec.prefix_pad, prompt_index=spec.prompt_index, **kw)
     return Path(path)
 
 

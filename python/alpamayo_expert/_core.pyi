@@ -1,0 +1,67 @@
+"""Type stubs of the native module (src/python/module.cpp). Use the classes of alpamayo_expert (engine.py)."""
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+class Error(RuntimeError): ...
+
+def backends() -> list[tuple[str, list[str], str]]: ...
+
+class Model:
+    def __init__(self, checkpoint: str, backend: str = "", weights: str = "", threads: int = 0,
+                 vlm_config: str = "", release: str = "", exact_freqs: bool = False, profile: bool = False) -> None: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def weights(self) -> str: ...
+    @property
+    def checkpoint(self) -> str: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def values(self) -> list[tuple[str, str, str]]: ...
+    @property
+    def weight_bytes(self) -> int: ...
+
+class Context:
+    @staticmethod
+    def open(path: str) -> Context: ...
+    @staticmethod
+    def from_arrays(keys: Sequence[Any], values: Sequence[Any], valid_len: Sequence[int], rope_delta: Sequence[int],
+                    prefix_pad: Sequence[int], prompt_index: Sequence[int], suffix_keys: Sequence[Any],
+                    suffix_values: Sequence[Any], suffix_len: Sequence[int], history_xyz: Optional[np.ndarray],
+                    history_rot: Optional[np.ndarray], v0: Optional[Sequence[float]], copy: bool,
+                    name: str) -> Context: ...
+    name: str
+    batch: int
+    prompts: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    rows: int
+    suffix_rows: int
+    valid_len: list[int]
+    prefix_pad: list[int]
+    prompt_index: list[int]
+    suffix_len: list[int]
+    offsets: list[int]
+    rope_delta: list[int]
+    has_history: bool
+    v0: Optional[list[float]]
+    copied: list[str]
+    def views(self) -> list[tuple[str, int, str, str, list[int]]]: ...
+
+class Session:
+    def __init__(self, model: Model) -> None: ...
+    def bind(self, context: Context, guidance: Optional[Context] = None, guidance_weight: Optional[float] = None,
+             capture_step: int = -1, capture_layers: bool = True) -> None: ...
+    @property
+    def bound(self) -> bool: ...
+    @property
+    def buffer_bytes(self) -> int: ...
+    def sample(self, steps: int = 0, seed: Optional[int] = None, seeds: Sequence[int] = ...,
+               noise: Optional[np.ndarray] = None, temperature: float = 1.0, v0: Optional[float] = None,
+               all_steps: bool = False) -> dict[str, Any]: ...
+    def captures(self) -> dict[str, Any]: ...

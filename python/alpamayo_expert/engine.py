@@ -1,0 +1,376 @@
+"""The engine from Python: Model, Context, Session (over the native module alpamayo_expert._core).
+
+    import alpamayo_expert as ae
+    model = ae.Model("/models/alpamayo1.5", backend="cpu", weights="bf16")
+    ctx = ae.Context(keys, values, valid_len, rope_delta, ego_history_xyz=xyz, ego_history_rot=rot)
+    session = model.session()
+    session.bind(ctx)
+    r = session.sample(seed=0)          # r.xyz [B, T, 3] numpy; session.sample(..., output="torch") for tensors
+
+Caches are read through DLPack without a copy when they are row-major (contiguous) in memory a backend can
+read (the cpu and reference backends read host memory). A non-contiguous host tensor is copied once into a
+row-major buffer the Context owns (`Context.copied` names them; copy=False refuses instead). A CUDA tensor is
+viewed as it is, and a backend that cannot read device memory refuses it at bind with a clear error. Small
+per-sample vectors (lengths, rope deltas, v0, ego history, noise) are always copied. Long calls (loading,
+validating, binding, sampling) release the GIL. Errors raise alpamayo_expert.Error with the engine's message.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+try:
+    from . import _core
+except ImportError as e:  # pragma: no cover - exercised only without the native module
+    _core = None
+    _IMPORT_ERROR = e
+
+__all__ = ["Error", "Model", "Context", "Session", "SampleResult", "backends"]
+
+
+def _native():
+    if _core is None:
+        raise ImportError("alpamayo_expert._core, the native engine, is not installed: run `pip install .` in the "
+                          f"repository (README, 'Python') ({_IMPORT_ERROR})")
+    return _core
+
+
+if _core is not None:
+    Error = _core.Error
+else:  # pragma: no cover
+    class Error(RuntimeError):
+        """The engine's error (alpamayo::Error): the message names the file, tensor or key."""
+
+
+def backends() -> list[tuple[str, list[str], str]]:
+    """Every backend of this build: (name, weight formats (the first is the default), why it cannot run here or '')."""
+    return list(_native().backends())
+
+
+# ---------------------------------------------------------------------------------------------- conversions
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def _to_list(x: Any) -> Any:
+    if _is_torch(x):
+        return x.detach().cpu().tolist()
+    if isinstance(x, np.ndarray) or isinstance(x, np.generic):
+        return x.tolist()
+    if hasattr(x, "tolist") and not isinstance(x, (list, tuple)):
+        return x.tolist()
+    return x
+
+
+def _ints(x: Any, name: str) -> list[int]:
+    """A vector of integers from a list, numpy array or tensor ([N] or [N, 1]); None -> []."""
+    if x is None:
+        return []
+    v = _to_list(x)
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        try:
+            v = list(v)
+        except TypeError:
+            raise Error(f"{name}: expected a vector of integers, got {type(x).__name__}") from None
+    out = []
+    for e in v:
+        if isinstance(e, (list, tuple)):  # [N, 1], as the release keeps rope_deltas
+            if len(e) != 1:
+                raise Error(f"{name}: expected shape [N] or [N, 1], got rows of {len(e)}")
+            e = e[0]
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
+            raise Error(f"{name}: expected integers, got {type(e).__name__} {e!r}")
+        out.append(int(e))
+    return out
+
+
+def _f32(x: Any, name: str) -> np.ndarray:
+    """A float32 row-major host array (a copy when the input is not one)."""
+    if _is_torch(x):
+        x = x.detach().to("cpu").float().numpy()
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    return a
+
+
+def _cache_tensor(t: Any, name: str) -> Any:
+    """What nanobind reads through DLPack or the buffer protocol, unchanged (no copy)."""
+    if _is_torch(t):
+        return t.detach()
+    if hasattr(t, "__dlpack__") or isinstance(t, np.ndarray):
+        return t
+    if isinstance(t, (list, tuple)):
+        return np.asarray(t, dtype=np.float32)
+    raise Error(f"{name}: expected a tensor or array, got {type(t).__name__}")
+
+
+def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
+    """(K, V) per layer from a transformers Cache (`.layers[l].keys/.values`, older `key_cache`), a legacy tuple
+    of tuples, or a list of (K, V). No torch import, no copy."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        out = []
+        for i, layer in enumerate(layers):
+            k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if k is None or v is None or getattr(k, "numel", lambda: 1)() == 0:
+                raise Error(f"cache layer {i} holds no keys/values (uninitialized or not a full-attention layer)")
+            out.append((k, v))
+        return out
+    if hasattr(cache, "key_cache") and hasattr(cache, "value_cache"):
+        return list(zip(cache.key_cache, cache.value_cache))
+    if isinstance(cache, (list, tuple)):
+        out = []
+        for i, kv in enumerate(cache):
+            if not isinstance(kv, (list, tuple)) or len(kv) < 2:
+                raise Error(f"layer {i}: expected a (key, value) pair")
+            out.append((kv[0], kv[1]))
+        return out
+    raise Error(f"unsupported cache type {type(cache).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------- classes
+class Model:
+    """A checkpoint's expert weights loaded once into one backend: immutable, shared by any number of Sessions.
+
+    checkpoint: a released Hugging Face directory (config.json + safetensors, single file or sharded).
+    backend: "cpu" (default) or "reference" (`backends()` lists this build's); weights: the backend's weight
+    format ("bf16" | "int8" for cpu; default the first). threads: 0 = all cores. vlm_config: the VLM's
+    config.json for R1 / 1.5 checkpoints (eps, theta, layer count); release: "r1" | "1.5" | "a2" when a fork
+    renamed config.json's model_type.
+    """
+
+    def __init__(self, checkpoint: str, backend: str = "", weights: str = "", threads: int = 0,
+                 vlm_config: str | None = None, release: str | None = None, exact_freqs: bool = False):
+        self._m = _native().Model(str(checkpoint), backend or "", weights or "", int(threads), str(vlm_config or ""),
+                                  release or "", bool(exact_freqs))
+
+    @property
+    def backend(self) -> str:
+        return self._m.backend
+
+    @property
+    def weights(self) -> str:
+        return self._m.weights
+
+    @property
+    def checkpoint(self) -> str:
+        return self._m.checkpoint
+
+    @property
+    def config(self) -> dict:
+        """The expert's configuration as the engine read it: sizes, n_waypoints, dt, num_inference_steps,
+        use_classifier_free_guidance, inference_guidance_weight, release, ..."""
+        return dict(self._m.config)
+
+    @property
+    def values(self) -> list[tuple[str, str, str]]:
+        """Every configuration value with its source: (name, value, config key / tensor / release default)."""
+        return list(self._m.values)
+
+    def session(self) -> "Session":
+        return Session(self)
+
+    def __repr__(self) -> str:
+        return f"Model({self.checkpoint!r}, backend={self.backend!r}, weights={self.weights!r})"
+
+
+class Context:
+    """What the VLM leaves for the expert, validated once (docs/FORMATS.md has the meaning of every field).
+
+    keys, values: per layer [G, Hkv, P, d] float32/float16/bfloat16 tensors or arrays (the prompt caches,
+    keys after k_norm and rotary as transformers' cache holds them), read in place (see the module doc for
+    when they are copied). valid_len [G]: rows of each prompt; rope_delta [B]: each sample's M-RoPE offset.
+    Optional: prefix_pad [G] (left padding), prompt_index [B] (each sample's prompt; default B = G),
+    suffix_keys / suffix_values per layer [B, Hkv, Q, d] with suffix_len [B] (each sample's own rows after its
+    prompt), ego_history_xyz [B, H, 3] with ego_history_rot [B, H, 3, 3], or v0 [B]. Sample b's expert tokens
+    sit at positions i + rope_delta_b + valid_len_g + suffix_len_b. The arrays must not change while the
+    Context (or a Session bound to it) lives.
+    """
+
+    def __init__(self, keys: Sequence[Any], values: Sequence[Any], valid_len: Any, rope_delta: Any, *,
+                 prefix_pad: Any = None, prompt_index: Any = None, suffix_keys: Sequence[Any] | None = None,
+                 suffix_values: Sequence[Any] | None = None, suffix_len: Any = None, ego_history_xyz: Any = None,
+                 ego_history_rot: Any = None, v0: Any = None, copy: bool = True, name: str = "context"):
+        keys = [_cache_tensor(t, f"{name}: key.{l}") for l, t in enumerate(keys)]
+        values = [_cache_tensor(t, f"{name}: value.{l}") for l, t in enumerate(values)]
+        sk = [_cache_tensor(t, f"{name}: suffix_key.{l}") for l, t in enumerate(suffix_keys or [])]
+        sv = [_cache_tensor(t, f"{name}: suffix_value.{l}") for l, t in enumerate(suffix_values or [])]
+        if (ego_history_xyz is None) != (ego_history_rot is None):
+            raise Error(f"{name}: ego_history_xyz and ego_history_rot must be given together")
+        hx = _f32(ego_history_xyz, "ego_history_xyz") if ego_history_xyz is not None else None
+        hr = _f32(ego_history_rot, "ego_history_rot") if ego_history_rot is not None else None
+        v0_list = None
+        if v0 is not None:
+            v0_list = [float(e) for e in np.asarray(_to_list(v0), dtype=np.float64).reshape(-1)]
+        self._c = _native().Context.from_arrays(
+            keys, values, _ints(valid_len, "valid_len"), _ints(rope_delta, "rope_delta"),
+            _ints(prefix_pad, "prefix_pad"), _ints(prompt_index, "prompt_index"), sk, sv,
+            _ints(suffix_len, "suffix_len"), hx, hr, v0_list, bool(copy), str(name))
+
+    @classmethod
+    def open(cls, path: str) -> "Context":
+        """Maps and validates a context file (docs/FORMATS.md)."""
+        self = cls.__new__(cls)
+        self._c = _native().Context.open(str(path))
+        return self
+
+    @classmethod
+    def from_cache(cls, past_key_values: Any, valid_len: Any, rope_delta: Any, **kwargs) -> "Context":
+        """A Context over a transformers Cache (or a list of (K, V)); kwargs as for Context()."""
+        kv = cache_layers(past_key_values)
+        return cls([k for k, _ in kv], [v for _, v in kv], valid_len, rope_delta, **kwargs)
+
+    name = property(lambda self: self._c.name)
+    batch = property(lambda self: self._c.batch, doc="B, the samples")
+    prompts = property(lambda self: self._c.prompts, doc="G, the prompt caches")
+    layers = property(lambda self: self._c.layers)
+    kv_heads = property(lambda self: self._c.kv_heads)
+    head_dim = property(lambda self: self._c.head_dim)
+    rows = property(lambda self: self._c.rows, doc="P, the prompt caches' rows")
+    suffix_rows = property(lambda self: self._c.suffix_rows, doc="Q, the suffix caches' rows (0: none)")
+    valid_len = property(lambda self: list(self._c.valid_len))
+    prefix_pad = property(lambda self: list(self._c.prefix_pad))
+    prompt_index = property(lambda self: list(self._c.prompt_index))
+    suffix_len = property(lambda self: list(self._c.suffix_len))
+    offsets = property(lambda self: list(self._c.offsets), doc="each sample's rotary offset valid_len_g + suffix_len_b")
+    rope_delta = property(lambda self: list(self._c.rope_delta))
+    has_history = property(lambda self: self._c.has_history)
+    copied = property(lambda self: list(self._c.copied),
+                      doc="names of the cache tensors that were copied (non-contiguous inputs); [] when all are views")
+
+    def views(self) -> list[tuple[str, int, str, str, list[int]]]:
+        """(name, data pointer, device, dtype, shape) of every cache tensor the engine reads."""
+        return list(self._c.views())
+
+    def __repr__(self) -> str:
+        return (f"Context({self.name!r}, B={self.batch}, G={self.prompts}, layers={self.layers}, P={self.rows}, "
+                f"Q={self.suffix_rows})")
+
+
+@dataclass
+class SampleResult:
+    """One sample's outputs (numpy arrays, or torch tensors with output="torch"); all float32."""
+    action: Any          # [B, T, A] the sampler's x_N (normalized acceleration, curvature)
+    xyz: Any             # [B, T, 3] waypoints in the ego frame at t0
+    yaw: Any             # [B, T]
+    rot: Any             # [B, T, 3, 3]
+    v0: Any              # [B] the initial speed used
+    steps: int
+    seconds: float       # wall time of the denoising loop
+    step_seconds: list[float]
+    v0_source: str
+    x_steps: Any = None  # [N+1, B, T, A] with all_steps
+    v_steps: Any = None  # [N, B, T, A] with all_steps
+    extra: dict = field(default_factory=dict)
+
+
+def _convert(a: Any, output: str) -> Any:
+    if output == "numpy" or a is None:
+        return a
+    import torch
+    return torch.from_numpy(a)
+
+
+def _check_output(output: str) -> None:
+    if output not in ("numpy", "torch"):
+        raise Error(f"output must be 'numpy' or 'torch', got {output!r}")
+
+
+class Session:
+    """One bound context on a shared Model, with its own buffers and threads. One call at a time (a second
+    thread calling into a busy Session gets an Error); sessions of one Model run in parallel threads."""
+
+    def __init__(self, model: Model):
+        if not isinstance(model, Model):
+            raise Error(f"Session: expected a Model, got {type(model).__name__}")
+        self.model = model
+        self._s = _native().Session(model._m)
+        self._ctx: Context | None = None
+        self._guidance: Context | None = None
+
+    def bind(self, context: Context, guidance: Context | None = None, guidance_weight: float | None = None,
+             no_guidance: bool = False, capture_step: int | None = None, capture_layers: bool = True) -> None:
+        """Validates the context against the model and binds it (a failed bind leaves the session unbound).
+
+        guidance: the unguided context (the prompt without the navigation text, same samples and layers) for
+        classifier-free guidance, v = (1 - w) v_unguided + w v_guided at every step (Alpamayo 1.5's
+        FlowMatching._guided_v); guidance_weight w: default the config's inference_guidance_weight; must be
+        finite and >= 0. A config with use_classifier_free_guidance needs guidance, or no_guidance=True.
+        capture_step: record per-layer outputs of that Euler step (read with captures()).
+        """
+        if not isinstance(context, Context):
+            raise Error(f"bind: expected a Context, got {type(context).__name__}")
+        if guidance is not None and not isinstance(guidance, Context):
+            raise Error(f"bind: guidance must be the unguided Context, got {type(guidance).__name__}")
+        cfg = self.model.config
+        if guidance is None and cfg["use_classifier_free_guidance"] and not no_guidance:
+            raise Error(f"{self.model.checkpoint}/config.json: use_classifier_free_guidance is true: give the "
+                        "unguided context (guidance=...), or sample without guidance with no_guidance=True")
+        if guidance_weight is not None and guidance is None:
+            raise Error("guidance_weight needs a guidance context (the unguided context)")
+        w = None if guidance_weight is None else float(guidance_weight)
+        self._ctx = self._guidance = None
+        self._s.bind(context._c, guidance._c if guidance is not None else None, w,
+                     -1 if capture_step is None else int(capture_step), bool(capture_layers))
+        self._ctx, self._guidance = context, guidance
+
+    @property
+    def bound(self) -> bool:
+        return self._s.bound
+
+    @property
+    def context(self) -> Context | None:
+        return self._ctx
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self._s.buffer_bytes
+
+    def sample(self, *, seed: int | None = None, seeds: Sequence[int] | None = None, noise: Any = None,
+               temperature: float = 1.0, steps: int | None = None, v0: float | None = None,
+               all_steps: bool = False, output: str = "numpy") -> SampleResult:
+        """Samples every bound sample's trajectory (N Euler steps, then the unicycle decode).
+
+        Initial noise, the first given of: noise [B, T, A] (the caller's, e.g. drawn with torch as the release
+        draws it); seeds (one per sample: sample b from its own stream, reproducible alone); seed (one for the
+        batch); seed 0. It is multiplied by temperature (finite, >= 0) in float32, as the release's
+        `randn(...) * temperature`. steps: default the config's num_inference_steps. v0 overrides the
+        context's v0 / ego-history estimate. output: "numpy" or "torch" (zero-copy torch.from_numpy).
+        """
+        _check_output(output)
+        nz = None
+        if noise is not None:
+            nz = _f32(noise, "noise")
+            cfg = self.model.config
+            B, T, A = (self._ctx.batch if self._ctx else 0), cfg["n_waypoints"], cfg["action_dims"]
+            if self._ctx is not None and nz.shape != (B, T, A):
+                raise Error(f"noise: expected shape [B={B}, T={T}, A={A}], got {list(nz.shape)}")
+        seed_list = []
+        for s in _ints(seeds, "seeds"):
+            if s < 0 or s >= 1 << 64:
+                raise Error(f"seeds: seeds must be in [0, 2^64), found {s}")
+            seed_list.append(s)
+        if seed is not None and (int(seed) < 0 or int(seed) >= 1 << 64):
+            raise Error(f"seed must be in [0, 2^64), found {seed}")
+        if steps is not None and not 1 <= int(steps) <= 100000:
+            raise Error(f"steps must be in [1, 100000], found {steps}")
+        r = self._s.sample(0 if steps is None else int(steps), None if seed is None else int(seed), seed_list, nz,
+                           float(temperature), None if v0 is None else float(v0), bool(all_steps))
+        c = lambda k: _convert(r.get(k), output)  # noqa: E731
+        return SampleResult(action=c("action"), xyz=c("xyz"), yaw=c("yaw"), rot=c("rot"), v0=c("v0"),
+                            steps=r["steps"], seconds=r["seconds"], step_seconds=list(r["step_seconds"]),
+                            v0_source=r["v0_source"], x_steps=c("x_steps"), v_steps=c("v_steps"))
+
+    def captures(self, output: str = "numpy") -> dict:
+        """The captures of the last sample (bind with capture_step=k): {'step', 'emb', 'hidden', 'layers'}."""
+        _check_output(output)
+        d = dict(self._s.captures())
+        for k in ("emb", "hidden"):
+            if k in d:
+                d[k] = _convert(d[k], output)
+        if "layers" in d:
+            d["layers"] = [_convert(a, output) for a in d["layers"]]
+        return d

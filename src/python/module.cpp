@@ -1,0 +1,439 @@
+// alpamayo_expert._core: the C++ engine (Checkpoint, Model, Context, Session) for Python, with nanobind.
+//
+// Caches are taken through DLPack (torch tensors, numpy arrays, anything with __dlpack__ or the buffer
+// protocol) as views: a row-major tensor is never copied, its owner is kept alive by the Context. A
+// non-contiguous host tensor is copied into a row-major buffer the Context owns (unless copy=False); device
+// memory is viewed as it is, and a backend that cannot read it refuses it at bind. Model loading, binding and
+// sampling release the GIL. alpamayo::Error becomes alpamayo_expert.Error with the engine's message.
+// The pure-Python layer (python/alpamayo_expert/engine.py) normalises arguments and builds the public classes.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "alpamayo/engine.h"
+#include "alpamayo/error.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace alpamayo::python {
+namespace {
+
+using AnyArray = nb::ndarray<nb::ro>;
+using HostF32 = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+
+DType dtype_of(const AnyArray& a, const std::string& name) {
+  const nb::dlpack::dtype t = a.dtype();
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  if (t.lanes == 1) {
+    if (code == nb::dlpack::dtype_code::Float && t.bits == 32) return DType::F32;
+    if (code == nb::dlpack::dtype_code::Float && t.bits == 16) return DType::F16;
+    if (code == nb::dlpack::dtype_code::Bfloat && t.bits == 16) return DType::BF16;
+    if (code == nb::dlpack::dtype_code::Float && t.bits == 64) return DType::F64;
+    if (code == nb::dlpack::dtype_code::Int && t.bits == 64) return DType::I64;
+    if (code == nb::dlpack::dtype_code::Int && t.bits == 32) return DType::I32;
+  }
+  throw Error(name + ": unsupported element type (DLPack code " + std::to_string(t.code) + ", " +
+              std::to_string(t.bits) + " bits, " + std::to_string(t.lanes) + " lanes); caches must be float32, "
+              "float16 or bfloat16");
+}
+
+Device device_of(const AnyArray& a, const std::string& name) {
+  const int32_t type = a.device_type();
+  switch (type) {
+    case 1: return {DeviceType::CPU, a.device_id()};
+    case 2: return {DeviceType::CUDA, a.device_id()};
+    case 3: return {DeviceType::CUDAHost, a.device_id()};
+    default:
+      throw Error(name + ": memory of DLPack device type " + std::to_string(type) +
+                  ", which the engine does not know (it reads cpu, cuda and cuda_host memory)");
+  }
+}
+
+// The context's own copy of a non-contiguous host tensor, row-major.
+std::vector<uint8_t> copy_row_major(const TensorView& v) {
+  const size_t es = dtype_size(v.dtype);
+  std::vector<uint8_t> out(v.nbytes());
+  const int nd = static_cast<int>(v.shape.size());
+  std::vector<int64_t> idx(nd, 0);
+  const int64_t n = v.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0;
+    for (int k = 0; k < nd; ++k) off += idx[k] * v.strides[k];
+    std::memcpy(out.data() + i * es, static_cast<const uint8_t*>(v.data) + off * int64_t(es), es);
+    for (int k = nd - 1; k >= 0; --k) {
+      if (++idx[k] < v.shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+  return out;
+}
+
+struct ModelHandle {
+  std::shared_ptr<const Checkpoint> ck;  // null for models built from weights
+  std::shared_ptr<const Model> m;
+};
+
+// A validated context and everything its views point into: the caller's arrays (kept alive) and the
+// row-major copies made of non-contiguous ones.
+struct CtxHandle {
+  std::optional<Context> ctx;
+  std::vector<AnyArray> owners;
+  std::vector<std::vector<uint8_t>> copies;
+  std::vector<std::string> copied;  // names of the tensors that were copied
+
+  const Context& get() const {
+    if (!ctx) throw Error("Context: not initialised");
+    return *ctx;
+  }
+
+  TensorView view(const AnyArray& a, const std::string& name, bool allow_copy) {
+    TensorView v;
+    v.name = name;
+    v.dtype = dtype_of(a, name);
+    v.device = device_of(a, name);
+    v.data = a.data();
+    for (size_t k = 0; k < a.ndim(); ++k) {
+      v.shape.push_back(static_cast<int64_t>(a.shape(k)));
+      v.strides.push_back(static_cast<int64_t>(a.stride(k)));
+    }
+    owners.push_back(a);
+    if (!v.is_contiguous() && v.numel() > 0) {
+      if (!v.device.host_accessible())
+        throw Error(name + ": a non-contiguous tensor in " + v.device.str() +
+                    " memory (strides " + shape_str(v.strides) + "); the engine reads row-major caches: make it "
+                    "contiguous on its device first (.contiguous())");
+      if (!allow_copy)
+        throw Error(name + ": not row-major contiguous (shape " + shape_str(v.shape) + ", strides " +
+                    shape_str(v.strides) + ") and copy=False");
+      copies.push_back(copy_row_major(v));
+      v.data = copies.back().data();
+      v.strides.clear();
+      copied.push_back(name);
+    }
+    return v;
+  }
+};
+
+std::vector<TensorView> views(CtxHandle& pc, const std::vector<AnyArray>& list, const std::string& prefix,
+                              bool allow_copy) {
+  std::vector<TensorView> out;
+  for (size_t l = 0; l < list.size(); ++l) out.push_back(pc.view(list[l], prefix + std::to_string(l), allow_copy));
+  return out;
+}
+
+void check_4d(const std::vector<TensorView>& key, const std::string& what) {
+  const TensorView& k0 = key[0];
+  check(k0.shape.size() == 4, k0.name + ": expected shape [" + what + ", Hkv, rows, d], found " + shape_str(k0.shape));
+}
+
+CtxHandle* context_from_arrays(const std::vector<AnyArray>& keys, const std::vector<AnyArray>& values,
+                               std::vector<int64_t> valid_len, std::vector<int64_t> rope_delta,
+                               std::vector<int64_t> prefix_pad, std::vector<int64_t> prompt_index,
+                               const std::vector<AnyArray>& suffix_keys, const std::vector<AnyArray>& suffix_values,
+                               std::vector<int64_t> suffix_len, std::optional<HostF32> history_xyz,
+                               std::optional<HostF32> history_rot, std::optional<std::vector<float>> v0,
+                               bool allow_copy, const std::string& name) {
+  auto pc = std::make_unique<CtxHandle>();
+  KVCache kv;
+  check(!keys.empty(), name + ": the KV cache has no layers (keys is empty)");
+  check(keys.size() == values.size(), name + ": " + std::to_string(keys.size()) + " key layers but " +
+                                          std::to_string(values.size()) + " value layers");
+  kv.key = views(*pc, keys, name + ": key.", allow_copy);
+  kv.value = views(*pc, values, name + ": value.", allow_copy);
+  check_4d(kv.key, "G");
+  kv.G = static_cast<int>(kv.key[0].shape[0]);
+  kv.Hkv = static_cast<int>(kv.key[0].shape[1]);
+  kv.P = static_cast<int>(kv.key[0].shape[2]);
+  kv.d = static_cast<int>(kv.key[0].shape[3]);
+  kv.valid_len = std::move(valid_len);
+  kv.prefix_pad = std::move(prefix_pad);
+  kv.prompt_of = std::move(prompt_index);
+  kv.B = kv.prompt_of.empty() ? kv.G : static_cast<int>(kv.prompt_of.size());
+  const bool any_suffix = !suffix_keys.empty() || !suffix_values.empty() || !suffix_len.empty();
+  if (any_suffix) {
+    check(!suffix_keys.empty() && !suffix_values.empty() && !suffix_len.empty(),
+          name + ": suffix_keys, suffix_values and suffix_len must be given together");
+    check(suffix_keys.size() == values.size() && suffix_values.size() == values.size(),
+          name + ": suffix caches have " + std::to_string(suffix_keys.size()) + "/" +
+              std::to_string(suffix_values.size()) + " layers, the prompt caches " + std::to_string(keys.size()));
+    kv.suffix_key = views(*pc, suffix_keys, name + ": suffix_key.", allow_copy);
+    kv.suffix_value = views(*pc, suffix_values, name + ": suffix_value.", allow_copy);
+    check_4d(kv.suffix_key, "B");
+    kv.Q = static_cast<int>(kv.suffix_key[0].shape[2]);
+    kv.suffix_len = std::move(suffix_len);
+  }
+  std::optional<EgoHistory> hist;
+  check(history_xyz.has_value() == history_rot.has_value(),
+        name + ": ego_history_xyz and ego_history_rot must be given together");
+  if (history_xyz) {
+    const HostF32& x = *history_xyz;
+    const HostF32& r = *history_rot;
+    check(x.ndim() == 3 && x.shape(2) == 3, name + ": ego_history_xyz: expected shape [B, H, 3]");
+    EgoHistory h;
+    h.H = static_cast<int>(x.shape(1));
+    check(static_cast<int64_t>(x.shape(0)) == kv.B,
+          name + ": ego_history_xyz has " + std::to_string(x.shape(0)) + " samples, the context B = " +
+              std::to_string(kv.B));
+    check(r.ndim() == 4 && static_cast<int64_t>(r.shape(0)) == kv.B && static_cast<int64_t>(r.shape(1)) == h.H &&
+              r.shape(2) == 3 && r.shape(3) == 3,
+          name + ": ego_history_rot: expected shape [" + std::to_string(kv.B) + ", " + std::to_string(h.H) + ", 3, 3]");
+    h.xyz.assign(x.data(), x.data() + x.size());
+    h.rot.assign(r.data(), r.data() + r.size());
+    hist = std::move(h);
+  }
+  {
+    nb::gil_scoped_release release;  // validation scans every row in use for NaN/Inf
+    pc->ctx = Context::from_views(std::move(kv), std::move(rope_delta), std::move(hist), std::move(v0), name);
+  }
+  return pc.release();
+}
+
+// A float32 array over a moved vector: no copy, the capsule frees it.
+nb::object array_f32(std::vector<float>&& v, std::vector<size_t> shape) {
+  auto* holder = new std::vector<float>(std::move(v));
+  nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy, float>(holder->data(), shape.size(), shape.data(), owner));
+}
+
+nb::dict config_dict(const ExpertConfig& c) {
+  nb::dict d;
+  d["release"] = release_name(c.release);
+  d["model_type"] = release_model_type(c.release);
+  d["layers"] = c.L;
+  d["hidden_size"] = c.D;
+  d["num_attention_heads"] = c.Hq;
+  d["num_key_value_heads"] = c.Hkv;
+  d["head_dim"] = c.d;
+  d["intermediate_size"] = c.I;
+  d["rms_norm_eps"] = c.rms_eps;
+  d["rope_theta"] = c.rope_theta;
+  d["n_waypoints"] = c.T;
+  d["action_dims"] = c.A;
+  d["dt"] = c.dt;
+  d["num_inference_steps"] = c.num_steps;
+  d["use_classifier_free_guidance"] = c.use_cfg;
+  d["inference_guidance_weight"] = c.guidance_weight;
+  return d;
+}
+
+struct SessionHandle {
+  std::shared_ptr<const Model> model;
+  Session s;
+  std::mutex mu;  // one call at a time: a Session is not safe for concurrent use
+  nb::object bound = nb::none(), unguided = nb::none();  // the bound contexts (and their arrays) stay alive
+
+  explicit SessionHandle(std::shared_ptr<const Model> m) : model(m), s(std::move(m)) {}
+
+  // Taken with the GIL held and never waited for, so no thread blocks on it while holding the GIL.
+  std::unique_lock<std::mutex> acquire() {
+    std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
+    if (!lock.owns_lock())
+      throw Error("Session: in use by another thread (a Session runs one call at a time; give each thread its own "
+                  "Session: sessions of one Model run in parallel)");
+    return lock;
+  }
+};
+
+}  // namespace
+}  // namespace alpamayo::python
+
+using namespace alpamayo;
+using namespace alpamayo::python;
+
+NB_MODULE(_core, m) {
+  m.doc() = "The Alpamayo action-expert engine (C++), bound with nanobind. Use the classes of alpamayo_expert.";
+  nb::exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  m.def("backends", [] {
+    std::vector<std::tuple<std::string, std::vector<std::string>, std::string>> out;
+    for (const BackendInfo& b : registered_backends()) out.emplace_back(b.name, b.weight_formats, b.unavailable());
+    return out;
+  }, "Every backend of this build: (name, weight formats (the first is the default), why it cannot run here or '').");
+
+  nb::class_<ModelHandle>(m, "Model")
+      .def("__init__", [](ModelHandle* self, const std::string& checkpoint, const std::string& backend,
+                          const std::string& weights, int threads, const std::string& vlm_config,
+                          const std::string& release, bool exact_freqs, bool profile) {
+             std::shared_ptr<const Checkpoint> ck;
+             std::shared_ptr<const Model> model;
+             {
+               nb::gil_scoped_release release_gil;
+               CheckpointOptions co;
+               co.vlm_config = vlm_config;
+               if (!release.empty()) co.release = parse_release(release, "release");
+               ck = Checkpoint::open(checkpoint, co);
+               BackendOptions bo;
+               bo.threads = threads;
+               bo.weights = weights;
+               bo.exact_freqs = exact_freqs;
+               bo.profile = profile;
+               model = Model::load(ck, backend, bo);
+             }
+             new (self) ModelHandle{std::move(ck), std::move(model)};
+           },
+           "checkpoint"_a, "backend"_a = "", "weights"_a = "", "threads"_a = 0, "vlm_config"_a = "", "release"_a = "",
+           "exact_freqs"_a = false, "profile"_a = false)
+      .def_prop_ro("backend", [](const ModelHandle& p) { return p.m->backend_name(); })
+      .def_prop_ro("weights", [](const ModelHandle& p) { return p.m->weights(); })
+      .def_prop_ro("checkpoint", [](const ModelHandle& p) { return p.ck ? p.ck->dir() : std::string(); })
+      .def_prop_ro("layout", [](const ModelHandle& p) { return p.ck ? std::string(layout_name(p.ck->layout())) : std::string(); })
+      .def_prop_ro("config", [](const ModelHandle& p) { return config_dict(p.m->config()); })
+      .def_prop_ro("values", [](const ModelHandle& p) {
+        std::vector<std::tuple<std::string, std::string, std::string>> out;
+        if (p.ck)
+          for (const ConfigValue& v : p.ck->values()) out.emplace_back(v.name, v.value, v.source);
+        return out;
+      })
+      .def_prop_ro("weight_bytes", [](const ModelHandle& p) { return p.m->backend().weight_bytes(); });
+
+  nb::class_<CtxHandle>(m, "Context")
+      .def_static("open", [](const std::string& path) {
+        auto pc = std::make_unique<CtxHandle>();
+        nb::gil_scoped_release release;
+        pc->ctx = Context::open(path);
+        return pc.release();
+      }, "path"_a, nb::rv_policy::take_ownership)
+      .def_static("from_arrays", &context_from_arrays, "keys"_a, "values"_a, "valid_len"_a, "rope_delta"_a,
+                  "prefix_pad"_a, "prompt_index"_a, "suffix_keys"_a, "suffix_values"_a, "suffix_len"_a,
+                  "history_xyz"_a.none(), "history_rot"_a.none(), "v0"_a.none(), "copy"_a, "name"_a,
+                  nb::rv_policy::take_ownership)
+      .def_prop_ro("name", [](const CtxHandle& c) { return c.get().name(); })
+      .def_prop_ro("batch", [](const CtxHandle& c) { return c.get().batch(); })
+      .def_prop_ro("prompts", [](const CtxHandle& c) { return c.get().kv().G; })
+      .def_prop_ro("layers", [](const CtxHandle& c) { return c.get().layers(); })
+      .def_prop_ro("kv_heads", [](const CtxHandle& c) { return c.get().kv().Hkv; })
+      .def_prop_ro("head_dim", [](const CtxHandle& c) { return c.get().kv().d; })
+      .def_prop_ro("rows", [](const CtxHandle& c) { return c.get().kv().P; })
+      .def_prop_ro("suffix_rows", [](const CtxHandle& c) { return c.get().kv().Q; })
+      .def_prop_ro("valid_len", [](const CtxHandle& c) { return c.get().kv().valid_len; })
+      .def_prop_ro("prefix_pad", [](const CtxHandle& c) {
+        const KVCache& kv = c.get().kv();
+        std::vector<int64_t> out(kv.G);
+        for (int g = 0; g < kv.G; ++g) out[g] = kv.pad(g);
+        return out;
+      })
+      .def_prop_ro("prompt_index", [](const CtxHandle& c) {
+        const KVCache& kv = c.get().kv();
+        std::vector<int64_t> out(kv.B);
+        for (int b = 0; b < kv.B; ++b) out[b] = kv.prompt(b);
+        return out;
+      })
+      .def_prop_ro("suffix_len", [](const CtxHandle& c) {
+        const KVCache& kv = c.get().kv();
+        std::vector<int64_t> out(kv.B);
+        for (int b = 0; b < kv.B; ++b) out[b] = kv.suffix(b);
+        return out;
+      })
+      .def_prop_ro("offsets", [](const CtxHandle& c) {
+        const KVCache& kv = c.get().kv();
+        std::vector<int64_t> out(kv.B);
+        for (int b = 0; b < kv.B; ++b) out[b] = kv.offset(b);
+        return out;
+      })
+      .def_prop_ro("rope_delta", [](const CtxHandle& c) { return c.get().rope_delta(); })
+      .def_prop_ro("has_history", [](const CtxHandle& c) { return c.get().history().has_value(); })
+      .def_prop_ro("v0", [](const CtxHandle& c) { return c.get().v0(); })
+      .def_prop_ro("copied", [](const CtxHandle& c) { return c.copied; })
+      .def("views", [](const CtxHandle& c) {
+        std::vector<std::tuple<std::string, uintptr_t, std::string, std::string, std::vector<int64_t>>> out;
+        const KVCache& kv = c.get().kv();
+        for (const auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
+          for (const TensorView& t : *list)
+            out.emplace_back(t.name, reinterpret_cast<uintptr_t>(t.data), t.device.str(), dtype_name(t.dtype), t.shape);
+        return out;
+      }, "(name, data pointer, device, dtype, shape) of every cache tensor the engine reads.");
+
+  nb::class_<SessionHandle>(m, "Session")
+      .def("__init__", [](SessionHandle* self, const ModelHandle& model) { new (self) SessionHandle(model.m); }, "model"_a)
+      .def("bind", [](SessionHandle& s, nb::object ctx, nb::object guidance, std::optional<double> weight, int capture_step,
+                      bool capture_layers) {
+             const CtxHandle& pc = nb::cast<const CtxHandle&>(ctx);
+             BindOptions o;
+             o.capture = {.step = capture_step, .layers = capture_layers};
+             if (!guidance.is_none()) {
+               const CtxHandle& gc = nb::cast<const CtxHandle&>(guidance);
+               o.guidance = Guidance{gc.get(), weight ? *weight : s.model->config().guidance_weight};
+             }
+             Context c = pc.get();
+             std::unique_lock<std::mutex> lock = s.acquire();
+             try {
+               nb::gil_scoped_release release;
+               s.s.bind(std::move(c), o);
+             } catch (...) {
+               s.bound = nb::none();  // a failed bind leaves the session unbound
+               s.unguided = nb::none();
+               throw;
+             }
+             s.bound = ctx;
+             s.unguided = guidance;
+           },
+           "context"_a, "guidance"_a.none() = nb::none(), "guidance_weight"_a.none() = nb::none(),
+           "capture_step"_a = -1, "capture_layers"_a = true)
+      .def_prop_ro("bound", [](const SessionHandle& s) { return s.s.bound(); })
+      .def_prop_ro("buffer_bytes", [](const SessionHandle& s) { return s.s.buffer_bytes(); })
+      .def("sample", [](SessionHandle& s, int steps, std::optional<uint64_t> seed, std::vector<uint64_t> seeds,
+                        std::optional<HostF32> noise, double temperature, std::optional<double> v0, bool all_steps) {
+             SampleOptions o;
+             o.steps = steps;
+             o.seed = seed;
+             o.seeds = std::move(seeds);
+             if (noise) o.noise.assign(noise->data(), noise->data() + noise->size());
+             o.temperature = temperature;
+             o.v0 = v0;
+             o.all_steps = all_steps;
+             SampleResult r;
+             std::unique_lock<std::mutex> lock = s.acquire();
+             {
+               nb::gil_scoped_release release;
+               r = s.s.sample(o);
+             }
+             lock.unlock();
+             const size_t B = r.B, T = r.T, A = r.A, N = r.steps;
+             nb::dict d;
+             d["action"] = array_f32(std::move(r.action), {B, T, A});
+             d["xyz"] = array_f32(std::move(r.xyz), {B, T, 3});
+             d["yaw"] = array_f32(std::move(r.yaw), {B, T});
+             d["rot"] = array_f32(std::move(r.rot), {B, T, 3, 3});
+             d["v0"] = array_f32(std::move(r.v0), {B});
+             if (all_steps) {
+               d["x_steps"] = array_f32(std::move(r.x_steps), {N + 1, B, T, A});
+               d["v_steps"] = array_f32(std::move(r.v_steps), {N, B, T, A});
+             }
+             d["steps"] = r.steps;
+             d["seconds"] = r.seconds;
+             d["step_seconds"] = r.step_seconds;
+             d["v0_source"] = r.v0_source;
+             return d;
+           },
+           "steps"_a = 0, "seed"_a.none() = nb::none(), "seeds"_a = std::vector<uint64_t>{}, "noise"_a.none() = nb::none(),
+           "temperature"_a = 1.0, "v0"_a.none() = nb::none(), "all_steps"_a = false)
+      .def("captures", [](SessionHandle& s) {
+        std::unique_lock<std::mutex> lock = s.acquire();
+        const Captures& c = s.s.captures();
+        nb::dict d;
+        d["step"] = c.step;
+        if (c.step < 0) return d;
+        const size_t B = s.s.context().batch(), T = s.model->config().T, D = s.model->config().D;
+        d["emb"] = array_f32(std::vector<float>(c.emb), {B, T, D});
+        d["hidden"] = array_f32(std::vector<float>(c.hidden), {B, T, D});
+        nb::list layers;
+        for (const auto& l : c.layers) layers.append(array_f32(std::vector<float>(l), {B, T, D}));
+        d["layers"] = layers;
+        return d;
+      });
+}

@@ -1,0 +1,244 @@
+"""The Python module (alpamayo_expert._core through alpamayo_expert.engine): bitwise the CLI's results, caches read
+in place through DLPack, copies only where documented, errors as alpamayo_expert.Error, the GIL released."""
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import alpamayo_expert as ae
+from alpamayo_expert import read_context, write_noise
+from cli import REFERENCE, sample
+from synth import TINY, CtxSpec, make_checkpoint, make_context, make_noise
+from test_shared_prompts import SHARED, UNGUIDED
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("module")
+    ck = make_checkpoint(d / "ck", TINY, "1.5", "bf16")
+    ctx = make_context(d / "ctx.safetensors", TINY, replace_kv(SHARED, "bf16"))
+    unguided = make_context(d / "unguided.safetensors", TINY, replace_kv(UNGUIDED, "bf16"))
+    noise = make_noise(SHARED.B, TINY, 3)
+    write_noise(d / "noise.safetensors", noise)
+    return dict(dir=d, ck=ck, ctx=ctx, unguided=unguided, noise=noise)
+
+
+def replace_kv(spec, dtype):
+    from dataclasses import replace
+    return replace(spec, kv_dtype=dtype)
+
+
+def model_for(files, backend):
+    return ae.Model(str(files["ck"]), backend=backend.name, weights=backend.weights or "",
+                    threads=2 if backend.name == "cpu" else 0)
+
+
+def context_from_file(path, **kw):
+    f = read_context(path)
+    return ae.Context(f.keys, f.values, f.valid_len, f.rope_delta, prefix_pad=f.prefix_pad, prompt_index=f.prompt_index,
+                      suffix_keys=f.suffix_keys, suffix_values=f.suffix_values, suffix_len=f.suffix_len,
+                      ego_history_xyz=f.ego_history_xyz, ego_history_rot=f.ego_history_rot, v0=f.v0, **kw), f
+
+
+def test_bitwise_the_cli(cli, files, backend, tmp_path):
+    """Caller tensors (bf16 torch, shared prompts, suffixes, padding) + guidance + temperature: the CLI's bits."""
+    m = model_for(files, backend)
+    ctx, f = context_from_file(files["ctx"])
+    u, _ = context_from_file(files["unguided"])
+    assert ctx.copied == [] and (ctx.batch, ctx.prompts, ctx.suffix_rows) == (5, 2, 10)
+    s = m.session()
+    s.bind(ctx, guidance=u, guidance_weight=2.0)
+    r = s.sample(noise=files["noise"], temperature=0.7, all_steps=True)
+    cli_r = sample(cli, files["ck"], files["ctx"], tmp_path, backend=backend, noise=files["dir"] / "noise.safetensors",
+                   layers=False, extra=["--guidance-context", files["unguided"], "--guidance-weight", 2,
+                                        "--temperature", 0.7])
+    for k in ("action", "xyz", "yaw", "rot", "v0", "x_steps", "v_steps"):
+        assert np.array_equal(getattr(r, k), cli_r[k].numpy()), k
+    # From the file, with torch outputs: the same bits.
+    s.bind(ae.Context.open(str(files["ctx"])), guidance=ae.Context.open(str(files["unguided"])), guidance_weight=2.0)
+    rt = s.sample(noise=files["noise"], temperature=0.7, output="torch")
+    assert isinstance(rt.xyz, torch.Tensor) and torch.equal(rt.xyz, torch.from_numpy(r.xyz))
+
+
+def test_views_not_copies(files):
+    """Row-major caches (torch bf16/f32, numpy f32/f16) are read in place: the engine's pointers are theirs."""
+    f = read_context(files["ctx"])
+    for conv in (lambda t: t, lambda t: t.float(), lambda t: t.float().numpy(), lambda t: t.half().numpy()):
+        keys = [conv(k) for k in f.keys]
+        values = [conv(v) for v in f.values]
+        ctx = ae.Context(keys, values, f.valid_len, f.rope_delta, prefix_pad=f.prefix_pad, prompt_index=f.prompt_index,
+                         suffix_keys=f.suffix_keys, suffix_values=f.suffix_values, suffix_len=f.suffix_len, v0=[1.0] * 5)
+        ptr = lambda a: a.data_ptr() if isinstance(a, torch.Tensor) else a.ctypes.data  # noqa: E731
+        views = {name: p for name, p, *_ in ctx.views()}
+        assert ctx.copied == []
+        assert views["context: key.0"] == ptr(keys[0]) and views["context: value.1"] == ptr(values[1])
+        assert views["context: suffix_key.1"] == f.suffix_keys[1].data_ptr()
+
+
+def test_non_contiguous_is_copied_or_refused(files, tmp_path):
+    m = ae.Model(str(files["ck"]), backend="reference")
+    ref, f = context_from_file(files["ctx"])
+    s = m.session()
+    s.bind(ref)
+    want = s.sample(seed=3).action
+    keys = [k.transpose(1, 2).contiguous().transpose(1, 2) for k in f.keys]  # same values, another layout
+    ctx = ae.Context(keys, f.values, f.valid_len, f.rope_delta, prefix_pad=f.prefix_pad, prompt_index=f.prompt_index,
+                     suffix_keys=f.suffix_keys, suffix_values=f.suffix_values, suffix_len=f.suffix_len,
+                     ego_history_xyz=f.ego_history_xyz, ego_history_rot=f.ego_history_rot)
+    assert ctx.copied == ["context: key.0", "context: key.1"]
+    s.bind(ctx)
+    assert np.array_equal(s.sample(seed=3).action, want)
+    with pytest.raises(ae.Error, match=r"context: key.0: not row-major contiguous .* and copy=False"):
+        ae.Context(keys, f.values, f.valid_len, f.rope_delta, prefix_pad=f.prefix_pad, prompt_index=f.prompt_index,
+                   suffix_keys=f.suffix_keys, suffix_values=f.suffix_values, suffix_len=f.suffix_len, copy=False)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+class FakeCuda:
+    """A DLPack producer that labels host memory as cuda:0 (no GPU needed): the engine must refuse to read it."""
+
+    def __init__(self, a: np.ndarray):
+        self.a = np.ascontiguousarray(a, dtype=np.float32)
+        self.shape = (ctypes.c_int64 * a.ndim)(*a.shape)
+        self.mt = _DLManagedTensor()
+        self.mt.dl_tensor = _DLTensor(self.a.ctypes.data, _DLDevice(2, 0), a.ndim, _DLDataType(2, 32, 1), self.shape,
+                                      None, 0)
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, **kwargs):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.mt), b"dltensor", None)
+
+
+def test_device_memory_on_a_host_backend_is_refused(files):
+    f = read_context(files["ctx"])
+    keys = [FakeCuda(k.float().numpy()) for k in f.keys]
+    ctx = ae.Context(keys, f.values, f.valid_len, f.rope_delta, prefix_pad=f.prefix_pad, prompt_index=f.prompt_index,
+                     suffix_keys=f.suffix_keys, suffix_values=f.suffix_values, suffix_len=f.suffix_len, v0=[1.0] * 5)
+    assert ctx.views()[0][2] == "cuda:0" and ctx.copied == []
+    s = ae.Model(str(files["ck"]), backend="reference").session()
+    with pytest.raises(ae.Error, match=r"context: key.0: lives in cuda:0 memory, which the reference backend cannot read"):
+        s.bind(ctx)
+    assert not s.bound
+
+
+def test_errors_carry_the_engine_message(files, tmp_path):
+    with pytest.raises(ae.Error, match="nope"):
+        ae.Model(str(tmp_path / "nope"))
+    with pytest.raises(ae.Error, match="unknown backend|backend 'gpu9'"):
+        ae.Model(str(files["ck"]), backend="gpu9")
+    assert issubclass(ae.Error, RuntimeError)
+    f = read_context(files["ctx"])
+    kw = dict(prefix_pad=f.prefix_pad, suffix_keys=f.suffix_keys, suffix_values=f.suffix_values,
+              suffix_len=f.suffix_len)
+    with pytest.raises(ae.Error, match=r"prompt_index\[1\] = 7 names no prompt"):
+        ae.Context(f.keys, f.values, f.valid_len, f.rope_delta, prompt_index=[0, 7, 0, 1, 0], **kw)
+    with pytest.raises(ae.Error, match=r"suffix_len\[0\] = 11 is outside \[0, Q = 10\]"):
+        ae.Context(f.keys, f.values, f.valid_len, f.rope_delta, prompt_index=f.prompt_index,
+                   **{**kw, "suffix_len": [11, 0, 0, 0, 0]})
+    with pytest.raises(ae.Error, match="valid_len: expected integers"):
+        ae.Context(f.keys, f.values, [40.0, 31.0], f.rope_delta, prompt_index=f.prompt_index, **kw)
+    m = ae.Model(str(files["ck"]), backend="reference")
+    s = m.session()
+    with pytest.raises(ae.Error, match="no context bound"):
+        s.sample()
+    ctx = ae.Context.open(str(files["ctx"]))
+    s.bind(ctx)
+    with pytest.raises(ae.Error, match=r"noise: expected shape \[B=5, T=16, A=2\]"):
+        s.sample(noise=np.zeros((5, 2, 16), np.float32))
+    with pytest.raises(ae.Error, match="seeds: expected one per sample"):
+        s.sample(seeds=[1, 2])
+    other = ae.Context.open(str(make_context(tmp_path / "o.safetensors", TINY, CtxSpec(motion="v0"))))
+    with pytest.raises(ae.Error, match="the guidance context has 3 samples"):
+        s.bind(ctx, guidance=other)
+    assert not s.bound, "a failed bind leaves the session unbound"
+
+
+def test_sample_releases_the_gil(files):
+    """A long sample in a thread lets Python run meanwhile; a second call into the busy Session is refused."""
+    m = ae.Model(str(files["ck"]), backend="reference")
+    s = m.session()
+    s.bind(ae.Context.open(str(files["ctx"])))
+    t0 = time.perf_counter()
+    s.sample(steps=50)
+    per_step = (time.perf_counter() - t0) / 50
+    steps = max(200, int(1.0 / max(per_step, 1e-6)))  # ~1 s of sampling
+    done = threading.Event()
+    th = threading.Thread(target=lambda: (s.sample(steps=steps), done.set()))
+    th.start()
+    time.sleep(0.05)
+    ticks = 0
+    busy_refused = False
+    while not done.is_set():
+        ticks += 1
+        if not busy_refused:
+            try:
+                s.sample(steps=1)
+            except ae.Error as e:
+                busy_refused = "in use by another thread" in str(e)
+        time.sleep(0.001)
+    th.join()
+    assert ticks > 50, f"the main thread ran only {ticks} times during the sample: the GIL was held"
+    assert busy_refused
+
+
+def test_sessions_share_a_model_across_threads(files):
+    m = ae.Model(str(files["ck"]), backend="reference")
+    ctx = ae.Context.open(str(files["ctx"]))
+    want = m.session()
+    want.bind(ctx)
+    ref = want.sample(seed=9).xyz
+    out = [None] * 3
+
+    def work(i):
+        s = m.session()
+        s.bind(ctx)
+        out[i] = s.sample(seed=9).xyz
+
+    ths = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    [t.start() for t in ths]
+    [t.join() for t in ths]
+    assert all(np.array_equal(o, ref) for o in out)
+
+
+def test_use_cfg_config_needs_guidance(files, tmp_path):
+    import json
+    import shutil
+    d = tmp_path / "ck"
+    shutil.copytree(files["ck"], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["diffusion_cfg"]["use_classifier_free_guidance"] = True
+    (d / "config.json").write_text(json.dumps(cfg))
+    m = ae.Model(str(d), backend="reference")
+    s = m.session()
+    ctx = ae.Context.open(str(files["ctx"]))
+    with pytest.raises(ae.Error, match="use_classifier_free_guidance is true"):
+        s.bind(ctx)
+    s.bind(ctx, no_guidance=True)
+    s.bind(ctx, guidance=ae.Context.open(str(files["unguided"])))
+    assert s.bound
