@@ -154,21 +154,31 @@ typedef struct alpamayo_tensor {
 /* ---- contexts ----------------------------------------------------------------------------------------- */
 typedef struct alpamayo_context alpamayo_context;
 
-/* A context over the caller's buffers. keys[l], values[l]: [B, Hkv, P, d] for l < layers, row-major
- * contiguous. The cache memory is not copied: it must stay valid and unchanged while this context, or a
- * session it was bound to (until that session is rebound or freed), lives. Everything else is copied. */
+/* A context over the caller's buffers. keys[l], values[l]: [G, Hkv, P, d] for l < layers, row-major
+ * contiguous (G = batch unless prompts > 0). The cache memory is not copied: it must stay valid and unchanged
+ * while this context, or a session it was bound to (until that session is rebound or freed), lives.
+ * Everything else is copied. Shared prompts (docs/FORMATS.md): prompts = G > 0 prompt caches stored once,
+ * prompt_index[b] names sample b's prompt, prefix_pad[g] leading rows of prompt g are left padding, and
+ * suffix_keys/values[l] [B, Hkv, Q, d] hold each sample's own rows after its prompt (suffix_len[b] in use);
+ * leave them zero / NULL for one cache row set per sample. */
 typedef struct alpamayo_context_desc {
   int64_t layers;                 /* L, the length of keys and values */
   const alpamayo_tensor* keys;    /* [layers] */
   const alpamayo_tensor* values;  /* [layers] */
-  int64_t batch;                  /* B: must equal the caches' first dimension */
-  const int64_t* valid_len;       /* [B]: rows [0, S_b) of sample b are valid */
+  int64_t batch;                  /* B: samples; equals the caches' first dimension unless prompts > 0 */
+  const int64_t* valid_len;       /* [G]: rows [0, S_g) of prompt g are in use */
   const int64_t* rope_delta;      /* [B]: the VLM's multimodal rope offsets */
   const float* v0;                /* [B] initial speeds, or NULL */
   int64_t history;                /* H: ego-history poses (0: none) */
   const float* history_xyz;       /* [B, H, 3] when history > 0 */
   const float* history_rot;       /* [B, H, 3, 3] when history > 0 */
   const char* name;               /* for messages; NULL: "context" */
+  int64_t prompts;                /* G; 0: G = batch, sample b reads prompt b */
+  const int64_t* prompt_index;    /* [B] each sample's prompt, or NULL (then G must equal B) */
+  const int64_t* prefix_pad;      /* [G] left-padding rows, or NULL (none) */
+  const alpamayo_tensor* suffix_keys;   /* [layers] of [B, Hkv, Q, d], or NULL (no suffixes) */
+  const alpamayo_tensor* suffix_values; /* [layers], with suffix_keys */
+  const int64_t* suffix_len;      /* [B], with suffix_keys */
 } alpamayo_context_desc;
 
 typedef struct alpamayo_context_info {
@@ -193,6 +203,10 @@ typedef struct alpamayo_bind_options {
   int32_t capture;        /* nonzero: capture Euler step capture_step of every later sample */
   int32_t capture_layers; /* nonzero: also every layer's output (else only emb and hidden) */
   int64_t capture_step;
+  /* Classifier-free guidance: the unguided context (same samples and layers) or NULL, and the weight w of
+   * v = (1 - w) v_unguided + w v_guided (the session keeps the context; the handle may be freed). */
+  const alpamayo_context* guidance;
+  double guidance_weight;
 } alpamayo_bind_options;
 
 /* All-zero (or NULL) means the defaults: checkpoint's step count, noise from seed 0, context's v0. */
@@ -204,6 +218,10 @@ typedef struct alpamayo_sample_options {
   int32_t all_steps;   /* nonzero: keep every x_k and v_k (ALPAMAYO_X_STEPS, ALPAMAYO_V_STEPS) */
   int32_t use_v0;      /* nonzero: v0 below for every sample, overriding the context's v0 / history */
   double v0;
+  const uint64_t* seeds;  /* [B] one seed per sample (sample b reproducible alone), or NULL */
+  int64_t seeds_count;    /* elements in seeds: must be B */
+  int32_t use_temperature; /* nonzero: multiply x_0 by temperature (>= 0) */
+  double temperature;
 } alpamayo_sample_options;
 
 ALPAMAYO_API alpamayo_status alpamayo_session_create(const alpamayo_model* model, alpamayo_session** out);

@@ -248,13 +248,32 @@ alpamayo::Context make_context(const alpamayo_context_desc& d) {
   const alpamayo::TensorView& k0 = kv.key[0];
   require(k0.shape.size() == 4, ALPAMAYO_INVALID_ARGUMENT,
           k0.name + ": expected shape [B, Hkv, P, d], found " + alpamayo::shape_str(k0.shape));
-  require(k0.shape[0] == d.batch, ALPAMAYO_INVALID_ARGUMENT,
-          k0.name + ": batch " + std::to_string(k0.shape[0]) + " differs from desc.batch = " + std::to_string(d.batch));
-  kv.B = to_int(k0.shape[0], k0.name + ": B");
+  require(d.prompts >= 0, ALPAMAYO_INVALID_ARGUMENT, name + ": prompts must be >= 0, found " + std::to_string(d.prompts));
+  const int64_t G = d.prompts > 0 ? d.prompts : d.batch;
+  require(k0.shape[0] == G, ALPAMAYO_INVALID_ARGUMENT,
+          k0.name + ": first dimension " + std::to_string(k0.shape[0]) + " differs from " +
+              (d.prompts > 0 ? "desc.prompts = " : "desc.batch = ") + std::to_string(G));
+  kv.G = to_int(G, name + ": prompts");
+  kv.B = to_int(d.batch, name + ": batch");
   kv.Hkv = to_int(k0.shape[1], k0.name + ": Hkv");
   kv.P = to_int(k0.shape[2], k0.name + ": P");
   kv.d = to_int(k0.shape[3], k0.name + ": d");
-  kv.valid_len.assign(d.valid_len, d.valid_len + d.batch);
+  kv.valid_len.assign(d.valid_len, d.valid_len + G);
+  if (d.prompt_index) kv.prompt_of.assign(d.prompt_index, d.prompt_index + d.batch);
+  if (d.prefix_pad) kv.prefix_pad.assign(d.prefix_pad, d.prefix_pad + G);
+  require((d.suffix_keys == nullptr) == (d.suffix_values == nullptr) && (d.suffix_keys == nullptr) == (d.suffix_len == nullptr),
+          ALPAMAYO_INVALID_ARGUMENT, name + ": suffix_keys, suffix_values and suffix_len go together");
+  if (d.suffix_keys) {
+    for (int64_t l = 0; l < d.layers; ++l) {
+      kv.suffix_key.push_back(to_view(d.suffix_keys[l], name + ": suffix_key." + std::to_string(l)));
+      kv.suffix_value.push_back(to_view(d.suffix_values[l], name + ": suffix_value." + std::to_string(l)));
+    }
+    const alpamayo::TensorView& s0 = kv.suffix_key[0];
+    require(s0.shape.size() == 4, ALPAMAYO_INVALID_ARGUMENT,
+            s0.name + ": expected shape [B, Hkv, Q, d], found " + alpamayo::shape_str(s0.shape));
+    kv.Q = to_int(s0.shape[2], s0.name + ": Q");
+    kv.suffix_len.assign(d.suffix_len, d.suffix_len + d.batch);
+  }
   std::vector<int64_t> rope(d.rope_delta, d.rope_delta + d.batch);
   std::optional<alpamayo::EgoHistory> hist;
   if (d.history != 0) {
@@ -496,6 +515,7 @@ alpamayo_status alpamayo_session_bind(alpamayo_session* session, const alpamayo_
       bo.capture.step = static_cast<int>(o.capture_step);
       bo.capture.layers = o.capture_layers != 0;
     }
+    if (o.guidance) bo.guidance = alpamayo::Guidance{o.guidance->ctx, o.guidance_weight};
     // The checks of Session::bind, classified: a context that does not fit is INVALID_ARGUMENT, memory the
     // backend cannot read UNSUPPORTED. Session::bind repeats them and leaves the session unbound on failure.
     const alpamayo::Context& ctx = context->ctx;
@@ -507,7 +527,7 @@ alpamayo_status alpamayo_session_bind(alpamayo_session* session, const alpamayo_
     }
     alpamayo_status st = ALPAMAYO_INVALID_ARGUMENT;
     const alpamayo::BackendModel& be = session->model->backend();
-    for (const auto* list : {&ctx.kv().key, &ctx.kv().value})
+    for (const auto* list : {&ctx.kv().key, &ctx.kv().value, &ctx.kv().suffix_key, &ctx.kv().suffix_value})
       for (const alpamayo::TensorView& t : *list)
         if (fits && !be.can_read(t.device)) st = ALPAMAYO_UNSUPPORTED;
     try {
@@ -543,6 +563,15 @@ alpamayo_status alpamayo_session_sample(alpamayo_session* session, const alpamay
     }
     so.all_steps = o.all_steps != 0;
     if (o.use_v0) so.v0 = o.v0;
+    require(o.seeds != nullptr || o.seeds_count == 0, ALPAMAYO_INVALID_ARGUMENT,
+            "seeds is NULL but seeds_count = " + std::to_string(o.seeds_count));
+    if (o.seeds) {
+      require(o.seeds_count == session->s.context().batch(), ALPAMAYO_INVALID_ARGUMENT,
+              "seeds: expected one per sample (B = " + std::to_string(session->s.context().batch()) + "), seeds_count is " +
+                  std::to_string(o.seeds_count));
+      so.seeds.assign(o.seeds, o.seeds + o.seeds_count);
+    }
+    if (o.use_temperature) so.temperature = o.temperature;
     auto h = std::make_unique<alpamayo_result>();
     h->r = session->s.sample(so);
     h->all_steps = so.all_steps;

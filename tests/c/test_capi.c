@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -644,6 +645,68 @@ static void test_sampling(void) {
   alpamayo_checkpoint_free(ck);
 }
 
+/* Shared prompts with suffixes and left padding, classifier-free guidance, per-sample seeds and temperature:
+ * bitwise the CLI's result on every backend. */
+static void test_shared_prompts_and_guidance(void) {
+  const char* ck_dir = tmp_path("ck");  /* written by test_sampling */
+  const char* ctx_path = tmp_path("shared.safetensors");
+  const char* unguided_path = tmp_path("unguided.safetensors");
+  run("%s make-context --checkpoint %s --out %s --batch 3 --prompts 2 --prompt-index 1,0,1 --rows 10 "
+      "--valid-len 10,7 --prefix-pad 2,0 --suffix-rows 4 --suffix-len 4,0,2 --rope-delta=-3,5,-3 --history 0 ",
+      g_cli, ck_dir, ctx_path);
+  run("%s make-context --checkpoint %s --out %s --batch 3 --rows 6 --history 0 --seed 7 ", g_cli, ck_dir, unguided_path);
+  alpamayo_context *ctx = NULL, *unguided = NULL;
+  EXPECT_OK(alpamayo_context_open(ctx_path, &ctx));
+  EXPECT_OK(alpamayo_context_open(unguided_path, &unguided));
+  alpamayo_context_info ci;
+  EXPECT_OK(alpamayo_context_get_info(ctx, &ci));
+  CHECK(ci.batch == 3);
+  const uint64_t seeds[3] = {11, 12, 13};
+  for (int64_t b = 0; b < alpamayo_backend_count(); ++b) {
+    const char* backend = alpamayo_backend_name(b);
+    if (alpamayo_backend_check(backend) != ALPAMAYO_OK) continue;
+    const char* cli_out = tmp_path("cli-shared.safetensors");
+    run("%s sample --checkpoint %s --context %s --guidance-context %s --guidance-weight 1.5 --seeds 11,12,13 "
+        "--temperature 0.8 --backend %s --threads 2 --all-steps --out %s ",
+        g_cli, ck_dir, ctx_path, unguided_path, backend, cli_out);
+    st_file want = st_read(cli_out);
+    alpamayo_model* model = NULL;
+    alpamayo_model_options mo = {0};
+    mo.backend = backend;
+    mo.threads = 2;
+    EXPECT_OK(alpamayo_model_open(ck_dir, &mo, &model));
+    alpamayo_session* s = NULL;
+    EXPECT_OK(alpamayo_session_create(model, &s));
+    alpamayo_bind_options bo = {0};
+    bo.guidance = unguided;
+    bo.guidance_weight = 1.5;
+    EXPECT_OK(alpamayo_session_bind(s, ctx, &bo));
+    alpamayo_sample_options so = {0};
+    so.all_steps = 1;
+    so.seeds = seeds;
+    so.seeds_count = 3;
+    so.use_temperature = 1;
+    so.temperature = 0.8;
+    alpamayo_result* r = NULL;
+    EXPECT_OK(alpamayo_session_sample(s, &so, &r));
+    expect_same_as_file(r, &want, "shared prompts, guidance, seeds, temperature");
+    alpamayo_result_free(r);
+    r = NULL;
+    so.seeds_count = 2;
+    EXPECT_STATUS(alpamayo_session_sample(s, &so, &r), ALPAMAYO_INVALID_ARGUMENT, "seeds");
+    so.seeds_count = 3;
+    so.temperature = -1.0;
+    EXPECT_STATUS(alpamayo_session_sample(s, &so, &r), ALPAMAYO_INVALID_ARGUMENT, "temperature");
+    bo.guidance_weight = NAN;
+    EXPECT_STATUS(alpamayo_session_bind(s, ctx, &bo), ALPAMAYO_INVALID_ARGUMENT, "guidance weight");
+    alpamayo_session_free(s);
+    alpamayo_model_free(model);
+    st_close(&want);
+  }
+  alpamayo_context_free(ctx);
+  alpamayo_context_free(unguided);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s PATH_TO_alpamayo-expert\n", argv[0]);
@@ -656,6 +719,7 @@ int main(int argc, char** argv) {
   test_versions_and_backends();
   test_bad_inputs();
   test_sampling();
+  test_shared_prompts_and_guidance();
 
   run("rm -rf %s", g_tmp);
   if (g_failures) {
