@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   int L = 64, D = 1536, Hq = 16, Hkv = 8, d = 128, I = 6144, T = 64, S = 4700, Smax = 8192, B = 1, threads = 2,
       steps = 3, warmup = 1, sessions = 1;
   std::string weights = "bf16", backend = "cpu";
+  std::vector<std::string> bf16_weights;
   bool profile = true;
   CLI::App app{"Time the denoising steps of the full-size expert on random weights"};
   app.add_option("--L", L, "layers");
@@ -73,7 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--Smax", Smax, "cache capacity P");
   app.add_option("--B", B, "batch");
   app.add_option("--threads", threads, "threads per session (0: all cores)");
-  app.add_option("--weights", weights, "weight format (cpu: bf16 | int8)");
+  app.add_option("--weights", weights, "weight format (cpu: bf16 | int8 | bfp8_b | bfp4_b)");
+  app.add_option("--bf16-weights", bf16_weights, "block formats: matrices kept in bf16 (qkv,o,gate,up,down)")
+      ->delimiter(',');
   app.add_option("--backend", backend, "backend name");
   app.add_option("--steps", steps, "timed Euler steps (one sample)");
   app.add_option("--warmup", warmup, "untimed steps first");
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
     BackendOptions opts;
     opts.threads = threads;
     opts.weights = weights;
+    opts.bf16_weights = bf16_weights;
     opts.profile = profile;  // the table goes to stderr after every step
     auto t0 = std::chrono::steady_clock::now();
     auto model = Model::from_weights(cfg, w, nullptr, backend, opts);

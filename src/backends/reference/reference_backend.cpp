@@ -8,26 +8,44 @@
 #include "alpamayo/error.h"
 #include "backends/reference/ops.h"
 #include "backends/reference/ref_action_proj.h"
+#include "backends/weight_formats.h"
 
 namespace alpamayo {
 namespace {
 
 // fp32 copy of one layer, made when the layer runs: the oracle reads the checkpoint's own values and
-// never holds more than one layer in fp32 (the full-size model is 9.6 GB in fp32).
+// never holds more than one layer in fp32 (the full-size model is 9.6 GB in fp32). Under a block weight format
+// (bfp8_b, bfp4_b) the matrices hold the values the device multiplies with (weight_formats.h): the exact oracle
+// of a backend that stores them in that format.
 struct RefLayer {
-  std::vector<float> input_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
-  explicit RefLayer(const LayerWeights& w)
-      : input_norm(to_f32(w.input_norm)), post_norm(to_f32(w.post_norm)), q(to_f32(w.q)), k(to_f32(w.k)),
-        v(to_f32(w.v)), o(to_f32(w.o)), q_norm(to_f32(w.q_norm)), k_norm(to_f32(w.k_norm)), gate(to_f32(w.gate)),
-        up(to_f32(w.up)), down(to_f32(w.down)) {}
+  std::vector<float> input_norm, post_norm, qkv, o, q_norm, k_norm, gate, up, down;
+  const float *q, *k, *v;  // rows of qkv
+  RefLayer(const LayerWeights& w, const WeightFormat& wf)
+      : input_norm(to_f32(w.input_norm)), post_norm(to_f32(w.post_norm)), o(to_f32(w.o)), q_norm(to_f32(w.q_norm)),
+        k_norm(to_f32(w.k_norm)), gate(to_f32(w.gate)), up(to_f32(w.up)), down(to_f32(w.down)) {
+    const int64_t D = w.q.shape[1], nq = w.q.shape[0], nk = w.k.shape[0], nv = w.v.shape[0];
+    qkv.resize((nq + nk + nv) * D);
+    convert_to_f32(w.q, qkv.data());
+    convert_to_f32(w.k, qkv.data() + nq * D);
+    convert_to_f32(w.v, qkv.data() + (nq + nk) * D);
+    q = qkv.data();
+    k = q + nq * D;
+    v = k + nk * D;
+    apply_weight_format(wf, LinearKind::QKV, qkv.data(), nq + nk + nv, D);
+    apply_weight_format(wf, LinearKind::O, o.data(), w.o.shape[0], w.o.shape[1]);
+    apply_weight_format(wf, LinearKind::Gate, gate.data(), w.gate.shape[0], w.gate.shape[1]);
+    apply_weight_format(wf, LinearKind::Up, up.data(), w.up.shape[0], w.up.shape[1]);
+    apply_weight_format(wf, LinearKind::Down, down.data(), w.down.shape[0], w.down.shape[1]);
+  }
 };
 
 class ReferenceModel;
 
 class ReferenceSession final : public HostLoopSession {
  public:
-  ReferenceSession(const ExpertConfig& cfg, const ActionProjections& proj, const ExpertWeights& w, int threads)
-      : HostLoopSession(cfg, proj), weights_(w), threads_(threads) {}
+  ReferenceSession(const ExpertConfig& cfg, const ActionProjections& proj, const ExpertWeights& w,
+                   const WeightFormat& wf, int threads)
+      : HostLoopSession(cfg, proj), weights_(w), wf_(wf), threads_(threads) {}
 
  protected:
   void bind_step(const Binding& b) override {
@@ -44,12 +62,12 @@ class ReferenceSession final : public HostLoopSession {
         k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d), att(int64_t(M) * Hq * d), tmp(int64_t(M) * D),
         g(int64_t(M) * I), u(int64_t(M) * I);
     for (int l = 0; l < cfg_.L; ++l) {
-      const RefLayer w(weights_.layers[l]);
+      const RefLayer w(weights_.layers[l], wf_);
       const std::vector<float> key = to_f32(kv_.key[l]), value = to_f32(kv_.value[l]);
       ref::rms_norm(h.data(), w.input_norm.data(), M, D, cfg_.rms_eps, a.data());
-      ref::matmul_nt(a.data(), M, D, w.q.data(), Hq * d, q.data(), threads_);
-      ref::matmul_nt(a.data(), M, D, w.k.data(), Hkv * d, k.data(), threads_);
-      ref::matmul_nt(a.data(), M, D, w.v.data(), Hkv * d, v.data(), threads_);
+      ref::matmul_nt(a.data(), M, D, w.q, Hq * d, q.data(), threads_);
+      ref::matmul_nt(a.data(), M, D, w.k, Hkv * d, k.data(), threads_);
+      ref::matmul_nt(a.data(), M, D, w.v, Hkv * d, v.data(), threads_);
       ref::rms_norm(q.data(), w.q_norm.data(), M * Hq, d, cfg_.rms_eps, q.data());
       ref::rms_norm(k.data(), w.k_norm.data(), M * Hkv, d, cfg_.rms_eps, k.data());
       for (int b = 0; b < B; ++b) {
@@ -78,6 +96,7 @@ class ReferenceSession final : public HostLoopSession {
 
  private:
   const ExpertWeights& weights_;  // views into the checkpoint, which the Model keeps alive
+  const WeightFormat& wf_;
   int threads_;
   KVCache kv_;
   RopeTables rope_;
@@ -89,18 +108,20 @@ class ReferenceModel final : public BackendModel {
   ReferenceModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
       : cfg_(cfg),
         weights_(w.expert),
+        wf_(parse_weight_format(opts)),
         proj_(cfg, w, opts.exact_freqs),
         threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())) {}
   std::string name() const override { return "reference"; }
-  std::string weights() const override { return "f32"; }
+  std::string weights() const override { return wf_.name; }
   size_t weight_bytes() const override { return 0; }
   std::unique_ptr<BackendSession> new_session() const override {
-    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, threads_);
+    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, wf_, threads_);
   }
 
  private:
   ExpertConfig cfg_;
   ExpertWeights weights_;
+  WeightFormat wf_;
   ref::Projections proj_;
   int threads_;
 };
