@@ -19,6 +19,9 @@ struct SyntheticCheckpointSpec {
   int shards = 1;
   uint64_t seed = 0;
   bool text_config = false;  // also write a text_config (the releases' config.json has none)
+  // The expert's weight matrices with a trained model's statistics (heavy tails, per-channel scales, outlier
+  // channels and weights; src/io/synthetic.cpp) instead of uniform values of the same standard deviation.
+  bool trained_weights = false;
 };
 
 // Writes dir/config.json and the weights (single file, or `shards` expert shards plus a vlm-only shard
