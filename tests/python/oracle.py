@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import DynamicCache
+
+import bfp
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
 
@@ -62,8 +64,10 @@ class Checkpoint:
     steps: int = 10
 
 
-def load_checkpoint(directory, text_config: dict | None = None) -> Checkpoint:
-    """text_config: a VLM text config (as --vlm-config gives the engine); else config.json's, else defaults."""
+def load_checkpoint(directory, text_config: dict | None = None, weights: str | None = None) -> Checkpoint:
+    """text_config: a VLM text config (as --vlm-config gives the engine); else config.json's, else defaults.
+    weights: a block format (bfp8_b, bfp4_b): the expert's weight matrices as a backend with that format holds
+    them (bfp.py); any other value leaves the checkpoint's values."""
     d = Path(directory)
     cfg = json.loads((d / "config.json").read_text())
     w: dict[str, torch.Tensor] = {}
@@ -99,6 +103,8 @@ def load_checkpoint(directory, text_config: dict | None = None) -> Checkpoint:
         buf = w.get(f"action_space.{s}")
         ck.aspace[s] = float(buf) if buf is not None else float(asp.get(s, 0.0 if s.endswith("mean") else 1.0))
     ck.steps = int(cfg.get("diffusion_cfg", {}).get("num_inference_steps", 10))
+    if weights in bfp.MANTISSA_BITS:
+        ck.w = bfp.quantize_checkpoint(ck.w, ck.L, weights)
     return ck
 
 
