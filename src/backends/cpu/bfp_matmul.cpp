@@ -50,18 +50,28 @@ void block_matmul_portable(const BlockWeights& w, const uint16_t* x, int M, int 
     for (int tr0 = 0; tr0 < TR; tr0 += kKBlock / 32) {
       const int ntr = std::min(kKBlock / 32, TR - tr0), k0 = tr0 * 32, kv = std::min(K - k0, ntr * 32);
       decode_fp32(w, p, tr0, ntr, wf);
-      for (int m = 0; m < M; ++m) {
-        float acc[kPanel];
-        float* yr = y + size_t(m) * ldy + c0;
-        for (int c = 0; c < nc; ++c) acc[c] = k0 ? yr[c] : 0.f;
-        const uint16_t* xr = x + size_t(m) * ldx + k0;
-        for (int k = 0; k < kv; ++k) {
-          const float xv = bf16_to_f32(xr[k]);
-          const float* wr = wf + size_t(k) * kPanel;
+      // Register tiles of 4 rows x 16 columns (fixed sizes the compiler keeps in vector registers).
+      for (int m0 = 0; m0 < M; m0 += 4) {
+        const int mr = std::min(4, M - m0);
+        for (int j0 = 0; j0 < nc; j0 += 16) {
+          const int jn = std::min(16, nc - j0);
+          float acc[4][16] = {};
+          if (k0)
+            for (int r = 0; r < mr; ++r)
+              for (int j = 0; j < jn; ++j) acc[r][j] = y[size_t(m0 + r) * ldy + c0 + j0 + j];
+          const uint16_t* xr[4];
+          for (int r = 0; r < 4; ++r) xr[r] = x + size_t(m0 + std::min(r, mr - 1)) * ldx + k0;
+          for (int k = 0; k < kv; ++k) {
+            const float* wr = wf + size_t(k) * kPanel + j0;
+            for (int r = 0; r < 4; ++r) {
+              const float xv = bf16_to_f32(xr[r][k]);
 #pragma omp simd
-          for (int c = 0; c < nc; ++c) acc[c] += xv * wr[c];
+              for (int j = 0; j < 16; ++j) acc[r][j] += xv * wr[j];
+            }
+          }
+          for (int r = 0; r < mr; ++r)
+            for (int j = 0; j < jn; ++j) y[size_t(m0 + r) * ldy + c0 + j0 + j] = acc[r][j];
         }
-        for (int c = 0; c < nc; ++c) yr[c] = acc[c];
       }
     }
   }
