@@ -56,39 +56,10 @@ class ReferenceSession final : public HostLoopSession {
   size_t step_buffer_bytes() const override { return (rope_.cos.size() + rope_.sin.size()) * sizeof(float); }
 
   void step(const float* emb, float* hidden, float* const* layers) override {
-    const int B = kv_.B, T = rope_.T, D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
-    const int M = B * T;
-    std::vector<float> h(emb, emb + int64_t(M) * D), a(int64_t(M) * D), q(int64_t(M) * Hq * d),
-        k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d), att(int64_t(M) * Hq * d), tmp(int64_t(M) * D),
-        g(int64_t(M) * I), u(int64_t(M) * I);
+    const int M = kv_.B * rope_.T, D = cfg_.D;
+    std::vector<float> h(emb, emb + int64_t(M) * D);
     for (int l = 0; l < cfg_.L; ++l) {
-      const RefLayer w(weights_.layers[l], wf_);
-      const std::vector<float> key = to_f32(kv_.key[l]), value = to_f32(kv_.value[l]);
-      ref::rms_norm(h.data(), w.input_norm.data(), M, D, cfg_.rms_eps, a.data());
-      ref::matmul_nt(a.data(), M, D, w.q, Hq * d, q.data(), threads_);
-      ref::matmul_nt(a.data(), M, D, w.k, Hkv * d, k.data(), threads_);
-      ref::matmul_nt(a.data(), M, D, w.v, Hkv * d, v.data(), threads_);
-      ref::rms_norm(q.data(), w.q_norm.data(), M * Hq, d, cfg_.rms_eps, q.data());
-      ref::rms_norm(k.data(), w.k_norm.data(), M * Hkv, d, cfg_.rms_eps, k.data());
-      for (int b = 0; b < B; ++b) {
-        const float* c = rope_.cos.data() + int64_t(b) * T * d;
-        const float* s = rope_.sin.data() + int64_t(b) * T * d;
-        ref::rope_apply(q.data() + int64_t(b) * T * Hq * d, T, Hq, d, c, s);
-        ref::rope_apply(k.data() + int64_t(b) * T * Hkv * d, T, Hkv, d, c, s);
-        const int64_t cache_off = int64_t(b) * Hkv * kv_.P * d;
-        ref::attention(q.data() + int64_t(b) * T * Hq * d, k.data() + int64_t(b) * T * Hkv * d,
-                       v.data() + int64_t(b) * T * Hkv * d, key.data() + cache_off,
-                       value.data() + cache_off, T, Hq, Hkv, d, kv_.P,
-                       static_cast<int>(kv_.valid_len[b]), att.data() + int64_t(b) * T * Hq * d, threads_);
-      }
-      ref::matmul_nt(att.data(), M, Hq * d, w.o.data(), D, tmp.data(), threads_);
-      for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
-      ref::rms_norm(h.data(), w.post_norm.data(), M, D, cfg_.rms_eps, a.data());
-      ref::matmul_nt(a.data(), M, D, w.gate.data(), I, g.data(), threads_);
-      ref::matmul_nt(a.data(), M, D, w.up.data(), I, u.data(), threads_);
-      for (int64_t i = 0; i < int64_t(M) * I; ++i) g[i] = ref::silu(g[i]) * u[i];
-      ref::matmul_nt(g.data(), M, I, w.down.data(), D, tmp.data(), threads_);
-      for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+      reference_layer(cfg_, weights_.layers[l], wf_, kv_.key[l], kv_.value[l], kv_.valid_len, rope_, threads_, h.data());
       if (layers) std::copy(h.begin(), h.end(), layers[l]);
     }
     ref::rms_norm(h.data(), to_f32(weights_.final_norm).data(), M, D, cfg_.rms_eps, hidden);
@@ -127,6 +98,43 @@ class ReferenceModel final : public BackendModel {
 };
 
 }  // namespace
+
+void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const WeightFormat& wf, const TensorView& key_view,
+                     const TensorView& value_view, const std::vector<int64_t>& valid_len, const RopeTables& rope,
+                     int threads, float* h) {
+  const int B = static_cast<int>(valid_len.size()), T = rope.T, D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d,
+            I = cfg.I, P = static_cast<int>(key_view.shape[2]);
+  const int M = B * T;
+  std::vector<float> a(int64_t(M) * D), q(int64_t(M) * Hq * d), k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d),
+      att(int64_t(M) * Hq * d), tmp(int64_t(M) * D), g(int64_t(M) * I), u(int64_t(M) * I);
+  const RefLayer w(lw, wf);
+  const std::vector<float> key = to_f32(key_view), value = to_f32(value_view);
+  ref::rms_norm(h, w.input_norm.data(), M, D, cfg.rms_eps, a.data());
+  ref::matmul_nt(a.data(), M, D, w.q, Hq * d, q.data(), threads);
+  ref::matmul_nt(a.data(), M, D, w.k, Hkv * d, k.data(), threads);
+  ref::matmul_nt(a.data(), M, D, w.v, Hkv * d, v.data(), threads);
+  ref::rms_norm(q.data(), w.q_norm.data(), M * Hq, d, cfg.rms_eps, q.data());
+  ref::rms_norm(k.data(), w.k_norm.data(), M * Hkv, d, cfg.rms_eps, k.data());
+  for (int b = 0; b < B; ++b) {
+    const float* c = rope.cos.data() + int64_t(b) * T * d;
+    const float* s = rope.sin.data() + int64_t(b) * T * d;
+    ref::rope_apply(q.data() + int64_t(b) * T * Hq * d, T, Hq, d, c, s);
+    ref::rope_apply(k.data() + int64_t(b) * T * Hkv * d, T, Hkv, d, c, s);
+    const int64_t cache_off = int64_t(b) * Hkv * P * d;
+    ref::attention(q.data() + int64_t(b) * T * Hq * d, k.data() + int64_t(b) * T * Hkv * d,
+                   v.data() + int64_t(b) * T * Hkv * d, key.data() + cache_off,
+                   value.data() + cache_off, T, Hq, Hkv, d, P,
+                   static_cast<int>(valid_len[b]), att.data() + int64_t(b) * T * Hq * d, threads);
+  }
+  ref::matmul_nt(att.data(), M, Hq * d, w.o.data(), D, tmp.data(), threads);
+  for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+  ref::rms_norm(h, w.post_norm.data(), M, D, cfg.rms_eps, a.data());
+  ref::matmul_nt(a.data(), M, D, w.gate.data(), I, g.data(), threads);
+  ref::matmul_nt(a.data(), M, D, w.up.data(), I, u.data(), threads);
+  for (int64_t i = 0; i < int64_t(M) * I; ++i) g[i] = ref::silu(g[i]) * u[i];
+  ref::matmul_nt(g.data(), M, I, w.down.data(), D, tmp.data(), threads);
+  for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+}
 
 std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, const ModelWeights& w,
                                                      const BackendOptions& opts) {

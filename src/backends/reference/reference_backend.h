@@ -2,9 +2,16 @@
 #include <memory>
 
 #include "alpamayo/backend.h"
+#include "backends/weight_formats.h"
 
 namespace alpamayo {
 // The oracle: docs/MATH.md in plain fp32, weights read from the checkpoint's views one layer at a time.
 std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, const ModelWeights& w,
                                                      const BackendOptions& opts);
+
+// One expert layer of the reference, h [B*T, D] in place (the backend's step runs it for every layer; tools use it
+// to measure one layer on a given input). key/value: that layer's cache [B, Hkv, P, d].
+void reference_layer(const ExpertConfig& cfg, const LayerWeights& w, const WeightFormat& wf, const TensorView& key,
+                     const TensorView& value, const std::vector<int64_t>& valid_len, const RopeTables& rope,
+                     int threads, float* h);
 }  // namespace alpamayo
