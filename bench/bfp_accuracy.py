@@ -54,10 +54,10 @@ def main(d: Path, tags):
                     worst[c] = (p, max(worst[c][1], e), name)
                 elif name != "emb":
                     worst[c] = (worst[c][0], max(worst[c][1], e), worst[c][2])
-                cells.append(f"{p:.6f} / {e:.2e}")
+                cells.append(f"{p:.7f} / {e:.2e}")
             if name in picks:
                 print(f"| {name} | {float(np.abs(r).max()):.2f} | " + " | ".join(cells) + " |")
-        print("| **worst layer** | | " + " | ".join(f"{p:.6f} ({n}) / {e:.2e}" for p, e, n in worst.values()) + " |")
+        print("| **worst layer** | | " + " | ".join(f"{p:.7f} ({n}) / {e:.2e}" for p, e, n in worst.values()) + " |")
 
         print(f"\n### {tag}: v_k per Euler step vs the fp32 reference (PCC / max abs; free-running)\n")
         print("| step | max abs (ref) | " + " | ".join(cols) + " |")
