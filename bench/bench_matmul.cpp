@@ -3,15 +3,21 @@
 // oneDNN's own OpenMP runtime ("omp"), for bf16 and int8 weights. The "pool" times include one pool
 // dispatch per call (a step has one per step). Then, single-threaded, which oneDNN implementation
 // the attribute choices the backend avoids would get (--study), and what cold weights cost (--cold).
+// --block: one thread's slices on the block-format kernels (bfp_matmul.h: bf16 pairs, bfp8_b, bfp4_b, AVX512-BF16
+// and portable) against oneDNN bf16, hot and cold weights.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
+#include <string>
 #include <cstdio>
 #include <random>
 #include <unordered_map>
 #include <vector>
 
 #include "backends/cpu/aligned.h"
+#include "backends/cpu/bfp_matmul.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
 
@@ -82,22 +88,83 @@ void cold_vs_hot(const dnnl::engine& eng, int M, int reps) {
   if (sink == 42) std::printf(" \n");
 }
 
+// One thread's slices of the seed on 2 threads: oneDNN bf16 vs the block kernels, weights hot (the same call
+// repeated) and cold (a 256 MB sweep before each call). Rates count the matmul's 2*M*K*N.
+void block_kernels(const dnnl::engine& eng, int M, int reps) {
+  MatmulKernels kernels(eng);
+  dnnl::stream st(eng);
+  ScopedOmpThreads one(1);
+  struct Shape { const char* name; int K, N; };
+  const Shape shapes[] = {{"qkv slice", 1536, 2048}, {"o slice", 2048, 768}, {"gate_up slice", 1536, 6144},
+                          {"down slice", 6144, 768}};
+  std::vector<char> sweep(size_t(256) << 20, 1);
+  long sink = 0;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  for (const Shape& sh : shapes) {
+    std::vector<float> W(size_t(sh.N) * sh.K);
+    for (auto& v : W) v = nd(rng);
+    AlignedBuf<uint16_t> x(size_t(M) * sh.K);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0x3f80;  // 1.0
+    AlignedBuf<float> y(size_t(M) * sh.N);
+    const double flop = 2.0 * M * sh.K * sh.N;
+    auto time = [&](const char* what, const std::function<void()>& fn) {
+      double cold = 0, hot = 0;
+      fn();
+      for (int r = 0; r < reps; ++r) {
+        for (size_t i = 0; i < sweep.size(); i += 64) sink += sweep[i]++;
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        const auto t1 = std::chrono::steady_clock::now();
+        fn();
+        const auto t2 = std::chrono::steady_clock::now();
+        cold += std::chrono::duration<double>(t1 - t0).count();
+        hot += std::chrono::duration<double>(t2 - t1).count();
+      }
+      std::printf("%-14s %-22s M=%d: hot %7.3f ms %6.1f GFLOP/s, cold %7.3f ms %6.1f GFLOP/s\n", sh.name, what, M,
+                  hot / reps * 1e3, flop / (hot / reps) / 1e9, cold / reps * 1e3, flop / (cold / reps) / 1e9);
+    };
+    PackedLinear lin;
+    lin.pack(kernels, WeightType::BF16, sh.K, sh.N, W.data(), M, sh.N);
+    const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+    AlignedBuf<uint8_t> scratch(std::max(plan.scratch_bytes(), block_scratch_bytes()) + 1);
+    time("oneDNN bf16", [&] { lin.run(st, plan, x.data(), y.data(), scratch.data()); });
+    for (BlockStore bs : {BlockStore::BF16, BlockStore::BFP8_B, BlockStore::BFP4_B}) {
+      BlockWeights bw;
+      bw.pack(bs, W.data(), sh.K, sh.N);
+      static const char* names[] = {"bf16 pairs", "bfp8_b", "bfp4_b"};
+      for (BlockKernel k : {BlockKernel::Avx512Bf16, BlockKernel::Portable}) {
+        if (k == BlockKernel::Avx512Bf16 && !block_kernel_avx512_available()) continue;
+        if (k == BlockKernel::Portable && bs != BlockStore::BFP8_B) continue;
+        const std::string what = std::string("block ") + names[int(bs)] + (k == BlockKernel::Portable ? " portable" : "");
+        time(what.c_str(), [&] { block_matmul(k, bw, x.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
+      }
+    }
+  }
+  if (sink == 42) std::printf(" \n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int M = 64, threads = 2, reps = 20;
-  bool study = false, cold = false;
+  bool study = false, cold = false, block = false;
   CLI::App app{"oneDNN matmul throughput for the expert's shapes"};
   app.add_option("--M", M, "rows (B*T)");
   app.add_option("--threads", threads, "threads");
   app.add_option("--reps", reps, "repetitions");
   app.add_flag("--study", study, "only the single-thread oneDNN attribute study");
   app.add_flag("--cold", cold, "only single-thread slices with cold versus hot weights");
+  app.add_flag("--block", block, "only single-thread slices: oneDNN bf16 vs the block-format kernels");
   CLI11_PARSE(app, argc, argv);
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
                           {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  if (block) {
+    block_kernels(eng, M, reps < 5 ? reps : 5);
+    return 0;
+  }
   if (cold) {
     cold_vs_hot(eng, M, reps < 5 ? reps : 5);
     return 0;

@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> suffix;
   bool copies = false;
   std::string weights = "bf16", backend = "cpu";
+  std::vector<std::string> bf16_weights;
   bool profile = true;
   CLI::App app{"Time the denoising steps of the full-size expert on random weights"};
   app.add_option("--L", L, "layers");
@@ -78,7 +79,9 @@ int main(int argc, char** argv) {
   app.add_option("--Smax", Smax, "cache capacity P");
   app.add_option("--B", B, "batch");
   app.add_option("--threads", threads, "threads per session (0: all cores)");
-  app.add_option("--weights", weights, "weight format (cpu: bf16 | int8)");
+  app.add_option("--weights", weights, "weight format (cpu: bf16 | int8 | bfp8_b | bfp4_b)");
+  app.add_option("--bf16-weights", bf16_weights, "block formats: matrices kept in bf16 (qkv,o,gate,up,down)")
+      ->delimiter(',');
   app.add_option("--backend", backend, "backend name");
   app.add_option("--steps", steps, "timed Euler steps (one sample)");
   app.add_option("--warmup", warmup, "untimed steps first");
@@ -123,6 +126,7 @@ int main(int argc, char** argv) {
     BackendOptions opts;
     opts.threads = threads;
     opts.weights = weights;
+    opts.bf16_weights = bf16_weights;
     opts.profile = profile;  // the table goes to stderr after every step
     auto t0 = std::chrono::steady_clock::now();
     auto model = Model::from_weights(cfg, w, nullptr, backend, opts);

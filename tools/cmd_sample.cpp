@@ -41,6 +41,7 @@ struct SampleArgs {
   uint64_t seed = 0;
   int steps = 0, threads = 0;
   std::string weights;
+  std::vector<std::string> bf16_weights;
   double v0 = NAN, guidance_weight = NAN, temperature = 1.0;
   bool all_steps = false, profile = false, exact_freqs = false, quiet = false, no_guidance = false;
   bool guidance_weight_given = false;  // --guidance-weight nan is an error, not "the default"
@@ -75,6 +76,7 @@ void run_sample(const SampleArgs& a) {
   BackendOptions bo;
   bo.threads = a.threads;
   bo.weights = a.weights;
+  bo.bf16_weights = a.bf16_weights;
   bo.profile = a.profile;
   bo.exact_freqs = a.exact_freqs;
   Session session(Model::load(ck, a.backend, bo));
@@ -149,7 +151,12 @@ Run add_sample(CLI::App& app) {
   app.add_option("--steps", a->steps, "Euler steps (default: diffusion_cfg.num_inference_steps)")->check(CLI::Range(1, 100000));
   app.add_option("--backend", a->backend, "backend: " + [] { std::string s; for (auto& n : backend_names()) s += n + " "; return s; }());
   app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--weights", a->weights, "weight format (cpu: bf16 | int8; reference: f32; default: the backend's first)");
+  app.add_option("--weights", a->weights,
+                 "weight format (cpu: bf16 | int8 | bfp8_b | bfp4_b; reference: f32 | bfp8_b | bfp4_b; default: the "
+                 "backend's first)");
+  app.add_option("--bf16-weights", a->bf16_weights,
+                 "block formats: matrices kept in bf16, comma-separated: qkv,o,gate,up,down (default: none)")
+      ->delimiter(',');
   app.add_option("--v0", a->v0, "initial speed in m/s (overrides the context's v0 / ego history)");
   app.add_option("--vlm-config", a->vlm_config, "the VLM's config.json (text_config: eps, theta, layer count)");
   add_release_option(app, a->release);

@@ -55,6 +55,8 @@ Run add_make_checkpoint(CLI::App& app) {
   app.add_option("--dtype", a->dtype, "bf16 | f16 | f32");
   app.add_option("--shards", a->spec.shards, "number of expert shards (> 1: sharded with an index)")->check(CLI::Range(1, 1000));
   app.add_option("--seed", a->spec.seed, "seed");
+  app.add_flag("--trained-stats", a->spec.trained_weights,
+               "expert weight matrices with a trained model's statistics (heavy tails, per-channel scales, outliers)");
   add_checkpoint_size_options(app, a->spec);
   return [a] {
     a->spec.release = parse_release(a->layout, "--layout");

@@ -99,6 +99,10 @@ struct BackendOptions {
   std::string weights;      // weight format; empty: the backend's default (its first format)
   bool profile = false;     // print a per-op time table (backends that support it)
   bool exact_freqs = false; // unrounded Fourier frequencies when the checkpoint has no buffers
+  // Block weight formats (bfp8_b, bfp4_b) only: weight matrices kept in bf16 instead, any of "qkv", "o", "gate",
+  // "up", "down" (the device tensors wqkv, wo, w1, w3, w2). Default (empty): every matrix in the block format, as
+  // the seed's Blackhole port holds them. Norms and the host action projections are never block-quantised.
+  std::vector<std::string> bf16_weights;
 };
 
 class BackendSession {

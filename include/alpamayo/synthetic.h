@@ -25,6 +25,9 @@ struct SyntheticCheckpointSpec {
   DType dtype = DType::BF16;
   int shards = 1;
   uint64_t seed = 0;
+  // The expert's weight matrices with a trained model's statistics (heavy tails, per-channel scales, outlier
+  // channels and weights; src/io/synthetic.cpp) instead of uniform values of the same standard deviation.
+  bool trained_weights = false;
 };
 
 Release synthetic_release(const SyntheticCheckpointSpec& spec);

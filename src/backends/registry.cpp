@@ -13,9 +13,9 @@ namespace alpamayo {
 const std::vector<BackendInfo>& registered_backends() {
   static const std::vector<BackendInfo> all = {
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-      {"cpu", {"bf16", "int8"}, load_cpu_backend},
+      {"cpu", {"bf16", "int8", "bfp8_b", "bfp4_b"}, load_cpu_backend},
 #endif
-      {"reference", {"f32"}, load_reference_backend},
+      {"reference", {"f32", "bfp8_b", "bfp4_b"}, load_reference_backend},
   };
   return all;
 }

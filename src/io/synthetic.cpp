@@ -1,5 +1,6 @@
 #include "alpamayo/synthetic.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -38,6 +39,7 @@ struct Init {
   float center = 0.f, scale = 0.f;
   std::vector<float> fixed{};
   std::vector<float> col_scale{};  // optional per-column factor (last dimension)
+  bool trained = false;  // a [N, K] matrix with a trained model's statistics (trained_weights() below)
 };
 
 void store(DType dt, const float* src, int64_t n, void* dst) {
@@ -57,12 +59,45 @@ struct Entry {
   DType dtype;
 };
 
+// A [N, K] weight with the statistics trained LLM weights are known for, as far as a generator can give them:
+// a heavy-tailed body (Laplace, excess kurtosis 3), per-output-channel and per-input-channel scales spread
+// log-normally (sigma 0.35), 2% outlier output channels (x3) and 1% outlier input channels (x4), and isolated
+// outlier weights (1 in 20,000, x12). Rescaled to the standard deviation `sd` of the plain initialisation.
+void trained_weights(Rng& rng, int64_t N, int64_t K, float sd, float* out) {
+  auto normal = [&] {  // Box-Muller
+    const double u1 = std::max(0.5 * (rng.uniform() + 1.0), 1e-12), u2 = 0.5 * (rng.uniform() + 1.0);
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  };
+  auto scales = [&](int64_t n, double outlier_share, double outlier_gain) {
+    std::vector<double> v(n);
+    double ss = 0;
+    for (auto& x : v) {
+      x = std::exp(0.35 * normal()) * (0.5 * (rng.uniform() + 1.0) < outlier_share ? outlier_gain : 1.0);
+      ss += x * x;
+    }
+    for (auto& x : v) x /= std::sqrt(ss / n);
+    return v;
+  };
+  const std::vector<double> row = scales(N, 0.02, 3.0), col = scales(K, 0.01, 4.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const float u = rng.uniform();
+      // Laplace with unit variance: -sign(u) ln(1 - |u|) / sqrt(2).
+      double z = -std::copysign(std::log(std::max(1.0 - std::fabs(double(u)), 1e-9)), double(u)) * 0.7071067811865476;
+      if ((rng.next() % 20000) == 0) z *= 12.0;
+      out[n * K + k] = static_cast<float>(sd * row[n] * col[k] * z);
+    }
+}
+
 void fill_entry(const Entry& e, uint64_t seed, void* dst) {
   int64_t n = 1;
   for (auto s : e.shape) n *= s;
   std::vector<float> buf(n);
   if (!e.init.fixed.empty()) {
     buf = e.init.fixed;
+  } else if (e.init.trained) {
+    Rng rng(hash_name(e.name, seed));
+    trained_weights(rng, e.shape[0], e.shape[1], e.init.scale / std::sqrt(3.f), buf.data());
   } else {
     Rng rng(hash_name(e.name, seed));
     for (auto& v : buf) v = e.init.center + e.init.scale * rng.uniform();
@@ -169,19 +204,25 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
   const DType w = s.dtype;
   // Residual branches scaled by 1/sqrt(2L) so the stream stays O(1) through deep stacks.
   const float branch = 1.f / std::sqrt(2.f * s.L);
+  // The expert's weight matrices, plain (uniform) or with a trained model's statistics.
+  auto lin = [&](int64_t fan_in, float gain = 1.f) {
+    Init i = linear_init(fan_in, gain);
+    i.trained = s.trained_weights;
+    return i;
+  };
   for (int l = 0; l < s.L; ++l) {
     const std::string p = ep + "layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {D}, norm_init(), w);
     add(p + "post_attention_layernorm.weight", {D}, norm_init(), w);
-    add(p + "self_attn.q_proj.weight", {s.Hq * d, D}, linear_init(D), w);
-    add(p + "self_attn.k_proj.weight", {s.Hkv * d, D}, linear_init(D), w);
-    add(p + "self_attn.v_proj.weight", {s.Hkv * d, D}, linear_init(D), w);
-    add(p + "self_attn.o_proj.weight", {D, s.Hq * d}, linear_init(s.Hq * d, branch), w);
+    add(p + "self_attn.q_proj.weight", {s.Hq * d, D}, lin(D), w);
+    add(p + "self_attn.k_proj.weight", {s.Hkv * d, D}, lin(D), w);
+    add(p + "self_attn.v_proj.weight", {s.Hkv * d, D}, lin(D), w);
+    add(p + "self_attn.o_proj.weight", {D, s.Hq * d}, lin(s.Hq * d, branch), w);
     add(p + "self_attn.q_norm.weight", {d}, {1.5f, 0.5f, {}}, w);  // sharper than uniform attention
     add(p + "self_attn.k_norm.weight", {d}, {1.5f, 0.5f, {}}, w);
-    add(p + "mlp.gate_proj.weight", {I, D}, linear_init(D), w);
-    add(p + "mlp.up_proj.weight", {I, D}, linear_init(D), w);
-    add(p + "mlp.down_proj.weight", {D, I}, linear_init(I, branch), w);
+    add(p + "mlp.gate_proj.weight", {I, D}, lin(D), w);
+    add(p + "mlp.up_proj.weight", {I, D}, lin(D), w);
+    add(p + "mlp.down_proj.weight", {D, I}, lin(I, branch), w);
   }
   add(ep + "norm.weight", {D}, norm_init(), w);
   const std::string ip = hp + "action_in_proj.", tr = ip + "encoder.trunk.";

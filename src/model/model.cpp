@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "alpamayo/error.h"
+#include "backends/weight_formats.h"
 
 namespace alpamayo {
 namespace {
@@ -83,6 +84,7 @@ std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const 
     throw Error("backend " + info.name + ": unknown weight format '" + o.weights + "' (it offers " + offered + ")");
   }
   check(o.threads >= 0, "backend " + info.name + ": threads must be >= 0, found " + std::to_string(o.threads));
+  parse_weight_format(o);  // checks the bf16 weights list against the format
   if (const std::string why = info.unavailable(); !why.empty())
     throw Error("backend " + info.name + " cannot run here: " + why);
   validate_weights(cfg, w);

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from transformers import DynamicCache
+
+import bfp
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextModel
 
@@ -66,12 +68,15 @@ class Checkpoint:
     steps: int = 10
 
 
-def load_checkpoint(directory, text_config: dict | None = None, release: str | None = None) -> Checkpoint:
+def load_checkpoint(directory, text_config: dict | None = None, release: str | None = None,
+                    weights: str | None = None) -> Checkpoint:
     """Reads config.json as its release ships it (the release from model_type, or `release`):
     Alpamayo-R1 / 1.5 keep flat *_cfg keys and take eps / theta from the VLM's text config (`text_config`,
     as --vlm-config gives the engine), else the Qwen3-VL defaults; Alpamayo 2 Super keeps everything under
     expert_config, eps / theta in its llm_config (or expert_update_cfg over vlm_config.text_config).
-    `text_config` given for Super replaces those (to build counterfactual oracles)."""
+    `text_config` given for Super replaces those (to build counterfactual oracles).
+    weights: a block format (bfp8_b, bfp4_b): the expert's weight matrices as a backend with that format holds
+    them (bfp.py); any other value leaves the checkpoint's values."""
     d = Path(directory)
     cfg = json.loads((d / "config.json").read_text())
     release = release or RELEASES[cfg["model_type"]]
@@ -121,6 +126,8 @@ def load_checkpoint(directory, text_config: dict | None = None, release: str | N
         buf = w.get(f"action_space.{s}")
         ck.aspace[s] = float(buf) if buf is not None else float(asp.get(s, 0.0 if s.endswith("mean") else 1.0))
     ck.steps = int(sec["diffusion_cfg"].get("num_inference_steps", 10))
+    if weights in bfp.MANTISSA_BITS:
+        ck.w = bfp.quantize_checkpoint(ck.w, ck.L, weights)
     return ck
 
 

@@ -71,7 +71,7 @@ def _run_case(cli, tmp_path, case: Case, backend, seed_noise: int = 4):
     if case.v0 is not None:
         extra += ["--v0", case.v0]
     res = sample(cli, ck_dir, ctx_path, tmp_path, backend=backend, noise=tmp_path / "noise.safetensors", extra=extra)
-    ck = load_checkpoint(ck_dir, text_config=vlm_tc)
+    ck = load_checkpoint(ck_dir, text_config=vlm_tc, weights=backend.weights)
     ctx = read_context(ctx_path)
     oracle = Oracle(ck, ExpertContext.from_file_context(ctx))
     v0_given = case.v0 if case.v0 is not None else ctx.v0
@@ -79,11 +79,11 @@ def _run_case(cli, tmp_path, case: Case, backend, seed_noise: int = 4):
                            ego_rot=ctx.ego_history_rot, v0_given=v0_given)
     tc = case.text_config or (case.vlm_config or {}).get("text_config")
     if tc is not None and backend.name == "reference":  # the bf16 bounds are too wide to tell
-        _check_follows_text_config(checks, ck_dir, ctx, noise, res, tc)
+        _check_follows_text_config(checks, ck_dir, ctx, noise, res, tc, backend.weights)
     return checks
 
 
-def _check_follows_text_config(checks, ck_dir, ctx, noise, res, tc):
+def _check_follows_text_config(checks, ck_dir, ctx, noise, res, tc, weights=None):
     """Give the check power: an oracle with eps (or theta) back at the Qwen3-VL default must be more than
     twice the bound away from the engine, so passing means the engine really took each value from the config."""
     tight = checks.items[[c.name for c in checks.items].index("layers-out:hidden")]
@@ -97,7 +97,7 @@ def _check_follows_text_config(checks, ck_dir, ctx, noise, res, tc):
                     other[k] = {**other[k], "rope_theta": default}
             if "rope_theta" in other:
                 other["rope_theta"] = default
-        ck_o = load_checkpoint(ck_dir, text_config=other)
+        ck_o = load_checkpoint(ck_dir, text_config=other, weights=weights)
         _, cap = Oracle(ck_o, ExpertContext.from_file_context(ctx)).step(noise, torch.zeros(noise.shape[0]), capture=True)
         d = max_abs(res["layers"]["hidden"], cap["hidden"])
         checks.note(f"with {key} at the default {default:g} the oracle is {d:.3e} away (bound {tight.bound:.3e})")
@@ -120,7 +120,7 @@ def test_full_size_layer(cli, tmp_path, backend):
     noise = make_noise(1, dm)
     write_noise(tmp_path / "noise.safetensors", noise)
     res = sample(cli, ck_dir, ctx_path, tmp_path, backend=backend, noise=tmp_path / "noise.safetensors", steps=1)
-    ck = load_checkpoint(ck_dir)
+    ck = load_checkpoint(ck_dir, weights=backend.weights)
     ctx = read_context(ctx_path)
     oracle = Oracle(ck, ExpertContext.from_file_context(ctx))
     verify_sample(ck, oracle, res, noise, 1, backend, v0_given=ctx.v0, free_running=False).assert_ok()

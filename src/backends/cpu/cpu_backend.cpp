@@ -17,7 +17,8 @@ std::unique_ptr<BackendModel> load_cpu_backend(const ExpertConfig& cfg, const Mo
 namespace cpu {
 namespace {
 
-// The registry has already checked the name against the formats the cpu backend offers.
+// The registry has already checked the name against the formats the cpu backend offers; the block formats
+// run with bf16 activations.
 WeightType parse_weights(const std::string& w) { return w == "int8" ? WeightType::INT8 : WeightType::BF16; }
 
 int resolve_threads(int t) {
@@ -53,6 +54,10 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   convert_to_f32(lw.q, qkv.data());
   convert_to_f32(lw.k, qkv.data() + size_t(Hq) * d * D);
   convert_to_f32(lw.v, qkv.data() + size_t(Hq + Hkv) * d * D);
+  if (wf_.is_block()) {
+    pack_layer_blocks(qkv, lw, out);
+    return;
+  }
   for (int t = 0; t < nthreads_; ++t) {
     const Slice s = qkv_slices_[t];
     if (s.n1 > s.n0) out.qkv[t].pack(*kernels_, wtype_, D, s.n1 - s.n0, qkv.data() + size_t(s.n0) * D, Mhint, s.n1 - s.n0);
@@ -85,8 +90,33 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   }
 }
 
+// Block formats: each thread's column slices stored as the device holds them (bfp_matmul.h); slices start at
+// multiples of 64 columns, so their blocks and tiles are those of the whole matrix (weight_formats.h).
+void CpuModel::pack_layer_blocks(const std::vector<float>& qkv, const LayerWeights& lw, CpuLayer& out) {
+  const int D = cfg_.D, Hq = cfg_.Hq, d = cfg_.d, I = cfg_.I;
+  auto store = [&](LinearKind k) {
+    const auto f = wf_.block_of(k);
+    return !f ? BlockStore::BF16 : *f == bfp::Format::Bfp8_b ? BlockStore::BFP8_B : BlockStore::BFP4_B;
+  };
+  out.bqkv.resize(nthreads_);
+  out.bo.resize(nthreads_);
+  out.bgate_up.resize(nthreads_);
+  out.bdown.resize(nthreads_);
+  auto pack = [&](std::vector<BlockLinear>& dst, const std::vector<Slice>& slices, LinearKind k, const float* W, int K) {
+    for (int t = 0; t < nthreads_; ++t)
+      if (const Slice s = slices[t]; s.n1 > s.n0)
+        dst[t].parts.emplace_back().pack(store(k), W + size_t(s.n0) * K, K, s.n1 - s.n0);
+  };
+  pack(out.bqkv, qkv_slices_, LinearKind::QKV, qkv.data(), D);
+  pack(out.bo, o_slices_, LinearKind::O, to_f32(lw.o).data(), Hq * d);
+  pack(out.bgate_up, mlp_slices_, LinearKind::Gate, to_f32(lw.gate).data(), D);
+  pack(out.bgate_up, mlp_slices_, LinearKind::Up, to_f32(lw.up).data(), D);
+  pack(out.bdown, down_slices_, LinearKind::Down, to_f32(lw.down).data(), I);
+}
+
 CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
     : opts_(opts),
+      wf_(parse_weight_format(opts)),
       wtype_(parse_weights(opts.weights)),
       nthreads_(resolve_threads(opts.threads)),
       cfg_(cfg),
@@ -115,6 +145,8 @@ size_t CpuModel::weight_bytes() const {
     n += (layer.input_norm.size() + layer.post_norm.size() + layer.q_norm.size() + layer.k_norm.size()) * sizeof(float);
     for (const auto* list : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
       for (const PackedLinear& p : *list) n += p.packed_bytes() + (p.col_scale() ? 2 * sizeof(float) * p.N() : 0);
+    for (const auto* list : {&layer.bqkv, &layer.bo, &layer.bgate_up, &layer.bdown})
+      for (const BlockLinear& b : *list) n += b.bytes();
   }
   return n;
 }
@@ -126,6 +158,7 @@ CpuSession::CpuSession(const CpuModel& m)
       m_(m),
       nthreads_(m.nthreads_),
       use_bf16_attn_(cpu_has_avx512_bf16()),
+      block_kernel_(default_block_kernel()),
       pool_(nthreads_) {
   for (int t = 0; t < nthreads_; ++t) streams_.emplace_back(m.eng_);
   per_thread_.resize(nthreads_);
@@ -226,6 +259,11 @@ void CpuSession::bind_step(const Binding& bnd) {
       for (const PackedLinear* lin : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]})
         tmp = std::max(tmp, size_t(M_) * lin->N());
       for (const MatmulPlan* mp : {&p.qkv, &p.o, &p.gate_up, &p.down}) scratch = std::max(scratch, mp->scratch_bytes());
+      if (m_.wf_.is_block()) {
+        for (const BlockLinear* lin : {&layer.bqkv[t], &layer.bo[t], &layer.bgate_up[t], &layer.bdown[t]})
+          tmp = std::max(tmp, size_t(M_) * lin->N());
+        scratch = std::max(scratch, block_scratch_bytes());
+      }
     }
     pt.tmp.resize(tmp);
     pt.scratch.resize(scratch);

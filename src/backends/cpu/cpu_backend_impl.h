@@ -12,8 +12,10 @@
 #include "backends/host_loop.h"
 #include "backends/cpu/aligned.h"
 #include "backends/cpu/attention.h"
+#include "backends/cpu/bfp_matmul.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
+#include "backends/weight_formats.h"
 #include "model/action_proj.h"
 
 namespace alpamayo::cpu {
@@ -25,7 +27,8 @@ struct Slice {
 
 struct CpuLayer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
-  std::vector<PackedLinear> qkv, o, gate_up, down;  // one per thread
+  std::vector<PackedLinear> qkv, o, gate_up, down;  // one per thread (bf16, int8: oneDNN)
+  std::vector<BlockLinear> bqkv, bo, bgate_up, bdown;  // one per thread (block formats: bfp_matmul.h)
 };
 
 // One attention work item for KV head g, writing partial slot `slot` (a [Rp][dp] block, or `count`
@@ -53,8 +56,10 @@ class CpuModel final : public BackendModel {
  private:
   friend class CpuSession;
   void pack_layer(const LayerWeights& lw, CpuLayer& out);
+  void pack_layer_blocks(const std::vector<float>& qkv, const LayerWeights& lw, CpuLayer& out);
 
   BackendOptions opts_;
+  WeightFormat wf_;  // block formats run on the block kernels, with bf16 activations
   WeightType wtype_;
   int nthreads_;
   ExpertConfig cfg_;
@@ -70,8 +75,9 @@ class CpuSession final : public HostLoopSession {
  public:
   explicit CpuSession(const CpuModel& m);
 
-  // For tests: force the portable attention path.
+  // For tests: force the portable attention path, the portable block-format matmul.
   void set_portable_attention(bool on) { use_bf16_attn_ = !on && cpu_has_avx512_bf16(); }
+  void set_portable_block_kernel(bool on) { block_kernel_ = on ? BlockKernel::Portable : default_block_kernel(); }
 
  protected:
   void bind_step(const Binding& b) override;
@@ -88,11 +94,15 @@ class CpuSession final : public HostLoopSession {
   void run_step(int tid, const float* emb, float* hidden, float* const* layers);
   void layer_phases(int tid, int l);
   void attention_phase(int tid, int l);
+  // This thread's slice of a linear layer, x [M, K] -> pt.tmp [M, slice width]: oneDNN or the block kernels.
+  void run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk, const void* x,
+                  int K);
   void print_profile(double step_ms) const;
 
   const CpuModel& m_;
   const int nthreads_;
   bool use_bf16_attn_;
+  BlockKernel block_kernel_;
   ThreadPool pool_;
   std::vector<dnnl::stream> streams_;
   std::vector<std::vector<LayerPlans>> plans_;  // [layer][thread]

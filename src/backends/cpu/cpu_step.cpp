@@ -10,6 +10,9 @@
 #include "backends/cpu/cpu_ops.h"
 
 namespace alpamayo::cpu {
+namespace {
+const BlockLinear kNoBlocks;  // the block argument of run_linear() for the oneDNN formats
+}  // namespace
 
 void CpuSession::step(const float* emb, float* hidden, float* const* layers) {
   ScopedOmpThreads one(1);
@@ -43,10 +46,9 @@ void CpuSession::layer_phases(int tid, int l) {
   const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I, M = M_;
   const int Nqkv = (Hq + 2 * Hkv) * d;
   const float eps = static_cast<float>(cfg_.rms_eps);
-  const bool i8 = m_.wtype_ == WeightType::INT8;
+  const bool i8 = m_.wtype_ == WeightType::INT8, block = m_.wf_.is_block();
   const int r0 = M * tid / nthreads_, r1 = M * (tid + 1) / nthreads_;
   PerThread& pt = per_thread_[tid];
-  dnnl::stream& st = streams_[tid];
   const void* x_in = i8 ? static_cast<const void*>(x_u8_.data()) : x_bf16_.data();
   const void* y_in = i8 ? static_cast<const void*>(y_u8_.data()) : y_bf16_.data();
   auto sync = [&](Phase p) {
@@ -65,7 +67,7 @@ void CpuSession::layer_phases(int tid, int l) {
   if (const Slice s = m_.qkv_slices_[tid]; s.n1 > s.n0) {
     // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
     const PackedLinear& lin = w.qkv[tid];
-    lin.run(st, plan.qkv, x_in, pt.tmp.data(), pt.scratch.data());
+    run_linear(tid, lin, plan.qkv, block ? w.bqkv[tid] : kNoBlocks, x_in, D);
     copy_rows(qkv_.data() + s.n0, Nqkv, pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr,
               lin.col_correction(), lin.col_scale());
   }
@@ -102,13 +104,14 @@ void CpuSession::layer_phases(int tid, int l) {
   sync(kAttn);
 
   // This thread's column slice of a projection of y_in, added to the residual stream.
-  auto matmul_residual = [&](const PackedLinear& lin, const MatmulPlan& mp, Slice s) {
+  auto matmul_residual = [&](const PackedLinear& lin, const MatmulPlan& mp, const std::vector<BlockLinear>& blk,
+                             Slice s, int K) {
     if (s.n1 <= s.n0) return;
-    lin.run(st, mp, y_in, pt.tmp.data(), pt.scratch.data());
+    run_linear(tid, lin, mp, block ? blk[tid] : kNoBlocks, y_in, K);
     add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
              lin.col_correction(), lin.col_scale());
   };
-  matmul_residual(w.o[tid], plan.o, m_.o_slices_[tid]);
+  matmul_residual(w.o[tid], plan.o, w.bo, m_.o_slices_[tid], Hq * d);
   sync(kOproj);
 
   rms_norm_rows(h_.data(), w.post_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
@@ -116,7 +119,7 @@ void CpuSession::layer_phases(int tid, int l) {
   sync(kNorm2);
 
   if (const Slice s = m_.mlp_slices_[tid]; s.n1 > s.n0) {
-    w.gate_up[tid].run(st, plan.gate_up, x_in, pt.tmp.data(), pt.scratch.data());
+    run_linear(tid, w.gate_up[tid], plan.gate_up, block ? w.bgate_up[tid] : kNoBlocks, x_in, D);
     silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, w.gate_up[tid].col_correction(),
                   w.gate_up[tid].col_scale(), I,
                   i8 ? nullptr : y_bf16_.data() + s.n0, i8 ? act_f32_.data() + s.n0 : nullptr);
@@ -127,8 +130,17 @@ void CpuSession::layer_phases(int tid, int l) {
   }
   sync(kGateUp);
 
-  matmul_residual(w.down[tid], plan.down, m_.down_slices_[tid]);
+  matmul_residual(w.down[tid], plan.down, w.bdown, m_.down_slices_[tid], I);
   sync(kDown);
+}
+
+void CpuSession::run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk,
+                            const void* x, int K) {
+  PerThread& pt = per_thread_[tid];
+  if (m_.wf_.is_block())
+    block_matmul(block_kernel_, blk, static_cast<const uint16_t*>(x), M_, K, pt.tmp.data(), blk.N(), pt.scratch.data());
+  else
+    lin.run(streams_[tid], plan, x, pt.tmp.data(), pt.scratch.data());
 }
 
 void CpuSession::attention_phase(int tid, int l) {
@@ -177,6 +189,11 @@ void CpuSession::attention_phase(int tid, int l) {
     const MatmulPlan& op = plans_[l][tid].o;
     kv.prefetch = op.own_weights ? static_cast<const char*>(op.own_weights.get_data_handle()) : o.packed_data();
     kv.prefetch_bytes = op.own_weights ? op.own_bytes() : o.packed_bytes();
+    if (m_.wf_.is_block() && !m_.layers_[l].bo[tid].parts.empty()) {
+      const BlockWeights& bo = m_.layers_[l].bo[tid].parts.front();
+      kv.prefetch = reinterpret_cast<const char*>(bo.data());
+      kv.prefetch_bytes = bo.bytes();
+    }
     uint32_t* q = it.prompt >= 0 ? qptr(members_[p][0], it.g) : qptr(b, it.g);
     init_partial(geo, O, m, lsum);
     attend_chunk(use_bf16_attn_, geo, q, kv, it.j0, it.j1, O, m, lsum, per_thread_[tid].attn);

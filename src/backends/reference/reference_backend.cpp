@@ -8,24 +8,44 @@
 #include "alpamayo/error.h"
 #include "backends/reference/ops.h"
 #include "backends/reference/ref_action_proj.h"
+#include "backends/weight_formats.h"
 
 namespace alpamayo {
 namespace {
 
 // fp32 copy of one layer, made when the layer runs: the oracle reads the checkpoint's own values and
-// never holds more than one layer in fp32 (the full-size model is 9.6 GB in fp32).
+// never holds more than one layer in fp32 (the full-size model is 9.6 GB in fp32). Under a block weight format
+// (bfp8_b, bfp4_b) the matrices hold the values the device multiplies with (weight_formats.h): the exact oracle
+// of a backend that stores them in that format.
 struct RefLayer {
-  std::vector<float> input_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
-  explicit RefLayer(const LayerWeights& w)
-      : input_norm(to_f32(w.input_norm)), post_norm(to_f32(w.post_norm)), q(to_f32(w.q)), k(to_f32(w.k)),
-        v(to_f32(w.v)), o(to_f32(w.o)), q_norm(to_f32(w.q_norm)), k_norm(to_f32(w.k_norm)), gate(to_f32(w.gate)),
-        up(to_f32(w.up)), down(to_f32(w.down)) {}
+  std::vector<float> input_norm, post_norm, qkv, o, q_norm, k_norm, gate, up, down;
+  const float *q, *k, *v;  // rows of qkv
+  RefLayer(const LayerWeights& w, const WeightFormat& wf)
+      : input_norm(to_f32(w.input_norm)), post_norm(to_f32(w.post_norm)), o(to_f32(w.o)), q_norm(to_f32(w.q_norm)),
+        k_norm(to_f32(w.k_norm)), gate(to_f32(w.gate)), up(to_f32(w.up)), down(to_f32(w.down)) {
+    const int64_t D = w.q.shape[1], nq = w.q.shape[0], nk = w.k.shape[0], nv = w.v.shape[0];
+    qkv.resize((nq + nk + nv) * D);
+    convert_to_f32(w.q, qkv.data());
+    convert_to_f32(w.k, qkv.data() + nq * D);
+    convert_to_f32(w.v, qkv.data() + (nq + nk) * D);
+    q = qkv.data();
+    k = q + nq * D;
+    v = k + nk * D;
+    apply_weight_format(wf, LinearKind::QKV, qkv.data(), nq + nk + nv, D);
+    apply_weight_format(wf, LinearKind::O, o.data(), w.o.shape[0], w.o.shape[1]);
+    apply_weight_format(wf, LinearKind::Gate, gate.data(), w.gate.shape[0], w.gate.shape[1]);
+    apply_weight_format(wf, LinearKind::Up, up.data(), w.up.shape[0], w.up.shape[1]);
+    apply_weight_format(wf, LinearKind::Down, down.data(), w.down.shape[0], w.down.shape[1]);
+  }
 };
+
+class ReferenceModel;
 
 class ReferenceSession final : public HostLoopSession {
  public:
-  ReferenceSession(const ExpertConfig& cfg, const ActionProjections& proj, const ExpertWeights& w, int threads)
-      : HostLoopSession(cfg, proj), proj_(proj), weights_(w), threads_(threads) {}
+  ReferenceSession(const ExpertConfig& cfg, const ActionProjections& proj, const ExpertWeights& w,
+                   const WeightFormat& wf, int threads)
+      : HostLoopSession(cfg, proj), proj_(proj), weights_(w), wf_(wf), threads_(threads) {}
 
  protected:
   void bind_step(const Binding& b) override {
@@ -35,55 +55,14 @@ class ReferenceSession final : public HostLoopSession {
 
   size_t step_buffer_bytes() const override { return (rope_.cos.size() + rope_.sin.size()) * sizeof(float); }
   std::unique_ptr<HostLoopSession> new_sibling() const override {
-    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, threads_);
+    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, wf_, threads_);
   }
 
   void step(const float* emb, float* hidden, float* const* layers) override {
-    const int B = kv_.B, T = rope_.T, D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
-    const int M = B * T;
-    std::vector<float> h(emb, emb + int64_t(M) * D), a(int64_t(M) * D), q(int64_t(M) * Hq * d),
-        k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d), att(int64_t(M) * Hq * d), tmp(int64_t(M) * D),
-        g(int64_t(M) * I), u(int64_t(M) * I);
+    const int M = kv_.B * rope_.T, D = cfg_.D;
+    std::vector<float> h(emb, emb + int64_t(M) * D);
     for (int l = 0; l < cfg_.L; ++l) {
-      const RefLayer w(weights_.layers[l]);
-      const std::vector<float> key = to_f32(kv_.key[l]), value = to_f32(kv_.value[l]);
-      std::vector<float> skey, svalue;
-      if (!kv_.suffix_key.empty()) {
-        skey = to_f32(kv_.suffix_key[l]);
-        svalue = to_f32(kv_.suffix_value[l]);
-      }
-      ref::rms_norm(h.data(), w.input_norm.data(), M, D, cfg_.rms_eps, a.data());
-      ref::matmul_nt(a.data(), M, D, w.q.data(), Hq * d, q.data(), threads_);
-      ref::matmul_nt(a.data(), M, D, w.k.data(), Hkv * d, k.data(), threads_);
-      ref::matmul_nt(a.data(), M, D, w.v.data(), Hkv * d, v.data(), threads_);
-      ref::rms_norm(q.data(), w.q_norm.data(), M * Hq, d, cfg_.rms_eps, q.data());
-      ref::rms_norm(k.data(), w.k_norm.data(), M * Hkv, d, cfg_.rms_eps, k.data());
-      for (int b = 0; b < B; ++b) {
-        const float* c = rope_.cos.data() + int64_t(b) * T * d;
-        const float* s = rope_.sin.data() + int64_t(b) * T * d;
-        ref::rope_apply(q.data() + int64_t(b) * T * Hq * d, T, Hq, d, c, s);
-        ref::rope_apply(k.data() + int64_t(b) * T * Hkv * d, T, Hkv, d, c, s);
-        // Prompt rows after its left padding, then this sample's suffix rows (docs/MATH.md section 2).
-        const int g = kv_.prompt(b);
-        const int64_t pad = kv_.pad(g), poff = (int64_t(g) * Hkv * kv_.P + pad) * d;
-        std::vector<ref::KeySegment> segs = {{key.data() + poff, value.data() + poff, int64_t(kv_.P) * d,
-                                              static_cast<int>(kv_.valid_len[g] - pad)}};
-        if (kv_.suffix(b) > 0) {
-          const int64_t soff = int64_t(b) * Hkv * kv_.Q * d;
-          segs.push_back({skey.data() + soff, svalue.data() + soff, int64_t(kv_.Q) * d, static_cast<int>(kv_.suffix(b))});
-        }
-        ref::attention(q.data() + int64_t(b) * T * Hq * d, k.data() + int64_t(b) * T * Hkv * d,
-                       v.data() + int64_t(b) * T * Hkv * d, segs, T, Hq, Hkv, d,
-                       att.data() + int64_t(b) * T * Hq * d, threads_);
-      }
-      ref::matmul_nt(att.data(), M, Hq * d, w.o.data(), D, tmp.data(), threads_);
-      for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
-      ref::rms_norm(h.data(), w.post_norm.data(), M, D, cfg_.rms_eps, a.data());
-      ref::matmul_nt(a.data(), M, D, w.gate.data(), I, g.data(), threads_);
-      ref::matmul_nt(a.data(), M, D, w.up.data(), I, u.data(), threads_);
-      for (int64_t i = 0; i < int64_t(M) * I; ++i) g[i] = ref::silu(g[i]) * u[i];
-      ref::matmul_nt(g.data(), M, I, w.down.data(), D, tmp.data(), threads_);
-      for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+      reference_layer(cfg_, weights_.layers[l], wf_, kv_, l, rope_, threads_, h.data());
       if (layers) std::copy(h.begin(), h.end(), layers[l]);
     }
     ref::rms_norm(h.data(), to_f32(weights_.final_norm).data(), M, D, cfg_.rms_eps, hidden);
@@ -92,6 +71,7 @@ class ReferenceSession final : public HostLoopSession {
  private:
   const ActionProjections& proj_;
   const ExpertWeights& weights_;  // views into the checkpoint, which the Model keeps alive
+  const WeightFormat& wf_;
   int threads_;
   KVCache kv_;
   RopeTables rope_;
@@ -103,23 +83,72 @@ class ReferenceModel final : public BackendModel {
   ReferenceModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
       : cfg_(cfg),
         weights_(w.expert),
+        wf_(parse_weight_format(opts)),
         proj_(cfg, w, opts.exact_freqs),
         threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())) {}
   std::string name() const override { return "reference"; }
-  std::string weights() const override { return "f32"; }
+  std::string weights() const override { return wf_.name; }
   size_t weight_bytes() const override { return 0; }
   std::unique_ptr<BackendSession> new_session() const override {
-    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, threads_);
+    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, wf_, threads_);
   }
 
  private:
   ExpertConfig cfg_;
   ExpertWeights weights_;
+  WeightFormat wf_;
   ref::Projections proj_;
   int threads_;
 };
 
 }  // namespace
+
+void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const WeightFormat& wf, const KVCache& kv,
+                     int layer, const RopeTables& rope, int threads, float* h) {
+  const int B = kv.B, T = rope.T, D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d, I = cfg.I, P = kv.P;
+  const int M = B * T;
+  std::vector<float> a(int64_t(M) * D), q(int64_t(M) * Hq * d), k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d),
+      att(int64_t(M) * Hq * d), tmp(int64_t(M) * D), g(int64_t(M) * I), u(int64_t(M) * I);
+  const RefLayer w(lw, wf);
+  const std::vector<float> key = to_f32(kv.key[layer]), value = to_f32(kv.value[layer]);
+  std::vector<float> skey, svalue;
+  if (!kv.suffix_key.empty()) {
+    skey = to_f32(kv.suffix_key[layer]);
+    svalue = to_f32(kv.suffix_value[layer]);
+  }
+  ref::rms_norm(h, w.input_norm.data(), M, D, cfg.rms_eps, a.data());
+  ref::matmul_nt(a.data(), M, D, w.q, Hq * d, q.data(), threads);
+  ref::matmul_nt(a.data(), M, D, w.k, Hkv * d, k.data(), threads);
+  ref::matmul_nt(a.data(), M, D, w.v, Hkv * d, v.data(), threads);
+  ref::rms_norm(q.data(), w.q_norm.data(), M * Hq, d, cfg.rms_eps, q.data());
+  ref::rms_norm(k.data(), w.k_norm.data(), M * Hkv, d, cfg.rms_eps, k.data());
+  for (int b = 0; b < B; ++b) {
+    const float* c = rope.cos.data() + int64_t(b) * T * d;
+    const float* s = rope.sin.data() + int64_t(b) * T * d;
+    ref::rope_apply(q.data() + int64_t(b) * T * Hq * d, T, Hq, d, c, s);
+    ref::rope_apply(k.data() + int64_t(b) * T * Hkv * d, T, Hkv, d, c, s);
+    // Prompt rows after its left padding, then this sample's suffix rows (docs/MATH.md section 2).
+    const int g = kv.prompt(b);
+    const int64_t pad = kv.pad(g), poff = (int64_t(g) * Hkv * P + pad) * d;
+    std::vector<ref::KeySegment> segs = {
+        {key.data() + poff, value.data() + poff, int64_t(P) * d, static_cast<int>(kv.valid_len[g] - pad)}};
+    if (kv.suffix(b) > 0) {
+      const int64_t soff = int64_t(b) * Hkv * kv.Q * d;
+      segs.push_back({skey.data() + soff, svalue.data() + soff, int64_t(kv.Q) * d, static_cast<int>(kv.suffix(b))});
+    }
+    ref::attention(q.data() + int64_t(b) * T * Hq * d, k.data() + int64_t(b) * T * Hkv * d,
+                   v.data() + int64_t(b) * T * Hkv * d, segs, T, Hq, Hkv, d, att.data() + int64_t(b) * T * Hq * d,
+                   threads);
+  }
+  ref::matmul_nt(att.data(), M, Hq * d, w.o.data(), D, tmp.data(), threads);
+  for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+  ref::rms_norm(h, w.post_norm.data(), M, D, cfg.rms_eps, a.data());
+  ref::matmul_nt(a.data(), M, D, w.gate.data(), I, g.data(), threads);
+  ref::matmul_nt(a.data(), M, D, w.up.data(), I, u.data(), threads);
+  for (int64_t i = 0; i < int64_t(M) * I; ++i) g[i] = ref::silu(g[i]) * u[i];
+  ref::matmul_nt(g.data(), M, I, w.down.data(), D, tmp.data(), threads);
+  for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+}
 
 std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, const ModelWeights& w,
                                                      const BackendOptions& opts) {

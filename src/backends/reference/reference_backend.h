@@ -2,9 +2,15 @@
 #include <memory>
 
 #include "alpamayo/backend.h"
+#include "backends/weight_formats.h"
 
 namespace alpamayo {
 // The oracle: docs/MATH.md in plain fp32, weights read from the checkpoint's views one layer at a time.
 std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, const ModelWeights& w,
                                                      const BackendOptions& opts);
+
+// One expert layer of the reference, h [B*T, D] in place (the backend's step runs it for every layer; tools use it
+// to measure one layer on a given input). kv: the bound cache, of which layer `layer` is read.
+void reference_layer(const ExpertConfig& cfg, const LayerWeights& w, const WeightFormat& wf, const KVCache& kv,
+                     int layer, const RopeTables& rope, int threads, float* h);
 }  // namespace alpamayo
