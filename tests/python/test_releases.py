@@ -128,7 +128,7 @@ def test_sample_matches_oracle_reading_the_release_config(cli, tmp_path, layout,
     write_noise(tmp_path / "noise.safetensors", noise)
     res = sample(cli, ck_dir, ctx_path, tmp_path, backend=backend, noise=tmp_path / "noise.safetensors", extra=extra)
     vlm_tc = json.loads((tmp_path / "vlm.json").read_text())["text_config"] if extra else None
-    ck = load_checkpoint(ck_dir, text_config=vlm_tc)
+    ck = load_checkpoint(ck_dir, text_config=vlm_tc, weights=backend.weights)
     assert ck.steps == STEPS and ck.aspace["dt"] == DT and (ck.eps, ck.theta) == (1e-3, 3e5)
     assert ck.aspace["accel_std"] == pytest.approx(RELEASED["accel_std"] if layout == "r1" else ACCEL_STD, rel=1e-7)
     ctx = read_context(ctx_path)

@@ -78,7 +78,7 @@ def test_rollout_is_realistic(rollout):
 
 @pytest.mark.parametrize("guided", [False, True], ids=["plain", "guided"])
 def test_matches_release(rollout, checkpoint, backend, guided):
-    ck = load_checkpoint(checkpoint)
+    ck = load_checkpoint(checkpoint, weights=backend.weights)
     model = engine_model(checkpoint, backend)
     xyz, rot, action = run_engine(model, rollout, guided)
     gens = generators(len(EOS_AT))

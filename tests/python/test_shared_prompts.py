@@ -52,7 +52,7 @@ def test_matches_oracle(cli, tmp_path, case, backend):
     temp = c.get("temperature", 1.0)
     if temp != 1.0:
         extra += ["--temperature", temp]
-    ck = load_checkpoint(ck_dir)
+    ck = load_checkpoint(ck_dir, weights=backend.weights)
     oracle = _oracle(ck, path)
     if "unguided" in c:
         upath = make_context(tmp_path / "unguided.safetensors", TINY, c["unguided"])
