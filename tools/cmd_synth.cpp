@@ -8,6 +8,7 @@
 
 #include "alpamayo/engine.h"
 #include "alpamayo/error.h"
+#include "alpamayo/output.h"
 #include "alpamayo/synthetic.h"
 #include "commands.h"
 #include "report.h"
@@ -80,12 +81,16 @@ Run add_make_context(CLI::App& app) {
   app.add_option("--history", a->spec.history, "ego history poses (0: write v0 instead)")->check(CLI::Range(0, 100000));
   app.add_option("--seed", a->spec.seed, "seed");
   return [a] {
+    OutputSet outs;
+    outs.add_input(a->checkpoint, "--checkpoint");
+    const size_t o = outs.add(a->out, "--out");
     auto ck = Checkpoint::open(a->checkpoint);
     a->spec.dtype = parse_float_dtype(a->dtype, "--dtype");
     if (!a->valid.empty()) a->spec.valid_len = parse_int_list(a->valid, "--valid-len");
     if (!a->delta.empty()) a->spec.rope_delta = parse_int_list(a->delta, "--rope-delta");
     check(a->spec.history != 1, "--history: need 0 or at least 2 poses");
-    write_synthetic_context(a->out, ck->config(), a->spec);
+    write_synthetic_context(outs.sink(o), ck->config(), a->spec);
+    outs.commit();
     std::fprintf(stderr, "wrote %s\n", a->out.c_str());
   };
 }
@@ -147,13 +152,18 @@ Run add_demo(CLI::App& app) {
     so.steps = a->steps;
     so.seed = a->seed;
     so.progress = [](int k, int n, double s) { std::fprintf(stderr, "  step %d/%d  %.3f s\n", k + 1, n, s); };
-    SampleResult r = engine.sample(so);
     const std::string out = (fs::path(a->out_dir) / "trajectories.safetensors").string();
     const std::string js = (fs::path(a->out_dir) / "trajectories.json").string();
     const std::string svg = (fs::path(a->out_dir) / "trajectories.svg").string();
-    write_result_safetensors(out, r);
-    write_result_json(js, r, a->backend);
-    write_result_svg(svg, r, history ? &*history : nullptr);
+    OutputSet outs;
+    outs.add_input(dir.string(), "the checkpoint");
+    outs.add_input(ctx_path.string(), "the context");
+    const size_t o_out = outs.add(out), o_js = outs.add(js), o_svg = outs.add(svg);
+    SampleResult r = engine.sample(so);
+    write_result_safetensors(outs.sink(o_out), r);
+    write_result_json(outs.sink(o_js), r, a->backend);
+    write_result_svg(outs.sink(o_svg), r, history ? &*history : nullptr);
+    outs.commit();
     double total = 0;
     for (double s : r.step_seconds) total += s;
     std::printf("Alpamayo action expert demo (%s model, backend %s, %s weights)\n", a->size.c_str(), a->backend.c_str(),

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "alpamayo/checkpoint.h"
+#include "alpamayo/output.h"
 #include "alpamayo/tensor.h"
 
 namespace alpamayo {
@@ -22,7 +23,8 @@ struct SyntheticCheckpointSpec {
 };
 
 // Writes dir/config.json and the weights (single file, or `shards` expert shards plus a vlm-only shard
-// and model.safetensors.index.json). A few vlm.* tensors are included, as in a real checkpoint.
+// and model.safetensors.index.json), all committed together (output.h). A few vlm.* tensors are
+// included, as in a real checkpoint.
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointSpec& spec);
 
 struct SyntheticContextSpec {
@@ -36,5 +38,7 @@ struct SyntheticContextSpec {
 
 // Writes a context file for a checkpoint of the given config (L, Hkv, d); padding rows hold garbage.
 void write_synthetic_context(const std::string& path, const ExpertConfig& cfg, const SyntheticContextSpec& spec);
+// The same bytes to a sink (e.g. an OutputSet output).
+void write_synthetic_context(const ByteSink& out, const ExpertConfig& cfg, const SyntheticContextSpec& spec);
 
 }  // namespace alpamayo

@@ -84,6 +84,7 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
   check(s.ain_layers >= 1 && s.n_fourier >= 4 && s.n_fourier % 2 == 0 && s.T >= 1 && s.shards >= 1,
         "make-checkpoint: invalid action_in_proj sizes, waypoints or shard count");
   fs::create_directories(dir);
+  OutputSet outs;  // every file of the checkpoint appears together, or none
   const bool a2 = s.layout == Layout::A2;
   const std::string ep = a2 ? "expert.expert." : "expert.", hp = a2 ? "expert." : "";
   const int64_t D = s.D, d = s.d, I = s.I, h = s.ain_hidden, A = 2, F = s.n_fourier;
@@ -165,12 +166,12 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
       specs.push_back({e.name, TensorView{e.dtype, e.shape, nullptr, e.name}});
       weight_map[e.name] = name;
     }
-    write_safetensors_stream((fs::path(dir) / name).string(), specs,
-                             [&](size_t i, void* dst) { fill_entry(files[f][i], s.seed, dst); }, {{"format", "pt"}});
+    serialize_safetensors_stream(outs.sink(outs.add((fs::path(dir) / name).string())), specs,
+                                 [&](size_t i, void* dst) { fill_entry(files[f][i], s.seed, dst); }, {{"format", "pt"}});
   }
   if (nf > 1)
-    write_text_file((fs::path(dir) / "model.safetensors.index.json").string(),
-                    nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
+    outs.write(outs.add((fs::path(dir) / "model.safetensors.index.json").string()),
+               nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
 
   using R = ReleasedActionStats;
   nlohmann::json cfg = {
@@ -195,10 +196,15 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
     cfg["text_config"] = {{"num_hidden_layers", s.L}, {"num_key_value_heads", s.Hkv}, {"head_dim", s.d},
                           {"rms_norm_eps", 1e-6},
                           {"rope_scaling", {{"rope_type", "default"}, {"rope_theta", 5e6}, {"mrope_section", {24, 20, 20}}}}};
-  write_text_file((fs::path(dir) / "config.json").string(), cfg.dump(2));
+  outs.write(outs.add((fs::path(dir) / "config.json").string()), cfg.dump(2));
+  outs.commit();
 }
 
 void write_synthetic_context(const std::string& path, const ExpertConfig& c, const SyntheticContextSpec& s) {
+  write_file_atomically(path, [&](const ByteSink& out) { write_synthetic_context(out, c, s); });
+}
+
+void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const SyntheticContextSpec& s) {
   const int64_t B = s.B, P = s.P, H = c.Hkv, d = c.d;
   check(B >= 1 && P >= 1, "make-context: batch and rows must be >= 1");
   std::vector<int64_t> valid = s.valid_len.empty() ? std::vector<int64_t>(B, P) : s.valid_len;
@@ -235,7 +241,7 @@ void write_synthetic_context(const std::string& path, const ExpertConfig& c, con
   specs.push_back({"valid_len", TensorView{DType::I64, {B}, valid.data(), ""}});
   specs.push_back({"rope_delta", TensorView{DType::I64, {B}, delta.data(), ""}});
   const size_t n_cache = static_cast<size_t>(c.L) * 2;
-  write_safetensors_stream(path, specs, [&](size_t i, void* dst) {
+  serialize_safetensors_stream(out, specs, [&](size_t i, void* dst) {
     if (i >= n_cache) { std::memcpy(dst, specs[i].tensor.data, specs[i].tensor.nbytes()); return; }
     Rng r(hash_name(specs[i].name, s.seed));
     std::vector<float> buf(B * H * P * d);
