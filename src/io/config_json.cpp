@@ -1,24 +1,17 @@
 #include "io/config_json.h"
 
-#include <fstream>
-#include <sstream>
+#include <cmath>
+#include <limits>
+#include <type_traits>
 
 #include "alpamayo/error.h"
+#include "io/inputs.h"
 
 namespace alpamayo {
 using nlohmann::json;
 
-json read_json_file(const std::string& path) {
-  std::ifstream f(path);
-  check(static_cast<bool>(f), path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    throw Error(path + ": invalid JSON (" + e.what() + ")");
-  }
-}
+// Regular files only (a pipe fails at once), at most 64 MiB, strict JSON (io/inputs.h).
+json read_json_file(const std::string& path) { return read_json_file_strict(path); }
 
 namespace {
 
@@ -26,8 +19,18 @@ namespace {
 template <class T>
 bool get_num(const json& obj, const char* key, const std::string& where, T* out) {
   if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return false;
-  check(obj[key].is_number(), where + ": key '" + key + "' must be a number, found " + obj[key].dump());
-  *out = obj[key].get<T>();
+  const json& v = obj[key];
+  check(v.is_number(), where + ": key '" + key + "' must be a number, found " + v.dump());
+  if constexpr (std::is_integral_v<T>) {  // an integer in T's range: no truncation, no wrapping
+    const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
+                          : v.is_number_integer() && v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
+                                v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max());
+    check(v.is_number_integer(), where + ": key '" + key + "' must be an integer, found " + v.dump());
+    check(in_range, where + ": key '" + key + "' = " + v.dump() + " is out of range");
+  } else {
+    check(std::isfinite(v.get<double>()), where + ": key '" + key + "' must be a finite number, found " + v.dump());
+  }
+  *out = v.get<T>();
   return true;
 }
 
