@@ -1,5 +1,6 @@
 #include "alpamayo/context.h"
 
+#include <climits>
 #include <cmath>
 #include <set>
 
@@ -79,13 +80,16 @@ Context Context::open(const std::string& path) {
   for (const auto& [k, ti] : f.tensors()) {
     if (k.rfind("key.", 0) == 0 || k.rfind("value.", 0) == 0) {
       const std::string num = k.substr(k.find('.') + 1);
-      const bool ok = !num.empty() && num.find_first_not_of("0123456789") == std::string::npos && std::stoll(num) < L;
+      const bool ok = !num.empty() && num.size() <= 9 && num.find_first_not_of("0123456789") == std::string::npos &&
+                      std::stoll(num) < L;
       check(ok, path + ": tensor '" + k + "' does not belong to layers 0.." + std::to_string(L - 1) +
                     " (layer indices must be contiguous)");
     }
   }
   const TensorView k0 = f.view("key.0");
   check(k0.shape.size() == 4, k0.name + ": expected shape [B, Hkv, P, d], found " + shape_str(k0.shape));
+  for (int64_t s : k0.shape)
+    check(s <= INT32_MAX, k0.name + ": shape " + shape_str(k0.shape) + " has a dimension beyond 2^31 - 1");
   KVCache& kv = c.kv_;
   kv.B = static_cast<int>(k0.shape[0]);
   kv.Hkv = static_cast<int>(k0.shape[1]);
@@ -105,6 +109,7 @@ Context Context::open(const std::string& path) {
     const TensorView x = f.view("ego_history_xyz");
     check(x.shape.size() == 3 && x.shape[0] == B && x.shape[2] == 3,
           x.name + ": expected shape [" + std::to_string(B) + ", H, 3], found " + shape_str(x.shape));
+    check(x.shape[1] <= INT32_MAX, x.name + ": " + std::to_string(x.shape[1]) + " poses is out of range");
     EgoHistory h;
     h.H = static_cast<int>(x.shape[1]);
     h.xyz = read_f32(f, "ego_history_xyz", {B, h.H, 3});
@@ -147,7 +152,7 @@ void Context::validate() {
     check(kv.valid_len[b] >= 0 && kv.valid_len[b] <= kv.P,
           n + ": valid_len[" + std::to_string(b) + "] = " + std::to_string(kv.valid_len[b]) + " is outside [0, P = " +
               std::to_string(kv.P) + "]");
-    check(std::llabs(rope_delta_[b]) < (int64_t(1) << 40),
+    check(rope_delta_[b] > -(int64_t(1) << 40) && rope_delta_[b] < (int64_t(1) << 40),  // no llabs: INT64_MIN
           n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range");
   }
   for (size_t l = 0; l < kv.key.size(); ++l) {
