@@ -41,7 +41,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // Throws Error("<file>: missing tensor '<key>'") when absent.
   const TensorInfo& info(const std::string& key) const;
-  // A view into the mapping (valid while this object lives); name is "<file>: <key>".
+  // A view into the mapping (valid while this object lives); name is "<file>: <key>". The format does
+  // not require aligned data: a tensor whose data is not aligned to its element size is copied once into
+  // an aligned buffer, so views are always aligned.
   TensorView view(const std::string& key) const;
 
   // Throws Error naming the file if it was truncated or modified since it was opened. A mapped file that
@@ -57,6 +59,8 @@ class SafetensorsFile {
   uint64_t data_start_ = 0;
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
+  struct AlignedCopies;
+  std::unique_ptr<AlignedCopies> aligned_;
 };
 
 struct NamedTensor {
@@ -70,6 +74,8 @@ struct NamedTensor {
 void check_mapped_files();
 
 // Writes the safetensors bytes of specs (data from fill(i, dst), which gets nbytes of tensor i) to sink.
+// As the reference writer does, the data are laid out by decreasing element size after an 8-byte aligned
+// header, so every tensor is aligned to its element size.
 void serialize_safetensors_stream(const ByteSink& sink, const std::vector<NamedTensor>& specs,
                                   const std::function<void(size_t, void*)>& fill,
                                   const std::map<std::string, std::string>& metadata = {});

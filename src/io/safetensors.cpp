@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "alpamayo/error.h"
@@ -46,7 +47,13 @@ std::string describe_start(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(std::make_unique<MappedFile>(path)) {
+struct SafetensorsFile::AlignedCopies {
+  std::mutex mutex;
+  std::map<std::string, std::vector<uint64_t>> copies;
+};
+
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : path_(path), map_(std::make_unique<MappedFile>(path)), aligned_(std::make_unique<AlignedCopies>()) {
   try {
     parse();
   } catch (const Error&) {
@@ -60,6 +67,7 @@ SafetensorsFile SafetensorsFile::from_bytes(std::string bytes, const std::string
   SafetensorsFile f;
   f.path_ = name;
   f.map_ = std::make_unique<MappedFile>(std::move(bytes), name);
+  f.aligned_ = std::make_unique<AlignedCopies>();
   f.parse();
   return f;
 }
@@ -162,19 +170,42 @@ const TensorInfo& SafetensorsFile::info(const std::string& key) const {
 
 TensorView SafetensorsFile::view(const std::string& key) const {
   const TensorInfo& ti = info(key);
-  return {ti.dtype, ti.shape, map_->data() + data_start_ + ti.begin, path_ + ": " + key};
+  const uint8_t* p = map_->data() + data_start_ + ti.begin;
+  if (reinterpret_cast<uintptr_t>(p) % dtype_size(ti.dtype) != 0) {  // valid, but typed reads need alignment
+    std::lock_guard<std::mutex> lock(aligned_->mutex);
+    std::vector<uint64_t>& copy = aligned_->copies[key];
+    const size_t nb = ti.end - ti.begin;
+    if (copy.empty() && nb > 0) {
+      copy.resize((nb + 7) / 8);
+      std::memcpy(copy.data(), p, nb);
+    }
+    p = reinterpret_cast<const uint8_t*>(copy.data());
+  }
+  return {ti.dtype, ti.shape, p, path_ + ": " + key};
 }
 
 void SafetensorsFile::check_intact() const { map_->check_intact(); }
 
 namespace {
 
-// The header of a file holding specs in order, padded so the data section starts 8-byte aligned.
+// The order the data are written in: by decreasing element size (stable), as the reference writer does,
+// so that after the 8-byte aligned header every tensor is aligned to its element size.
+std::vector<size_t> data_order(const std::vector<NamedTensor>& specs) {
+  std::vector<size_t> order(specs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(specs[a].tensor.dtype) > dtype_size(specs[b].tensor.dtype);
+  });
+  return order;
+}
+
+// The header of a file holding specs in data_order(), padded so the data section starts 8-byte aligned.
 std::string header_bytes(const std::vector<NamedTensor>& specs, const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t off = 0;
-  for (const auto& t : specs) {
+  for (size_t i : data_order(specs)) {
+    const NamedTensor& t = specs[i];
     check(t.name != "__metadata__" && !header.contains(t.name), "safetensors writer: duplicate tensor name '" + t.name + "'");
     const uint64_t nb = t.tensor.nbytes();
     header[t.name] = {{"dtype", dtype_name(t.tensor.dtype)}, {"shape", t.tensor.shape}, {"data_offsets", {off, off + nb}}};
@@ -194,7 +225,7 @@ void serialize_safetensors_stream(const ByteSink& sink, const std::vector<NamedT
   const std::string h = header_bytes(specs, metadata);
   sink(h.data(), h.size());
   std::vector<uint8_t> buf;
-  for (size_t i = 0; i < specs.size(); ++i) {
+  for (size_t i : data_order(specs)) {
     buf.resize(specs[i].tensor.nbytes());
     fill(i, buf.data());
     sink(buf.data(), buf.size());
@@ -205,7 +236,7 @@ void serialize_safetensors(const ByteSink& sink, const std::vector<NamedTensor>&
                            const std::map<std::string, std::string>& metadata) {
   const std::string h = header_bytes(tensors, metadata);
   sink(h.data(), h.size());
-  for (const auto& t : tensors) sink(t.tensor.data, t.tensor.nbytes());
+  for (size_t i : data_order(tensors)) sink(tensors[i].tensor.data, tensors[i].tensor.nbytes());
 }
 
 void write_safetensors_stream(const std::string& path, const std::vector<NamedTensor>& specs,
