@@ -93,8 +93,10 @@ void run_sample(const SampleArgs& a) {
     so.layer_tap = &tap;
     so.step0_io = [&](const std::vector<float>& e, const std::vector<float>& h) { emb0 = e; hidden0 = h; };
   }
-  if (!a.quiet)
-    so.progress = [](int k, int n, double s) { std::fprintf(stderr, "step %d/%d  %.3f s\n", k + 1, n, s); };
+  so.progress = [&a](int k, int n, double s) {
+    if (!a.quiet) std::fprintf(stderr, "step %d/%d  %.3f s\n", k + 1, n, s);
+    check_mapped_files();  // an input truncated or rewritten under the run: stop now, naming it
+  };
   SampleResult r = engine.sample(so);
   write_result_safetensors(outs.sink(o_out), r);
   if (o_layers != none) {
