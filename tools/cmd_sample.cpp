@@ -68,6 +68,7 @@ void run_sample(const SampleArgs& a) {
   const size_t o_json = a.json.empty() ? none : outs.add(a.json, "--json");
   const size_t o_svg = a.svg.empty() ? none : outs.add(a.svg, "--svg");
   auto ck = Checkpoint::open(a.checkpoint, a.vlm_config);
+  for (const auto& f : ck->files()) outs.add_input(f, "--checkpoint");  // shards in subdirectories too
   BackendOptions bo;
   bo.threads = a.threads;
   bo.weights = a.weights;

@@ -114,6 +114,11 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
       }
       got += static_cast<size_t>(r);
     }
+    struct stat after {};
+    const bool same = ::fstat(fd_, &after) == 0 && static_cast<size_t>(after.st_size) == size_ && mtime_ns(after) == mtime_ns_;
+    ::close(fd_);
+    fd_ = -1;  // a private copy from here on: later changes to the file do not matter
+    check(same, path + ": the file was modified while being read");
     data_ = reinterpret_cast<const uint8_t*>(bytes_.data());
   } else {
     map_ = m;

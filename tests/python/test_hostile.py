@@ -124,11 +124,26 @@ def test_output_equal_to_another_output_is_refused(case):
                          "--svg", "same file as --json")
 
 
+def _null_device(tmp: Path) -> Path:
+    """A character device to write to. As root, a private copy of /dev/null (so that a broken build can
+    never replace the real one); otherwise /dev/null itself, which only root could replace."""
+    if os.geteuid() == 0:
+        dev = tmp / "null"
+        try:
+            os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except OSError:
+            return None  # no CAP_MKNOD: skip rather than risk the real /dev/null
+        return dev
+    return Path("/dev/null")
+
+
 def test_device_and_pipe_outputs_are_refused(case):
     c = case
-    expect_clean_failure(c, sample_args(c, out="/dev/null"), "--out /dev/null", "character device")
-    expect_clean_failure(c, sample_args(c, "--json", "/dev/null"), "--json /dev/null", "character device")
-    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    dev = _null_device(c["tmp"])
+    if dev is not None:
+        expect_clean_failure(c, sample_args(c, out=dev), f"--out {dev}", "character device")
+        expect_clean_failure(c, sample_args(c, "--json", dev), f"--json {dev}", "character device")
+        assert stat.S_ISCHR(os.stat(dev).st_mode)
     fifo = c["out"] / "fifo"
     os.mkfifo(fifo)
     expect_clean_failure(c, sample_args(c, "--svg", fifo), "--svg", "named pipe", timeout=30)
