@@ -180,8 +180,8 @@ class CheckpointLoader {
     const std::string tr = ip + "encoder.trunk.";
     const int n = c->ain_layers, F = c->n_fourier;
     // A trunk longer than the config says: report the config mismatch, not a shape error.
-    const std::string extra = tr + std::to_string(3 * n + 1) + ".weight";
-    const std::string extra2 = tr + std::to_string(3 * n + 2) + ".weight";
+    const std::string extra = tr + std::to_string(3 * int64_t(n) + 1) + ".weight";
+    const std::string extra2 = tr + std::to_string(3 * int64_t(n) + 2) + ".weight";
     check(!has(extra) && !has(extra2), dir_ + ": tensor '" + (has(extra) ? extra : extra2) +
                                            "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n));
     const TensorView w0 = get(tr + "0.weight");
