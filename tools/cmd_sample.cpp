@@ -1,16 +1,14 @@
 // `sample`.
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 
 #include "alpamayo/engine.h"
 #include "alpamayo/error.h"
+#include "alpamayo/output.h"
 #include "commands.h"
 #include "report.h"
-
-namespace fs = std::filesystem;
 
 namespace alpamayo::cli {
 
@@ -55,24 +53,26 @@ std::vector<float> read_noise(const std::string& path, int B, int T, int A) {
         v.name + ": expected shape [B=" + std::to_string(B) + ", T, A] (B of the context), found " + shape_str(v.shape));
   expect_shape(v, {B, T, A});
   std::vector<float> x = to_f32(v);
+  f.check_intact();  // the copy is complete: the file was not truncated under the read
   check_finite(x.data(), static_cast<int64_t>(x.size()), v.name);
   return x;
 }
 
-// Fails before any work when an output could not be written, so a bad path never leaves partial results.
-void check_output_path(const std::string& path, const char* option) {
-  if (path.empty()) return;
-  const fs::path parent = fs::absolute(path).parent_path();
-  check(fs::is_directory(parent), std::string(option) + " " + path + ": directory " + parent.string() + " does not exist");
-  check(!fs::is_directory(path), std::string(option) + " " + path + ": is a directory");
-}
-
 void run_sample(const SampleArgs& a) {
-  check_output_path(a.out, "--out");
-  check_output_path(a.json, "--json");
-  check_output_path(a.svg, "--svg");
-  check_output_path(a.layers_out, "--layers-out");
+  // Outputs are checked and reserved before any work (output.h); they appear together at the end, or not at all.
+  OutputSet outs;
+  outs.add_input(a.checkpoint, "--checkpoint");
+  outs.add_input(a.context, "--context");
+  outs.add_input(a.noise, "--noise");
+  outs.add_input(a.vlm_config, "--vlm-config");
+  outs.add_input(a.guidance_context, "--guidance-context");
+  constexpr size_t none = SIZE_MAX;
+  const size_t o_out = outs.add(a.out, "--out");
+  const size_t o_layers = a.layers_out.empty() ? none : outs.add(a.layers_out, "--layers-out");
+  const size_t o_json = a.json.empty() ? none : outs.add(a.json, "--json");
+  const size_t o_svg = a.svg.empty() ? none : outs.add(a.svg, "--svg");
   auto ck = Checkpoint::open(a.checkpoint, checkpoint_options(a.vlm_config, a.release));
+  for (const auto& f : ck->files()) outs.add_input(f, "--checkpoint");  // shards in subdirectories too
   BackendOptions bo;
   bo.threads = a.threads;
   bo.weights = a.weights;
@@ -106,20 +106,22 @@ void run_sample(const SampleArgs& a) {
   so.seed = a.seed;
   if (!std::isnan(a.v0)) so.v0 = a.v0;
   SampleResult r = session.sample(so);
+  check_mapped_files();  // an input truncated or rewritten under the run: stop before writing, naming it
   if (!a.quiet)
     for (int k = 0; k < r.steps; ++k) std::fprintf(stderr, "step %d/%d  %.3f s\n", k + 1, r.steps, r.step_seconds[k]);
-  write_result_safetensors(a.out, r);
-  if (!a.layers_out.empty()) {
+  write_result_safetensors(outs.sink(o_out), r);
+  if (o_layers != none) {
     const Captures& cap = session.captures();
     const int64_t T = ck->config().T, D = ck->config().D;
     std::vector<NamedTensor> t = {{"emb", {DType::F32, {B, T, D}, cap.emb.data(), ""}},
                                   {"hidden", {DType::F32, {B, T, D}, cap.hidden.data(), ""}}};
     for (size_t l = 0; l < cap.layers.size(); ++l)
       t.push_back({"layer." + std::to_string(l), {DType::F32, {B, T, D}, cap.layers[l].data(), ""}});
-    write_safetensors(a.layers_out, t);
+    serialize_safetensors(outs.sink(o_layers), t);
   }
-  if (!a.json.empty()) write_result_json(a.json, r, a.backend);
-  if (!a.svg.empty()) write_result_svg(a.svg, r, history ? &*history : nullptr);
+  if (o_json != none) write_result_json(outs.sink(o_json), r, a.backend);
+  if (o_svg != none) write_result_svg(outs.sink(o_svg), r, history ? &*history : nullptr);
+  outs.commit();
   double total = 0;
   for (double s : r.step_seconds) total += s;
   if (!a.quiet)

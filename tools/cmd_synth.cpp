@@ -8,6 +8,7 @@
 
 #include "alpamayo/engine.h"
 #include "alpamayo/error.h"
+#include "alpamayo/output.h"
 #include "alpamayo/synthetic.h"
 #include "commands.h"
 #include "report.h"
@@ -89,6 +90,9 @@ Run add_make_context(CLI::App& app) {
   app.add_option("--seed", a->spec.seed, "seed");
   add_release_option(app, a->release);
   return [a] {
+    OutputSet outs;
+    outs.add_input(a->checkpoint, "--checkpoint");
+    const size_t o = outs.add(a->out, "--out");
     auto ck = Checkpoint::open(a->checkpoint, checkpoint_options("", a->release));
     a->spec.dtype = parse_float_dtype(a->dtype, "--dtype");
     if (!a->valid.empty()) a->spec.valid_len = parse_int_list(a->valid, "--valid-len");
@@ -97,7 +101,8 @@ Run add_make_context(CLI::App& app) {
     if (!a->pad.empty()) a->spec.prefix_pad = parse_int_list(a->pad, "--prefix-pad");
     if (!a->suffix.empty()) a->spec.suffix_len = parse_int_list(a->suffix, "--suffix-len");
     check(a->spec.history != 1, "--history: need 0 or at least 2 poses");
-    write_synthetic_context(a->out, ck->config(), a->spec);
+    write_synthetic_context(outs.sink(o), ck->config(), a->spec);
+    outs.commit();
     std::fprintf(stderr, "wrote %s\n", a->out.c_str());
   };
 }
@@ -167,14 +172,19 @@ Run add_demo(CLI::App& app) {
     SampleOptions so;
     so.steps = a->steps;
     so.seed = a->seed;
-    SampleResult r = session.sample(so);
-    for (int k = 0; k < r.steps; ++k) std::fprintf(stderr, "  step %d/%d  %.3f s\n", k + 1, r.steps, r.step_seconds[k]);
     const std::string out = (fs::path(a->out_dir) / "trajectories.safetensors").string();
     const std::string js = (fs::path(a->out_dir) / "trajectories.json").string();
     const std::string svg = (fs::path(a->out_dir) / "trajectories.svg").string();
-    write_result_safetensors(out, r);
-    write_result_json(js, r, a->backend);
-    write_result_svg(svg, r, history ? &*history : nullptr);
+    OutputSet outs;
+    outs.add_input(dir.string(), "the checkpoint");
+    outs.add_input(ctx_path.string(), "the context");
+    const size_t o_out = outs.add(out), o_js = outs.add(js), o_svg = outs.add(svg);
+    SampleResult r = session.sample(so);
+    for (int k = 0; k < r.steps; ++k) std::fprintf(stderr, "  step %d/%d  %.3f s\n", k + 1, r.steps, r.step_seconds[k]);
+    write_result_safetensors(outs.sink(o_out), r);
+    write_result_json(outs.sink(o_js), r, a->backend);
+    write_result_svg(outs.sink(o_svg), r, history ? &*history : nullptr);
+    outs.commit();
     double total = 0;
     for (double s : r.step_seconds) total += s;
     std::printf("Alpamayo action expert demo (%s model, backend %s, %s weights)\n", a->size.c_str(), a->backend.c_str(),

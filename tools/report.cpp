@@ -9,7 +9,7 @@
 
 namespace alpamayo::cli {
 
-void write_result_safetensors(const std::string& path, const SampleResult& r) {
+void write_result_safetensors(const ByteSink& out, const SampleResult& r) {
   const int64_t B = r.B, T = r.T, A = r.A, N = r.steps;
   std::vector<NamedTensor> t = {
       {"action", {DType::F32, {B, T, A}, r.action.data(), ""}},
@@ -22,10 +22,10 @@ void write_result_safetensors(const std::string& path, const SampleResult& r) {
     t.push_back({"x_steps", {DType::F32, {N + 1, B, T, A}, r.x_steps.data(), ""}});
     t.push_back({"v_steps", {DType::F32, {N, B, T, A}, r.v_steps.data(), ""}});
   }
-  write_safetensors(path, t, {{"v0_source", r.v0_source}, {"steps", std::to_string(N)}});
+  serialize_safetensors(out, t, {{"v0_source", r.v0_source}, {"steps", std::to_string(N)}});
 }
 
-void write_result_json(const std::string& path, const SampleResult& r, const std::string& backend) {
+void write_result_json(const ByteSink& out, const SampleResult& r, const std::string& backend) {
   nlohmann::json j;
   j["backend"] = backend;
   j["steps"] = r.steps;
@@ -43,10 +43,11 @@ void write_result_json(const std::string& path, const SampleResult& r, const std
     }
     j["samples"].push_back(std::move(s));
   }
-  write_text_file(path, j.dump(1));
+  const std::string text = j.dump(1);
+  out(text.data(), text.size());
 }
 
-void write_result_svg(const std::string& path, const SampleResult& r, const EgoHistory* history) {
+void write_result_svg(const ByteSink& out, const SampleResult& r, const EgoHistory* history) {
   // Ego frame: x forward (drawn upwards), y left (drawn leftwards), equal scales, origin = ego at t0.
   double xmin = 0, xmax = 1, ymin = -1, ymax = 1;
   for (int64_t i = 0; i < int64_t(r.B) * r.T; ++i) {
@@ -94,7 +95,8 @@ void write_result_svg(const std::string& path, const SampleResult& r, const EgoH
   s << "<text x='10' y='" << H + 25 << "' font-size='14'>" << r.B << " trajector" << (r.B == 1 ? "y" : "ies") << ", "
     << r.T << " waypoints" << (history ? " (ego history dashed)" : "") << "; grid " << grid
     << " m; x forward (up), y left</text>\n</svg>\n";
-  write_text_file(path, s.str());
+  const std::string text = s.str();
+  out(text.data(), text.size());
 }
 
 }  // namespace alpamayo::cli

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "alpamayo/checkpoint.h"
+#include "alpamayo/output.h"
 #include "alpamayo/tensor.h"
 
 namespace alpamayo {
@@ -35,7 +36,8 @@ Release synthetic_release(const SyntheticCheckpointSpec& spec);
 // Writes dir/config.json shaped as the release ships it (Alpamayo-R1 / 1.5: flat *_cfg keys; Alpamayo 2
 // Super: vlm_config + expert_config) and the weights in the release's layout (single file, or `shards`
 // expert shards plus a vlm-only shard and model.safetensors.index.json). Derived buffers are written for
-// Alpamayo-R1 only, as the releases do. A few vlm.* tensors are included, as in a real checkpoint.
+// Alpamayo-R1 only, as the releases do. All files are committed together (output.h). A few vlm.*
+// tensors are included, as in a real checkpoint.
 void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointSpec& spec);
 
 struct SyntheticContextSpec {
@@ -54,5 +56,7 @@ struct SyntheticContextSpec {
 
 // Writes a context file for a checkpoint of the given config (L, Hkv, d); padding rows hold garbage.
 void write_synthetic_context(const std::string& path, const ExpertConfig& cfg, const SyntheticContextSpec& spec);
+// The same bytes to a sink (e.g. an OutputSet output).
+void write_synthetic_context(const ByteSink& out, const ExpertConfig& cfg, const SyntheticContextSpec& spec);
 
 }  // namespace alpamayo

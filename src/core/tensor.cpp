@@ -134,7 +134,7 @@ void convert_to_f32(const TensorView& t, float* out) {
   expect_host_contiguous(t, "the host conversion");
   const int64_t n = t.numel();
   switch (t.dtype) {
-    case DType::F32: std::memcpy(out, t.data, n * 4); break;
+    case DType::F32: if (n > 0) std::memcpy(out, t.data, n * 4); break;  // memcpy from/to null is UB even for 0 bytes
     case DType::BF16: {
       auto* p = static_cast<const uint16_t*>(t.data);
       for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
@@ -160,7 +160,7 @@ void convert_to_bf16(const TensorView& t, uint16_t* out) {
   expect_host_contiguous(t, "the host conversion");
   const int64_t n = t.numel();
   if (t.dtype == DType::BF16) {
-    std::memcpy(out, t.data, n * 2);
+    if (n > 0) std::memcpy(out, t.data, n * 2);
   } else if (t.dtype == DType::F32) {
     auto* p = static_cast<const float*>(t.data);
     for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(p[i]);

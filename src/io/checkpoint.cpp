@@ -7,6 +7,7 @@
 
 #include "alpamayo/error.h"
 #include "io/config_json.h"
+#include "io/inputs.h"
 
 namespace fs = std::filesystem;
 
@@ -56,7 +57,7 @@ class CheckpointLoader {
       check(j.contains("weight_map") && j["weight_map"].is_object(), index.string() + ": missing 'weight_map' object");
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
         check(it.value().is_string(), index.string() + ": weight_map['" + it.key() + "'] must be a file name");
-        add_key(it.key(), (fs::path(dir_) / it.value().get<std::string>()).string());
+        add_key(it.key(), confined_shard_path(dir_, it.value().get<std::string>(), index.string(), it.key()));
       }
     } else {
       check(fs::exists(single), dir_ + ": no model.safetensors or model.safetensors.index.json");
@@ -122,6 +123,7 @@ class CheckpointLoader {
       const std::string num = k.substr(lp.size(), dot - lp.size());
       check(!num.empty() && num.find_first_not_of("0123456789") == std::string::npos,
             dir_ + ": unexpected key '" + k + "'");
+      check(num.size() <= 6, dir_ + ": key '" + k + "': layer index out of range");
       idx.insert(std::stoi(num));
     }
     c->L = static_cast<int>(idx.size());
@@ -179,8 +181,8 @@ class CheckpointLoader {
     const std::string tr = ip + "encoder.trunk.";
     const int n = c->ain_layers, F = c->n_fourier;
     // A trunk longer than the config says: report the config mismatch, not a shape error.
-    const std::string extra = tr + std::to_string(3 * n + 1) + ".weight";
-    const std::string extra2 = tr + std::to_string(3 * n + 2) + ".weight";
+    const std::string extra = tr + std::to_string(3 * int64_t(n) + 1) + ".weight";
+    const std::string extra2 = tr + std::to_string(3 * int64_t(n) + 2) + ".weight";
     check(!has(extra) && !has(extra2), dir_ + ": tensor '" + (has(extra) ? extra : extra2) +
                                            "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n) +
                                            " (" + source_of("action_in_proj_cfg.num_enc_layers") + ")");

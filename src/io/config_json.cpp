@@ -6,24 +6,18 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <limits>
+#include <type_traits>
 
 #include "alpamayo/error.h"
+#include "io/inputs.h"
 
 namespace alpamayo {
 using nlohmann::json;
 using Section = ReleaseConfig::Section;
 
-json read_json_file(const std::string& path) {
-  std::ifstream f(path);
-  check(static_cast<bool>(f), path + ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    throw Error(path + ": invalid JSON (" + e.what() + ")");
-  }
-}
+// Regular files only (a pipe fails at once), at most 64 MiB, strict JSON (io/inputs.h).
+json read_json_file(const std::string& path) { return read_json_file_strict(path); }
 
 namespace {
 

@@ -1,5 +1,6 @@
 #include "alpamayo/context.h"
 
+#include <climits>
 #include <cmath>
 #include <set>
 
@@ -98,6 +99,8 @@ Context Context::open(const std::string& path) {
   kv.value = layer_tensors(f, "value.", L);
   const TensorView& k0 = kv.key[0];
   check(k0.shape.size() == 4, k0.name + ": expected shape [G, Hkv, P, d], found " + shape_str(k0.shape));
+  for (int64_t s : k0.shape)
+    check(s <= INT32_MAX, k0.name + ": shape " + shape_str(k0.shape) + " has a dimension beyond 2^31 - 1");
   kv.G = static_cast<int>(k0.shape[0]);
   kv.Hkv = static_cast<int>(k0.shape[1]);
   kv.P = static_cast<int>(k0.shape[2]);
@@ -138,6 +141,7 @@ Context Context::open(const std::string& path) {
     const TensorView x = f.view("ego_history_xyz");
     check(x.shape.size() == 3 && x.shape[0] == B && x.shape[2] == 3,
           x.name + ": expected shape [" + std::to_string(B) + ", H, 3], found " + shape_str(x.shape));
+    check(x.shape[1] <= INT32_MAX, x.name + ": " + std::to_string(x.shape[1]) + " poses is out of range");
     EgoHistory h;
     h.H = static_cast<int>(x.shape[1]);
     h.xyz = read_f32(f, "ego_history_xyz", {B, h.H, 3});

@@ -196,6 +196,7 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
         "make-checkpoint: invalid action_in_proj sizes, waypoints or shard count");
   const Release release = synthetic_release(s);
   fs::create_directories(dir);
+  OutputSet outs;  // every file of the checkpoint appears together, or none
   const bool a2 = s.layout == Layout::A2;
   const std::string ep = a2 ? "expert.expert." : "expert.", hp = a2 ? "expert." : "";
   const int64_t D = s.D, d = s.d, I = s.I, h = s.ain_hidden, A = 2, F = s.n_fourier;
@@ -283,17 +284,22 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
       specs.push_back({e.name, TensorView{e.dtype, e.shape, nullptr, e.name}});
       weight_map[e.name] = name;
     }
-    write_safetensors_stream((fs::path(dir) / name).string(), specs,
-                             [&](size_t i, void* dst) { fill_entry(files[f][i], s.seed, dst); }, {{"format", "pt"}});
+    serialize_safetensors_stream(outs.sink(outs.add((fs::path(dir) / name).string())), specs,
+                                 [&](size_t i, void* dst) { fill_entry(files[f][i], s.seed, dst); }, {{"format", "pt"}});
   }
   if (nf > 1)
-    write_text_file((fs::path(dir) / "model.safetensors.index.json").string(),
-                    nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
+    outs.write(outs.add((fs::path(dir) / "model.safetensors.index.json").string()),
+               nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
 
-  write_text_file((fs::path(dir) / "config.json").string(), synthetic_config(s, release).dump(2));
+  outs.write(outs.add((fs::path(dir) / "config.json").string()), synthetic_config(s, release).dump(2));
+  outs.commit();
 }
 
 void write_synthetic_context(const std::string& path, const ExpertConfig& c, const SyntheticContextSpec& s) {
+  write_file_atomically(path, [&](const ByteSink& out) { write_synthetic_context(out, c, s); });
+}
+
+void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const SyntheticContextSpec& s) {
   const int64_t B = s.B, P = s.P, H = c.Hkv, d = c.d, G = s.G > 0 ? s.G : s.B, Q = s.Q;
   check(B >= 1 && P >= 1 && G >= 1 && Q >= 0, "make-context: batch, prompts and rows must be >= 1");
   auto per = [&](const std::vector<int64_t>& v, int64_t n, int64_t dflt, const char* opt) {
@@ -358,7 +364,7 @@ void write_synthetic_context(const std::string& path, const ExpertConfig& c, con
   if (!identity) specs.push_back({"prompt_index", TensorView{DType::I64, {B}, prompt.data(), ""}});
   if (!s.prefix_pad.empty()) specs.push_back({"prefix_pad", TensorView{DType::I64, {G}, pad.data(), ""}});
   if (Q > 0) specs.push_back({"suffix_len", TensorView{DType::I64, {B}, sfx.data(), ""}});
-  write_safetensors_stream(path, specs, [&](size_t i, void* dst) {
+  serialize_safetensors_stream(out, specs, [&](size_t i, void* dst) {
     if (i >= n_cache) { std::memcpy(dst, specs[i].tensor.data, specs[i].tensor.nbytes()); return; }
     Rng r(hash_name(specs[i].name, s.seed));
     const bool suffix = specs[i].name.rfind("suffix_", 0) == 0;
