@@ -1,0 +1,72 @@
+// Device helpers shared by the cuda backend's kernels: warp and block reductions (fixed order, so results
+// are bitwise reproducible), bf16 / fp8 stores.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_util.h"
+#include "backends/cuda/kernels.h"
+
+namespace alpamayo::cuda {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum (or max) over the block; every thread gets the result. `red` holds 32 floats of shared memory.
+// blockDim.x must be a multiple of 32.
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = kMax ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // red may still be read by an earlier reduction
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float r = lane < nw ? red[lane] : (kMax ? 0.f : 0.f);
+  r = kMax ? warp_max(r) : warp_sum(r);
+  return r;
+}
+__device__ __forceinline__ float block_sum(float v, float* red) { return block_reduce<false>(v, red); }
+// For magnitudes (v >= 0): the identity of the reduction is 0.
+__device__ __forceinline__ float block_max_abs(float v, float* red) { return block_reduce<true>(v, red); }
+
+__device__ __forceinline__ uint16_t to_bf16_bits(float f) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(f);
+  return *reinterpret_cast<const uint16_t*>(&h);
+}
+
+__device__ __forceinline__ uint8_t to_e4m3(float f) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float fp8_scale_of(float amax) { return amax > 0.f ? amax / kFp8Max : 1.f; }
+
+// Row m's scale of a matmul output (1 without fp8 activations). Kernels read it once, before anything
+// (possibly the same buffer) is written.
+__device__ __forceinline__ float mat_row_scale(const MatOut& o, int m) { return o.rs ? o.rs[m] : 1.f; }
+
+// Element (m, c) of a matmul output: the split-K partials summed in order, times the row scale rs (from
+// mat_row_scale) and the channel scale.
+__device__ __forceinline__ float mat_at(const MatOut& o, int m, int c, float rs) {
+  const float* p = o.y + size_t(m) * o.ld + c;
+  float v = p[0];
+  for (int s = 1; s < o.splits; ++s) v += p[s * o.stride];
+  v = v * rs;
+  if (o.cs) v = v * o.cs[c];
+  return v;
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+}  // namespace alpamayo::cuda
