@@ -216,6 +216,7 @@ Tolerance tolerance(const std::string& format) {
   if (format == "f32") return {0.999999, 1e-4, 0.999999, 1e-4, 1e-5};
   if (format == "bf16") return {0.9999, 0.012, 0.999, 0.05, 0.01};
   if (format == "int8") return {0.999, 0.07, 0.99, 0.15, 0.1};
+  if (format == "fp8") return {0.999, 0.07, 0.99, 0.15, 0.1};
   ADD_FAILURE() << "no tolerance stated for weight format '" << format << "': add it to tolerance()";
   return {1, 0, 1, 0, 0};
 }
