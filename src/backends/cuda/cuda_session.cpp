@@ -292,7 +292,7 @@ CudaSession::Run& CudaSession::run_for(int steps) {
   if (graph) {
     ALP_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      enqueue_sample(*r);
+      enqueue_sample(*r, true);
     } catch (...) {
       cudaGraph_t broken = nullptr;
       (void)cudaStreamEndCapture(stream_, &broken);
@@ -318,7 +318,7 @@ void CudaSession::denoise(const DenoiseArgs& a) {
   if (r.exec)
     ALP_CUDA(cudaGraphLaunch(r.exec, stream_));
   else
-    enqueue_sample(r);
+    enqueue_sample(r, false);
   ALP_CUDA(cudaMemcpyAsync(r.h_x.get(), x_.get(), n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   ALP_CUDA(cudaMemcpyAsync(r.h_v_hist.get(), r.v_hist.get(), N * n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   if (a.x_steps)

@@ -47,7 +47,7 @@ class CudaSession final : public BackendSession {
   void bind_cache(const KVCache& kv);
   void plan_attention();
   Run& run_for(int steps);
-  void enqueue_sample(Run& r);
+  void enqueue_sample(Run& r, bool capturing);
   void enqueue_step(Run& r, int k);
   void enqueue_layer(int l, bool capture);
 

@@ -7,14 +7,22 @@
 
 namespace alpamayo::cuda {
 
-void CudaSession::enqueue_sample(Run& r) {
+void CudaSession::enqueue_sample(Run& r, bool capturing) {
   const size_t n = size_t(M_) * cfg_.A;
+  // Step boundaries for per-step times: inside a capture, external event-record nodes of the graph.
+  auto mark = [&](int k) {
+    if (r.events.empty()) return;
+    if (capturing)
+      ALP_CUDA(cudaEventRecordWithFlags(r.events[k], stream_, cudaEventRecordExternal));
+    else
+      ALP_CUDA(cudaEventRecord(r.events[k], stream_));
+  };
   ALP_CUDA(cudaMemcpyAsync(r.x_hist.get(), x_.get(), n * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
   for (int k = 0; k < r.steps; ++k) {
-    if (!r.events.empty()) ALP_CUDA(cudaEventRecordWithFlags(r.events[k], stream_, cudaEventRecordExternal));
+    mark(k);
     enqueue_step(r, k);
   }
-  if (!r.events.empty()) ALP_CUDA(cudaEventRecordWithFlags(r.events[r.steps], stream_, cudaEventRecordExternal));
+  mark(r.steps);
 }
 
 void CudaSession::enqueue_step(Run& r, int k) {

@@ -1,11 +1,10 @@
-// Row kernels of one expert layer: residual add + RMSNorm, q/k RMSNorm + rotary, SiLU * up, fp8 row and
-// weight quantization. fp32 math throughout; outputs rounded once to bf16 or e4m3 for the next matmul.
+// Row kernels of one expert layer (device code; layer.cu launches them): residual add + RMSNorm, q/k RMSNorm
+// + rotary, SiLU * up, fp8 row quantization. fp32 math; outputs rounded once to bf16 or e4m3 for the next matmul.
+#pragma once
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::cuda {
-namespace {
+namespace alpamayo::cuda::ALP_KERNEL_NS {
 
-constexpr int kRowThreads = 256;
 
 // Writes w * (h * inv) for one row as `mode`; fp8 needs a pass for the row's max first.
 __device__ __forceinline__ void write_normed_row(const float* hr, const float* w, float inv, int D, Act mode,
@@ -54,7 +53,7 @@ __global__ void __launch_bounds__(kHeadWarps * 32) qk_norm_rope_k(MatOut qkv, co
                                                                   const float* cos, const float* sin, int M, int T,
                                                                   int Hq, int Hkv, int d, float eps, uint16_t* q,
                                                                   uint16_t* k, uint16_t* v) {
-  extern __shared__ float rows[];
+  ALP_DYNAMIC_SMEM(float, rows);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int heads = Hq + 2 * Hkv;
   const int unit = blockIdx.x * kHeadWarps + warp;
@@ -117,46 +116,4 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_k(const float* x, i
   if (threadIdx.x == 0) rs[m] = scale;
 }
 
-}  // namespace
-
-void residual_rmsnorm(cudaStream_t s, float* h, const MatOut& y, const float* w, int M, int D, float eps, Act mode,
-                      void* out, float* out_rs) {
-  residual_rmsnorm_k<<<M, kRowThreads, 0, s>>>(h, y, w, D, eps, mode, out, out_rs);
-  ALP_LAUNCHED("residual_rmsnorm");
-}
-
-void qk_norm_rope(cudaStream_t s, const MatOut& qkv, const float* q_norm, const float* k_norm, const float* cos,
-                  const float* sin, int B, int T, int Hq, int Hkv, int d, float eps, uint16_t* q, uint16_t* k,
-                  uint16_t* v) {
-  const int M = B * T, units = M * (Hq + 2 * Hkv);
-  const int blocks = (units + kHeadWarps - 1) / kHeadWarps;
-  qk_norm_rope_k<<<blocks, kHeadWarps * 32, kHeadWarps * d * sizeof(float), s>>>(
-      qkv, q_norm, k_norm, cos, sin, M, T, Hq, Hkv, d, eps, q, k, v);
-  ALP_LAUNCHED("qk_norm_rope");
-}
-
-void silu_mul(cudaStream_t s, const MatOut& gu, int M, int I, Act mode, void* out, float* out_rs) {
-  silu_mul_k<<<M, kRowThreads, 0, s>>>(gu, I, mode, out, out_rs);
-  ALP_LAUNCHED("silu_mul");
-}
-
-void quantize_rows_fp8(cudaStream_t s, const float* x, int M, int n, uint8_t* q, float* rs) {
-  quantize_rows_k<<<M, kRowThreads, 0, s>>>(x, n, q, rs);
-  ALP_LAUNCHED("quantize_rows_fp8");
-}
-
-void quantize_weight_fp8(cudaStream_t s, const float* w, int N, int K, uint8_t* q, float* scale) {
-  quantize_rows_k<<<N, kRowThreads, 0, s>>>(w, K, q, scale);
-  ALP_LAUNCHED("quantize_weight_fp8");
-}
-
-// Loads this file's kernels now (lazy module loading would otherwise load them at first launch).
-void preload_layer_kernels() {
-  cudaFuncAttributes a;
-  ALP_CUDA(cudaFuncGetAttributes(&a, residual_rmsnorm_k));
-  ALP_CUDA(cudaFuncGetAttributes(&a, qk_norm_rope_k));
-  ALP_CUDA(cudaFuncGetAttributes(&a, silu_mul_k));
-  ALP_CUDA(cudaFuncGetAttributes(&a, quantize_rows_k));
-}
-
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::cuda::ALP_KERNEL_NS

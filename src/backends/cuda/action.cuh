@@ -1,11 +1,11 @@
-// action_in_proj (Fourier features, the MLP trunk, LayerNorm), action_out_proj and the Euler update on the
-// device, in fp32 with the host's operation order where it decides rounding (REFERENCE.md sections 3-5).
+// action_in_proj (Fourier features, the MLP trunk, LayerNorm), action_out_proj and the Euler update (device
+// code; action.cu launches them), in fp32 with the host's operation order where it decides rounding
+// (REFERENCE.md sections 3-5).
+#pragma once
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::cuda {
-namespace {
+namespace alpamayo::cuda::ALP_KERNEL_NS {
 
-constexpr int kRowThreads = 256;
 
 // One thread per feature: out[m][i*F + j], i <= A (A action dims, then time), j < F.
 __global__ void fourier_k(const float* x, const float* times, int k, const float* freqs, int M, int A, int F,
@@ -90,48 +90,4 @@ __global__ void out_proj_euler_k(const float* hidden, const float* W, const floa
   }
 }
 
-}  // namespace
-
-void fourier_features(cudaStream_t s, const float* x, const float* times, int k, const float* freqs, int M, int A,
-                      int F, float* out) {
-  const int n = M * (A + 1) * F;
-  fourier_k<<<(n + 255) / 256, 256, 0, s>>>(x, times, k, freqs, M, A, F, out);
-  ALP_LAUNCHED("fourier_features");
-}
-
-void linear_f32(cudaStream_t s, const float* x, int M, int K, const float* W, const float* b, int N, bool silu,
-                float* y) {
-  const dim3 grid((N + kTile - 1) / kTile, (M + kTile - 1) / kTile), block(kTile, kTile);
-  linear_f32_k<<<grid, block, 0, s>>>(x, M, K, W, b, N, silu, y);
-  ALP_LAUNCHED("linear_f32");
-}
-
-void rms_norm_f32(cudaStream_t s, const float* x, const float* w, int M, int n, float eps, float* y) {
-  rms_norm_k<<<M, kRowThreads, 0, s>>>(x, w, n, eps, y);
-  ALP_LAUNCHED("rms_norm_f32");
-}
-
-void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float* b, int M, int n, float eps,
-                    float* y) {
-  layer_norm_k<<<M, kRowThreads, 0, s>>>(x, w, b, n, eps, y);
-  ALP_LAUNCHED("layer_norm_f32");
-}
-
-void out_proj_euler(cudaStream_t s, const float* hidden, const float* W, const float* b, int M, int D, int A,
-                    const float* times, int k, float* x, float* v_out, float* x_out) {
-  const int threads = M * A * 32;
-  out_proj_euler_k<<<(threads + 255) / 256, 256, 0, s>>>(hidden, W, b, M, D, A, times, k, x, v_out, x_out);
-  ALP_LAUNCHED("out_proj_euler");
-}
-
-// Loads this file's kernels now (lazy module loading would otherwise load them at first launch).
-void preload_action_kernels() {
-  cudaFuncAttributes a;
-  ALP_CUDA(cudaFuncGetAttributes(&a, fourier_k));
-  ALP_CUDA(cudaFuncGetAttributes(&a, linear_f32_k));
-  ALP_CUDA(cudaFuncGetAttributes(&a, rms_norm_k));
-  ALP_CUDA(cudaFuncGetAttributes(&a, layer_norm_k));
-  ALP_CUDA(cudaFuncGetAttributes(&a, out_proj_euler_k));
-}
-
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::cuda::ALP_KERNEL_NS
