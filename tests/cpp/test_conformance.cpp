@@ -208,6 +208,10 @@ Stats compare(const std::vector<float>& a, const std::vector<float>& ref) {
 //         (14 mm of 9 m).
 //   int8: layers PCC >= 0.99978, <= 3.0%; v_k PCC >= 0.9972, <= 6.5%; trajectories <= 4.2% (0.38 m of 9 m:
 //         the tiny models' velocity fields have more gain than the full-size one, where int8 deviates 2.35 cm).
+//   fp8 (the cuda backend: e4m3 weights with per-output-channel scales, bf16 activations), measured by a host
+//         emulation of its rounding on this table: layers PCC >= 0.99900, max-abs <= 6.2%; v_k PCC >= 0.9949,
+//         <= 16%; trajectories <= 20% (the T = 64 shape's sampler gain). At full size (64 layers, S = 4700,
+//         emulated) the layers keep PCC >= 0.99981 and v_0 0.99945: docs/CUDA_BACKEND.md.
 // The bounds leave 2-3x margin. f32: an exact fp32 backend (the reference itself), summation order only.
 struct Tolerance {
   double layer_pcc, layer_rel, sampler_pcc, sampler_rel, traj_rel;
@@ -216,7 +220,7 @@ Tolerance tolerance(const std::string& format) {
   if (format == "f32") return {0.999999, 1e-4, 0.999999, 1e-4, 1e-5};
   if (format == "bf16") return {0.9999, 0.012, 0.999, 0.05, 0.01};
   if (format == "int8") return {0.999, 0.07, 0.99, 0.15, 0.1};
-  if (format == "fp8") return {0.999, 0.07, 0.99, 0.15, 0.1};
+  if (format == "fp8") return {0.997, 0.15, 0.985, 0.4, 0.5};
   ADD_FAILURE() << "no tolerance stated for weight format '" << format << "': add it to tolerance()";
   return {1, 0, 1, 0, 0};
 }
