@@ -38,14 +38,31 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 struct Args {
   std::string work = "device-check-work";
   std::string json;
-  int rows = 4700, layers = 64, ref_steps = 10, samples = 20, batch_shared = 6, threads = 0;
+  int rows = 4700, layers = 64, ref_steps = 10, samples = 20, threads = 0;
+  std::vector<std::string> formats = {"bf16", "fp8"};
+  std::vector<int> batches = {1, 6};  // samples sharing one prompt
   bool accuracy = true, bench = true;
 };
 
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s + ",") {
+    if (c == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  return out;
+}
+
 void usage() {
   std::fprintf(stderr,
-               "usage: cuda_check [--work DIR] [--json FILE] [--rows S] [--layers L] [--ref-steps N]\n"
-               "                  [--samples N] [--shared-batch B] [--threads N] [--no-accuracy] [--no-bench]\n");
+               "usage: cuda_check [--work DIR] [--json FILE] [--rows S] [--layers L] [--ref-steps N] [--samples N]\n"
+               "                  [--formats bf16,fp8] [--batches 1,6] [--threads N] [--no-accuracy] [--no-bench]\n"
+               "ALPAMAYO_CUDA_GEMM=cublaslt|own picks the weight matmuls (default: cublaslt for bf16, own for fp8)\n");
 }
 
 Args parse(int argc, char** argv) {
@@ -62,7 +79,11 @@ Args parse(int argc, char** argv) {
     else if (k == "--layers") a.layers = std::stoi(next());
     else if (k == "--ref-steps") a.ref_steps = std::stoi(next());
     else if (k == "--samples") a.samples = std::stoi(next());
-    else if (k == "--shared-batch") a.batch_shared = std::stoi(next());
+    else if (k == "--formats") a.formats = split_list(next());
+    else if (k == "--batches") {
+      a.batches.clear();
+      for (const std::string& b : split_list(next())) a.batches.push_back(std::stoi(b));
+    }
     else if (k == "--threads") a.threads = std::stoi(next());
     else if (k == "--no-accuracy") a.accuracy = false;
     else if (k == "--no-bench") a.bench = false;
@@ -222,8 +243,11 @@ std::string accuracy(const Args& a, const std::shared_ptr<const Checkpoint>& ck,
   std::printf("| weights | emb PCC | layers min PCC (at) | layers max rel | hidden PCC | v_k min PCC | v_k max rel | "
               "x_N PCC | trajectory dev (m) of extent (m) |\n|---|---|---|---|---|---|---|---|---|\n");
   bool first_fmt = true;
-  for (const char* fmt : {"bf16", "fp8"}) {
-    auto m = Model::load(ck, "cuda", {.weights = fmt});
+  for (const std::string& fs : a.formats) {
+    const char* fmt = fs.c_str();
+    BackendOptions mo;
+    mo.weights = fs;
+    auto m = Model::load(ck, "cuda", mo);
     Session s(m);
     s.bind(dev.context(), {.capture = {.step = 0, .layers = true}});
     const SampleResult r = s.sample({.steps = steps, .seed = 42, .all_steps = true});
@@ -277,14 +301,18 @@ std::string accuracy(const Args& a, const std::shared_ptr<const Checkpoint>& ck,
 std::string bench(const Args& a, const std::shared_ptr<const Checkpoint>& ck, const Context& host_ctx) {
   const double bw = copy_bandwidth();
   std::printf("\n== bench: device copy bandwidth %.0f GB/s (read + write)\n", bw / 1e9);
-  std::printf("| weights | samples | ms/step (median) | ms per 10-step sample (device) | ms per sample (wall) | "
-              "GB/step | GB/s | of copy bw |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("| weights | matmuls | samples | ms/step (median) | ms per 10-step sample (device) | ms per sample (wall) | "
+              "GB/step | GB/s | of copy bw |\n|---|---|---|---|---|---|---|---|---|\n");
   std::ostringstream js;
   js << "{\"copy_gbps\": " << num(bw / 1e9) << ", \"runs\": [";
   bool first = true;
-  for (const char* fmt : {"bf16", "fp8"}) {
-    auto m = Model::load(ck, "cuda", {.weights = fmt});
-    for (int copies : {1, a.batch_shared}) {
+  const char* gemm = std::getenv("ALPAMAYO_CUDA_GEMM");
+  for (const std::string& fs : a.formats) {
+    const char* fmt = fs.c_str();
+    BackendOptions mo;
+    mo.weights = fs;
+    auto m = Model::load(ck, "cuda", mo);
+    for (int copies : a.batches) {
       DeviceCache dev(host_ctx, copies);
       Session s(m);
       s.bind(dev.context());
@@ -304,9 +332,11 @@ std::string bench(const Args& a, const std::shared_ptr<const Checkpoint>& ck, co
       const double step = median(step_s), sample = median(dev_sample_s), wall = median(wall_s);
       const double bytes = double(m->backend().weight_bytes()) + double(dev.valid_cache_bytes());
       const double gbps = bytes / step / 1e9;
-      std::printf("| %s | %d | %.3f | %.2f | %.2f | %.2f | %.0f | %.0f%% |\n", fmt, copies, step * 1e3, sample * 1e3,
+      std::printf("| %s | %s | %d | %.3f | %.2f | %.2f | %.2f | %.0f | %.0f%% |\n", fmt, gemm ? gemm : "default", copies,
+                  step * 1e3, sample * 1e3,
                   wall * 1e3, bytes / 1e9, gbps, 100.0 * gbps * 1e9 / bw);
-      js << (first ? "" : ", ") << "{\"weights\": \"" << fmt << "\", \"samples\": " << copies
+      js << (first ? "" : ", ") << "{\"weights\": \"" << fmt << "\", \"gemm\": \"" << (gemm ? gemm : "default")
+         << "\", \"samples\": " << copies
          << ", \"ms_per_step\": " << num(step * 1e3) << ", \"ms_per_sample_device\": " << num(sample * 1e3)
          << ", \"ms_per_sample_wall\": " << num(wall * 1e3) << ", \"bytes_per_step\": " << num(bytes)
          << ", \"gbps\": " << num(gbps) << ", \"session_buffer_bytes\": " << s.buffer_bytes()
