@@ -122,7 +122,7 @@ Run add_sample(CLI::App& app) {
   app.add_option("--steps", a->steps, "Euler steps (default: diffusion_cfg.num_inference_steps)")->check(CLI::Range(1, 100000));
   app.add_option("--backend", a->backend, "backend: " + [] { std::string s; for (auto& n : backend_names()) s += n + " "; return s; }());
   app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--weights", a->weights, "weight format (cpu: bf16 | int8; reference: f32; default: the backend's first)");
+  app.add_option("--weights", a->weights, "weight format (cuda: bf16 | fp8; cpu: bf16 | int8; reference: f32; default: the backend's first)");
   app.add_option("--v0", a->v0, "initial speed in m/s (overrides the context's v0 / ego history)");
   app.add_option("--vlm-config", a->vlm_config, "the VLM's config.json (text_config: eps, theta, layer count)");
   app.add_option("--out", a->out, "output safetensors: action, xyz, yaw, rot, v0")->required();
