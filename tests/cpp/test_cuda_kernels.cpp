@@ -4,6 +4,7 @@
 // and the cache scan / conversion. These run on every machine (no GPU needed); they check indexing,
 // fragment layouts, masking and pipelines. The GPU itself is checked by the conformance suite.
 #define ALPAMAYO_SIMT_EMU
+#define ALP_ROW_THREADS 64  // fewer emulated threads; the kernels loop over any block width
 #define ALP_KERNEL_NS emu
 #include "backends/cuda/action.cuh"
 #include "backends/cuda/attention.cuh"

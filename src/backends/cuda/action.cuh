@@ -4,7 +4,7 @@
 #pragma once
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::cuda::ALP_KERNEL_NS {
+namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
 
 
 // One thread per feature: out[m][i*F + j], i <= A (A action dims, then time), j < F.
@@ -90,4 +90,4 @@ __global__ void out_proj_euler_k(const float* hidden, const float* W, const floa
   }
 }
 
-}  // namespace alpamayo::cuda::ALP_KERNEL_NS
+}  // namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS

@@ -2,7 +2,7 @@
 #include "backends/cuda/attention.cuh"
 #include "backends/cuda/cuda_util.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 void preload_layer_kernels();
 void preload_action_kernels();
@@ -12,13 +12,13 @@ void preload_gemm_kernels();
 void attention_partial(cudaStream_t s, const AttnParams& p) {
   const float scale_log2 = 1.4426950408889634f / sqrtf(static_cast<float>(p.d));
   const dim3 grid(p.n_items, p.Hkv, p.Rp / kAttnRowsPerCta);
-  kern::attention_partial_k<<<grid, kern::kAttnThreads, kern::kAttnSmemBytes, s>>>(p, scale_log2);
+  ALP_LAUNCH(kern::attention_partial_k, grid, kern::kAttnThreads, kern::kAttnSmemBytes, s)(p, scale_log2);
   ALP_LAUNCHED("attention_partial");
 }
 
 void attention_merge(cudaStream_t s, const AttnParams& p, Act mode, void* out) {
   const int threads = p.B * p.Hkv * p.R * 32;
-  kern::attention_merge_k<<<(threads + 255) / 256, 256, 0, s>>>(p, mode, out);
+  ALP_LAUNCH(kern::attention_merge_k, (threads + 255) / 256, 256, 0, s)(p, mode, out);
   ALP_LAUNCHED("attention_merge");
 }
 
@@ -37,4 +37,4 @@ int prepare_kernels() {
   return ctas > 0 ? ctas : 1;
 }
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -2,19 +2,19 @@
 #include "backends/cuda/cache.cuh"
 #include "backends/cuda/cuda_util.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 using namespace kern;  // the kernels and their launch constants
 
 void scan_nonfinite(cudaStream_t s, const void* data, CacheType t, int B, int H, int P, int d, const int* S,
                     unsigned long long* first) {
-  kern::scan_k<<<kern::plane_grid(B, H), 256, 0, s>>>(data, t, H, P, d, S, first);
+  ALP_LAUNCH(kern::scan_k, kern::plane_grid(B, H), 256, 0, s)(data, t, H, P, d, S, first);
   ALP_LAUNCHED("scan_nonfinite");
 }
 
 void convert_cache_bf16(cudaStream_t s, const void* src, CacheType t, int B, int H, int P, int d, const int* S,
                         uint16_t* dst) {
-  kern::convert_k<<<kern::plane_grid(B, H), 256, 0, s>>>(src, t, H, P, d, S, dst);
+  ALP_LAUNCH(kern::convert_k, kern::plane_grid(B, H), 256, 0, s)(src, t, H, P, d, S, dst);
   ALP_LAUNCHED("convert_cache_bf16");
 }
 
@@ -25,4 +25,4 @@ void preload_cache_kernels() {
   ALP_CUDA(cudaFuncGetAttributes(&a, kern::convert_k));
 }
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -11,8 +11,9 @@
 #include "model/fourier.h"
 
 namespace alpamayo {
+namespace ALP_CUDA_NS {
 
-std::string cuda_unavailable() {
+std::string unavailable() {
   static const std::string why = [] {
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
@@ -36,12 +37,9 @@ std::string cuda_unavailable() {
   return why;
 }
 
-std::unique_ptr<BackendModel> load_cuda_backend(const ExpertConfig& cfg, const ModelWeights& w,
-                                                const BackendOptions& opts) {
-  return std::make_unique<cuda::CudaModel>(cfg, w, opts);
+std::unique_ptr<BackendModel> load_backend(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts) {
+  return std::make_unique<CudaModel>(cfg, w, opts);
 }
-
-namespace cuda {
 
 CudaModel::CudaModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
     : cfg_(cfg), fp8_(opts.weights == "fp8") {
@@ -165,5 +163,15 @@ DeviceLinear CudaModel::upload_linear(const std::vector<const TensorView*>& part
   return lin;
 }
 
-}  // namespace cuda
+}  // namespace ALP_CUDA_NS
+
+#ifndef ALPAMAYO_CUDA_EMU
+std::string cuda_unavailable() { return ALP_CUDA_NS::unavailable(); }
+
+std::unique_ptr<BackendModel> load_cuda_backend(const ExpertConfig& cfg, const ModelWeights& w,
+                                                const BackendOptions& opts) {
+  return ALP_CUDA_NS::load_backend(cfg, w, opts);
+}
+#endif
+
 }  // namespace alpamayo

@@ -9,7 +9,7 @@
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/gemm.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 // One weight matrix [N, K] (PyTorch [out, in]) on the device: bf16, or e4m3 with per-output-channel
 // scales (w ~= q[n][k] * scale[n]).
@@ -36,6 +36,10 @@ struct DeviceActionProj {
   DeviceBuffer ln_w, ln_b;
   DeviceBuffer out_w, out_b;               // [A, D], [A]
 };
+
+// Why this backend cannot run here (empty: it can), and its loader; cuda_backend.h exports them.
+std::string unavailable();
+std::unique_ptr<BackendModel> load_backend(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts);
 
 class CudaModel final : public BackendModel {
  public:
@@ -76,4 +80,4 @@ class CudaModel final : public BackendModel {
   size_t bytes_ = 0;
 };
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

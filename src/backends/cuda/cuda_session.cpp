@@ -9,7 +9,7 @@
 
 #include "alpamayo/error.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLASLt workspace (split-K), per session
@@ -371,4 +371,4 @@ size_t CudaSession::buffer_bytes() const {
   return n;
 }
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

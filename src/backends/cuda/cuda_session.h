@@ -15,7 +15,7 @@
 #include "backends/cuda/gemm.h"
 #include "backends/cuda/kernels.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 class CudaSession final : public BackendSession {
  public:
@@ -75,4 +75,4 @@ class CudaSession final : public BackendSession {
   std::map<int, std::unique_ptr<Run>> runs_;  // by step count
 };
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -5,7 +5,7 @@
 #include "alpamayo/error.h"
 #include "backends/cuda/cuda_session.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 void CudaSession::enqueue_sample(Run& r, bool capturing) {
   const size_t n = size_t(M_) * cfg_.A;
@@ -104,4 +104,4 @@ void CudaSession::enqueue_layer(int l, bool capture) {
                              cudaMemcpyDeviceToDevice, stream_));
 }
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -2,7 +2,7 @@
 
 #include "alpamayo/error.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 void check_cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
@@ -73,4 +73,4 @@ DeviceGuard::~DeviceGuard() {
   if (restore_) (void)cudaSetDevice(prev_);
 }
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -1,18 +1,23 @@
 // Error checks and owning device / pinned host buffers for the cuda backend. Library code throws
 // alpamayo::Error naming the failed call; destructors never throw.
 #pragma once
+#include "backends/cuda/cuda_ns.h"
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <string>
 
-namespace alpamayo::cuda {
+#ifdef ALPAMAYO_CUDA_EMU
+#include "backends/cuda/fake_cuda.h"
+#endif
+
+namespace alpamayo::ALP_CUDA_NS {
 
 // Throws alpamayo::Error("cuda backend: <what> failed: <name>: <description>") unless e == cudaSuccess.
 void check_cuda(cudaError_t e, const char* what);
-#define ALP_CUDA(call) ::alpamayo::cuda::check_cuda((call), #call)
+#define ALP_CUDA(call) ::alpamayo::ALP_CUDA_NS::check_cuda((call), #call)
 // After a kernel launch: a bad launch configuration is reported here, naming the kernel.
-#define ALP_LAUNCHED(name) ::alpamayo::cuda::check_cuda(cudaGetLastError(), "launch of " name)
+#define ALP_LAUNCHED(name) ::alpamayo::ALP_CUDA_NS::check_cuda(cudaGetLastError(), "launch of " name)
 
 inline size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
@@ -72,4 +77,4 @@ class DeviceGuard {
   bool restore_ = false;
 };
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -3,7 +3,7 @@
 #include "alpamayo/error.h"
 #include "backends/cuda/cuda_model.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 void check_cublas(cublasStatus_t s, const std::string& what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
@@ -94,4 +94,4 @@ MatOut Matmul::run(cublasLtHandle_t lt, const DeviceLinear& w, const void* X, co
 
 size_t Matmul::out_floats() const { return size_t(splits()) * Mp_ * N_; }
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -11,7 +11,7 @@
 
 #include "backends/cuda/kernels.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 struct DeviceLinear;
 
@@ -66,4 +66,4 @@ class Matmul {
 // Throws alpamayo::Error naming the call unless s == CUBLAS_STATUS_SUCCESS.
 void check_cublas(cublasStatus_t s, const std::string& what);
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -3,11 +3,12 @@
 // as uint16_t and fp8 e4m3 values as uint8_t, so this header needs no CUDA math headers.
 // Sizes are validated by the caller (the session); kernels assume them.
 #pragma once
+#include "backends/cuda/cuda_ns.h"
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 // What a row kernel writes for the next matmul: bf16, fp8 e4m3 with one scale per row, or fp32.
 enum class Act { BF16, FP8, F32 };
@@ -127,4 +128,4 @@ int prepare_kernels();
 // Skinny matmul CTAs that fit on one SM.
 int skinny_gemm_ctas_per_sm(bool fp8);
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

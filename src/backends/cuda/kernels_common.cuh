@@ -2,7 +2,7 @@
 // are bitwise reproducible), bf16 / fp8 conversions, matmul-output reads, and the tensor-core and
 // asynchronous-copy primitives (inline PTX).
 //
-// The kernels live in *.cuh files in namespace alpamayo::cuda::ALP_KERNEL_NS, included by the .cu files
+// The kernels live in *.cuh files in namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS, included by the .cu files
 // that launch them. Compiled with ALPAMAYO_SIMT_EMU (and another ALP_KERNEL_NS), the same source runs on
 // the host in the SIMT emulator of simt_emu.h, which is how the tests check the kernels without a GPU.
 #pragma once
@@ -21,13 +21,26 @@
 
 #include "backends/cuda/kernels.h"
 
+// A kernel launch: `ALP_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...)`. Over the fake runtime of
+// the tests it enqueues the kernel for the SIMT emulator instead.
+#ifdef ALPAMAYO_CUDA_EMU
+#define ALP_LAUNCH(kernel, grid, block, smem, stream) \
+  ::alpamayo::ALP_CUDA_NS::fake_launch(kernel, grid, block, smem, stream)
+#else
+#define ALP_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#endif
+
 #ifndef ALP_KERNEL_NS
 #define ALP_KERNEL_NS kern
 #endif
 
-namespace alpamayo::cuda::ALP_KERNEL_NS {
+namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
 
-constexpr int kRowThreads = 256;  // threads of the one-block-per-row kernels
+// Threads of the one-block-per-row kernels (any multiple of 32 works; the SIMT emulator runs them with fewer).
+#ifndef ALP_ROW_THREADS
+#define ALP_ROW_THREADS 256
+#endif
+constexpr int kRowThreads = ALP_ROW_THREADS;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -129,4 +142,4 @@ using ::simt::ldmatrix_x4_trans;
 using ::simt::mma_bf16;
 #endif
 
-}  // namespace alpamayo::cuda::ALP_KERNEL_NS
+}  // namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS

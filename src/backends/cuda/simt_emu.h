@@ -1,9 +1,10 @@
 // A small SIMT emulator that runs the cuda backend's kernel source (*.cuh) on the host, so that tests check
 // the kernels' indexing, masking and pipelines against CPU references on machines without a GPU.
 //
-// Every CUDA thread of a block is a std::thread; blocks run one after another. __syncthreads is a block
-// barrier, and the warp collectives (shuffles, mma.sync m16n8k16 bf16, ldmatrix .x4 .trans) exchange
-// registers through per-warp slots, assembling the operands from the fragment layouts of the PTX ISA.
+// Every CUDA thread of a block is a coroutine (ucontext) on the calling thread; they take turns at every
+// barrier, and blocks run one after another. __syncthreads is a block barrier, and the warp collectives
+// (shuffles, mma.sync m16n8k16 bf16, ldmatrix .x4 .trans) exchange registers through per-warp slots,
+// assembling the operands from the fragment layouts of the PTX ISA.
 // cp.async copies at once (its waits are no-ops). fp32 accumulation order of mma differs from the
 // hardware's, so results match a GPU to rounding, not bitwise. Test-only: slow, and it assumes warps that
 // leave a kernel leave it whole (as these kernels do).
@@ -14,7 +15,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <barrier>
+#include <ucontext.h>
+
+#include <functional>
 #include <math.h>
 
 #include <cmath>
@@ -22,7 +25,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 // The CUDA keywords as host code: kernels become plain functions, __shared__ arrays statics shared by the
@@ -43,9 +45,37 @@ inline dim3 blockDim, gridDim;
 
 namespace simt {
 
+void yield();
+
+// A barrier of `expected` coroutines: arrivals wait (yielding) until the last one comes; leavers drop out.
+class Barrier {
+ public:
+  explicit Barrier(int expected) : expected_(expected) {}
+  void arrive_and_wait() {
+    const uint64_t g = gen_;
+    if (++arrived_ == expected_) {
+      arrived_ = 0;
+      ++gen_;
+      return;
+    }
+    while (gen_ == g) yield();
+  }
+  void arrive_and_drop() {
+    --expected_;
+    if (expected_ > 0 && arrived_ == expected_) {
+      arrived_ = 0;
+      ++gen_;
+    }
+  }
+
+ private:
+  int expected_, arrived_ = 0;
+  uint64_t gen_ = 0;
+};
+
 struct Warp {
   explicit Warp(int n) : bar(n) {}
-  std::barrier<> bar;
+  Barrier bar;
   uint32_t u[32][8] = {};
   float f[32] = {};
   const void* p[32] = {};
@@ -53,7 +83,7 @@ struct Warp {
 
 struct Block {
   explicit Block(int n) : bar(n) {}
-  std::barrier<> bar;
+  Barrier bar;
   std::vector<std::unique_ptr<Warp>> warps;
   std::vector<uint8_t> smem;
 };
@@ -135,31 +165,90 @@ inline std::mutex& atomic_mutex() {
   return m;
 }
 
-// Runs kernel(args...) over the grid; blocks one at a time, their threads concurrently.
+// The coroutines of the running block: their contexts, stacks and CUDA thread state.
+struct Fiber {
+  ucontext_t ctx;
+  std::vector<uint8_t> stack;
+  uint3 tid;
+  Warp* warp = nullptr;
+  int lane = 0;
+  bool done = false;
+};
+struct Scheduler {
+  ucontext_t main;
+  std::vector<Fiber> fibers;
+  int current = -1;
+  const std::function<void(int)>* job = nullptr;
+};
+inline Scheduler& scheduler() {
+  static Scheduler s;
+  return s;
+}
+inline void fiber_entry() {
+  Scheduler& s = scheduler();
+  const int i = s.current;
+  (*s.job)(i);
+  s.fibers[i].done = true;
+  swapcontext(&s.fibers[i].ctx, &s.main);
+}
+// Back to the scheduler, which resumes the next coroutine.
+inline void yield() {
+  Scheduler& s = scheduler();
+  swapcontext(&s.fibers[s.current].ctx, &s.main);
+}
+
+// Runs kernel(args...) over the grid: blocks one after another, the threads of a block as coroutines that
+// take turns at barriers. One launch at a time per process.
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
+  static std::mutex one_at_a_time;
+  std::lock_guard<std::mutex> g(one_at_a_time);
   gridDim = grid;
   blockDim = block;
   const int n = static_cast<int>(block.x * block.y * block.z);
+  Scheduler& s = scheduler();
+  s.fibers.resize(n);
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         Block blk(n);
         blk.smem.assign(smem, 0xcd);  // garbage, as on a GPU
         for (int w0 = 0; w0 < n; w0 += 32) blk.warps.push_back(std::make_unique<Warp>(std::min(32, n - w0)));
-        std::vector<std::thread> threads;
-        for (int i = 0; i < n; ++i)
-          threads.emplace_back([&, i] {
-            threadIdx = uint3{unsigned(i % block.x), unsigned(i / block.x % block.y), unsigned(i / (block.x * block.y))};
-            blockIdx = uint3{bx, by, bz};
-            tl_block = &blk;
-            tl_warp = blk.warps[i / 32].get();
-            tl_lane = i % 32;
-            kernel(args...);
-            tl_warp->bar.arrive_and_drop();
-            blk.bar.arrive_and_drop();
-          });
-        for (std::thread& t : threads) t.join();
+        blockIdx = uint3{bx, by, bz};
+        tl_block = &blk;
+        const std::function<void(int)> job = [&](int) {
+          kernel(args...);
+          tl_warp->bar.arrive_and_drop();
+          blk.bar.arrive_and_drop();
+        };
+        s.job = &job;
+        for (int i = 0; i < n; ++i) {
+          Fiber& f = s.fibers[i];
+          f.stack.resize(size_t(1) << 18);
+          f.tid = uint3{unsigned(i % block.x), unsigned(i / block.x % block.y), unsigned(i / (block.x * block.y))};
+          f.warp = blk.warps[i / 32].get();
+          f.lane = i % 32;
+          f.done = false;
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = f.stack.data();
+          f.ctx.uc_stack.ss_size = f.stack.size();
+          f.ctx.uc_link = nullptr;
+          makecontext(&f.ctx, fiber_entry, 0);
+        }
+        for (int alive = n; alive > 0;) {
+          alive = 0;
+          for (int i = 0; i < n; ++i) {
+            Fiber& f = s.fibers[i];
+            if (f.done) continue;
+            s.current = i;
+            threadIdx = f.tid;
+            tl_warp = f.warp;
+            tl_lane = f.lane;
+            swapcontext(&s.main, &f.ctx);
+            alive += f.done ? 0 : 1;
+          }
+        }
+        s.current = -1;
       }
 }
 

@@ -4,7 +4,7 @@
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/skinny_gemm.cuh"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 
 int skinny_gemm_ctas_per_sm(bool fp8) {
   int n = 0;
@@ -34,9 +34,9 @@ void skinny_gemm(cudaStream_t s, const SkinnyPlan& p, const uint16_t* X, const v
   const dim3 grid((p.N + kern::kCh - 1) / kern::kCh, (p.M + kern::kTok - 1) / kern::kTok, p.splits);
   const uint8_t* w = static_cast<const uint8_t*>(W);
   if (p.fp8)
-    kern::skinny_gemm_k<true><<<grid, kern::kGemmThreads, kern::GemmCfg<true>::kSmem, s>>>(X, w, Y, p.M, p.N, p.K, p.chunks_per_split, split_stride);
+    ALP_LAUNCH(kern::skinny_gemm_k<true>, grid, kern::kGemmThreads, kern::GemmCfg<true>::kSmem, s)(X, w, Y, p.M, p.N, p.K, p.chunks_per_split, split_stride);
   else
-    kern::skinny_gemm_k<false><<<grid, kern::kGemmThreads, kern::GemmCfg<false>::kSmem, s>>>(X, w, Y, p.M, p.N, p.K, p.chunks_per_split,
+    ALP_LAUNCH(kern::skinny_gemm_k<false>, grid, kern::kGemmThreads, kern::GemmCfg<false>::kSmem, s)(X, w, Y, p.M, p.N, p.K, p.chunks_per_split,
                                                                     split_stride);
   ALP_LAUNCHED("skinny_gemm");
 }
@@ -46,4 +46,4 @@ void preload_gemm_kernels() {
   ALP_CUDA(cudaFuncSetAttribute(kern::skinny_gemm_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kern::GemmCfg<false>::kSmem));
 }
 
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS

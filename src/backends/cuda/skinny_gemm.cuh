@@ -7,7 +7,7 @@
 #pragma once
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::cuda::ALP_KERNEL_NS {
+namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
 
 
 constexpr int kGemmWarps = 4;
@@ -132,4 +132,4 @@ __global__ void __launch_bounds__(kGemmThreads) skinny_gemm_k(const uint16_t* __
       }
 }
 
-}  // namespace alpamayo::cuda::ALP_KERNEL_NS
+}  // namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS
