@@ -150,3 +150,49 @@ TEST(CudaEmulated, GraphReplayEqualsEagerLaunches) {
 
 }  // namespace
 }  // namespace alpamayo
+
+namespace alpamayo {
+namespace {
+
+// The seed's layer sizes (D 1536, 16/8 heads, d 128, I 6144) and a 4,700-row cache, two layers, one step:
+// the real kernel geometry (128 query rows per KV head, many key ranges, long split-K). Minutes in the
+// emulator, so not in the default run: --gtest_also_run_disabled_tests --gtest_filter='*FullWidth*'.
+TEST(CudaEmulated, DISABLED_FullWidthTwoLayers) {
+  test::TempDir tmp;
+  SyntheticCheckpointSpec spec;
+  spec.L = 2;
+  write_synthetic_checkpoint(tmp / "ck", spec);
+  auto ck = Checkpoint::open(tmp / "ck");
+  SyntheticContextSpec cs;
+  cs.P = 4736;
+  cs.valid_len = {4700};
+  cs.rope_delta = {-1500};
+  write_synthetic_context(tmp / "ctx", ck->config(), cs);
+  const Context ctx = Context::open(tmp / "ctx");
+  const ModelWeights w = ck->weights();
+  Session ref(Model::load(ck, "reference"));
+  ref.bind(ctx, {.capture = {.step = 0, .layers = true}});
+  const SampleResult rr = ref.sample({.steps = 1, .seed = 11, .all_steps = true});
+  for (const char* format : {"bf16", "fp8"}) {
+    BackendOptions o;
+    o.weights = format;
+    auto model = cuda_emu::load_backend(ck->config(), w, o);
+    auto s = model->new_session();
+    Binding b;
+    b.kv = ctx.kv();
+    b.rope = make_rope_tables(b.kv.valid_len, ctx.rope_delta(), ck->config().T, ck->config().d, ck->config().rope_theta);
+    b.capture = {.step = 0, .layers = true};
+    s->bind(b);
+    std::vector<float> x = gaussian_noise(11, int64_t(ck->config().T) * 2), v(x.size());
+    const std::vector<float> times = euler_time_grid(1);
+    s->denoise({.x = x.data(), .times = times.data(), .steps = 1, .v_steps = v.data()});
+    const Tolerance tol = tolerance(format);
+    for (int l = 0; l < 2; ++l)
+      expect_layer_close(compare(s->captures().layers[l], ref.captures().layers[l]), tol,
+                         std::string(format) + " full-width layer " + std::to_string(l));
+    expect_sampler_close(compare(v, rr.v_steps), tol, std::string(format) + " full-width v_0");
+  }
+}
+
+}  // namespace
+}  // namespace alpamayo
