@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -73,20 +74,29 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw Error(k + ": missing value");
       return argv[++i];
     };
-    if (k == "--work") a.work = next();
-    else if (k == "--json") a.json = next();
-    else if (k == "--rows") a.rows = std::stoi(next());
-    else if (k == "--layers") a.layers = std::stoi(next());
-    else if (k == "--ref-steps") a.ref_steps = std::stoi(next());
-    else if (k == "--samples") a.samples = std::stoi(next());
-    else if (k == "--formats") a.formats = split_list(next());
+    if (k == "--work")
+      a.work = next();
+    else if (k == "--json")
+      a.json = next();
+    else if (k == "--rows")
+      a.rows = std::stoi(next());
+    else if (k == "--layers")
+      a.layers = std::stoi(next());
+    else if (k == "--ref-steps")
+      a.ref_steps = std::stoi(next());
+    else if (k == "--samples")
+      a.samples = std::stoi(next());
+    else if (k == "--formats")
+      a.formats = split_list(next());
     else if (k == "--batches") {
       a.batches.clear();
       for (const std::string& b : split_list(next())) a.batches.push_back(std::stoi(b));
-    }
-    else if (k == "--threads") a.threads = std::stoi(next());
-    else if (k == "--no-accuracy") a.accuracy = false;
-    else if (k == "--no-bench") a.bench = false;
+    } else if (k == "--threads")
+      a.threads = std::stoi(next());
+    else if (k == "--no-accuracy")
+      a.accuracy = false;
+    else if (k == "--no-bench")
+      a.bench = false;
     else {
       usage();
       throw Error("unknown option " + k);
@@ -189,6 +199,21 @@ std::string num(double v) {
   return std::isfinite(v) ? b : "null";
 }
 
+std::string json_str(const std::string& v) {
+  std::string o = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    if (static_cast<unsigned char>(c) >= 0x20) o += c;
+  }
+  return o + "\"";
+}
+
+int g_errors = 0;  // formats or runs that threw: reported in the JSON, and the exit status
+
 double median(std::vector<double> v) {
   if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());
@@ -222,7 +247,32 @@ double copy_bandwidth() {
   return 2.0 * n / median(t);
 }
 
-std::string accuracy(const Args& a, const std::shared_ptr<const Checkpoint>& ck, const Context& host_ctx) {
+// The cuda models, loaded once per weight format and shared by the accuracy check and the benchmark.
+class Models {
+ public:
+  explicit Models(std::shared_ptr<const Checkpoint> ck) : ck_(std::move(ck)) {}
+  std::shared_ptr<const Model> get(const std::string& fmt) {
+    auto it = m_.find(fmt);
+    if (it != m_.end()) return it->second;
+    BackendOptions o;
+    o.weights = fmt;
+    const auto t0 = Clock::now();
+    auto m = Model::load(ck_, "cuda", o);
+    load_s_[fmt] = since(t0);
+    std::printf("cuda %s model: loaded in %.1f s (%.2f GB on the GPU)\n", fmt.c_str(), load_s_[fmt],
+                m->backend().weight_bytes() / 1e9);
+    return m_[fmt] = m;
+  }
+  double load_seconds(const std::string& fmt) const { return load_s_.at(fmt); }
+
+ private:
+  std::shared_ptr<const Checkpoint> ck_;
+  std::map<std::string, std::shared_ptr<const Model>> m_;
+  std::map<std::string, double> load_s_;
+};
+
+std::string accuracy(const Args& a, const std::shared_ptr<const Checkpoint>& ck, const Context& host_ctx,
+                     Models& models) {
   const ExpertConfig& cfg = ck->config();
   const int steps = a.ref_steps;
   std::printf("\n== accuracy: reference (fp32, %d steps) vs cuda, L=%d, S=%lld, B=%d\n", steps, cfg.L,
@@ -240,107 +290,119 @@ std::string accuracy(const Args& a, const std::shared_ptr<const Checkpoint>& ck,
   std::ostringstream js;
   js << "{\"steps\": " << steps << ", \"layers\": " << cfg.L << ", \"rows\": " << host_ctx.kv().valid_len[0]
      << ", \"formats\": {";
-  std::printf("| weights | emb PCC | layers min PCC (at) | layers max rel | hidden PCC | v_k min PCC | v_k max rel | "
-              "x_N PCC | trajectory dev (m) of extent (m) |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| weights | emb PCC | layers min PCC (at) | layers max rel | hidden PCC | v_k min PCC | v_k max rel | "
+      "x_N PCC | trajectory dev (m) of extent (m) |\n|---|---|---|---|---|---|---|---|---|\n");
   bool first_fmt = true;
   for (const std::string& fs : a.formats) {
     const char* fmt = fs.c_str();
-    BackendOptions mo;
-    mo.weights = fs;
-    auto m = Model::load(ck, "cuda", mo);
-    Session s(m);
-    s.bind(dev.context(), {.capture = {.step = 0, .layers = true}});
-    const SampleResult r = s.sample({.steps = steps, .seed = 42, .all_steps = true});
-    const Captures& c = s.captures();
-    const Stats emb = compare(c.emb, rc.emb), hid = compare(c.hidden, rc.hidden);
-    double lmin = 1, lrel = 0;
-    int lat = 0;
-    std::vector<Stats> per_layer;
-    for (int l = 0; l < cfg.L; ++l) {
-      const Stats st = compare(c.layers[l], rc.layers[l]);
-      per_layer.push_back(st);
-      if (st.pcc < lmin) {
-        lmin = st.pcc;
-        lat = l;
+    try {
+      auto m = models.get(fs);
+      Session s(m);
+      s.bind(dev.context(), {.capture = {.step = 0, .layers = true}});
+      const SampleResult r = s.sample({.steps = steps, .seed = 42, .all_steps = true});
+      const Captures& c = s.captures();
+      const Stats emb = compare(c.emb, rc.emb), hid = compare(c.hidden, rc.hidden);
+      double lmin = 1, lrel = 0;
+      int lat = 0;
+      std::vector<Stats> per_layer;
+      for (int l = 0; l < cfg.L; ++l) {
+        const Stats st = compare(c.layers[l], rc.layers[l]);
+        per_layer.push_back(st);
+        if (st.pcc < lmin) {
+          lmin = st.pcc;
+          lat = l;
+        }
+        lrel = std::max(lrel, st.rel);
       }
-      lrel = std::max(lrel, st.rel);
+      const size_t n = rr.action.size();
+      double vmin = 1, vrel = 0;
+      std::vector<Stats> per_v;
+      for (int k = 0; k < steps; ++k) {
+        const Stats st = compare(r.v_steps.data() + k * n, rr.v_steps.data() + k * n, n);
+        per_v.push_back(st);
+        vmin = std::min(vmin, st.pcc);
+        vrel = std::max(vrel, st.rel);
+      }
+      const Stats act = compare(r.action, rr.action);
+      double dev_m = 0, extent = 0;
+      for (size_t i = 0; i + 2 < r.xyz.size(); i += 3) {
+        const double dx = r.xyz[i] - rr.xyz[i], dy = r.xyz[i + 1] - rr.xyz[i + 1], dz = r.xyz[i + 2] - rr.xyz[i + 2];
+        dev_m = std::max(dev_m, std::sqrt(dx * dx + dy * dy + dz * dz));
+        extent = std::max(extent, std::hypot(double(rr.xyz[i]), double(rr.xyz[i + 1])));
+      }
+      std::printf("| %s | %.7f | %.7f (layer %d) | %.2e | %.7f | %.7f | %.2e | %.7f | %.4f of %.2f |\n", fmt, emb.pcc,
+                  lmin, lat, lrel, hid.pcc, vmin, vrel, act.pcc, dev_m, extent);
+      js << (first_fmt ? "" : ", ") << "\"" << fmt << "\": {\"emb_pcc\": " << num(emb.pcc)
+         << ", \"emb_rel\": " << num(emb.rel) << ", \"layer_min_pcc\": " << num(lmin) << ", \"layer_min_at\": " << lat
+         << ", \"layer_max_rel\": " << num(lrel) << ", \"hidden_pcc\": " << num(hid.pcc)
+         << ", \"hidden_rel\": " << num(hid.rel) << ", \"v_min_pcc\": " << num(vmin) << ", \"v_max_rel\": " << num(vrel)
+         << ", \"action_pcc\": " << num(act.pcc) << ", \"trajectory_dev_m\": " << num(dev_m)
+         << ", \"trajectory_extent_m\": " << num(extent) << ", \"layer_pcc\": [";
+      for (int l = 0; l < cfg.L; ++l) js << (l ? ", " : "") << num(per_layer[l].pcc);
+      js << "], \"v_pcc\": [";
+      for (int k = 0; k < steps; ++k) js << (k ? ", " : "") << num(per_v[k].pcc);
+      js << "]}";
+    } catch (const std::exception& e) {
+      ++g_errors;
+      std::printf("| %s | error: %s |\n", fmt, e.what());
+      js << (first_fmt ? "" : ", ") << "\"" << fmt << "\": {\"error\": " << json_str(e.what()) << "}";
     }
-    const size_t n = rr.action.size();
-    double vmin = 1, vrel = 0;
-    std::vector<Stats> per_v;
-    for (int k = 0; k < steps; ++k) {
-      const Stats st = compare(r.v_steps.data() + k * n, rr.v_steps.data() + k * n, n);
-      per_v.push_back(st);
-      vmin = std::min(vmin, st.pcc);
-      vrel = std::max(vrel, st.rel);
-    }
-    const Stats act = compare(r.action, rr.action);
-    double dev_m = 0, extent = 0;
-    for (size_t i = 0; i + 2 < r.xyz.size(); i += 3) {
-      const double dx = r.xyz[i] - rr.xyz[i], dy = r.xyz[i + 1] - rr.xyz[i + 1], dz = r.xyz[i + 2] - rr.xyz[i + 2];
-      dev_m = std::max(dev_m, std::sqrt(dx * dx + dy * dy + dz * dz));
-      extent = std::max(extent, std::hypot(double(rr.xyz[i]), double(rr.xyz[i + 1])));
-    }
-    std::printf("| %s | %.7f | %.7f (layer %d) | %.2e | %.7f | %.7f | %.2e | %.7f | %.4f of %.2f |\n", fmt, emb.pcc, lmin,
-                lat, lrel, hid.pcc, vmin, vrel, act.pcc, dev_m, extent);
-    js << (first_fmt ? "" : ", ") << "\"" << fmt << "\": {\"emb_pcc\": " << num(emb.pcc) << ", \"emb_rel\": " << num(emb.rel)
-       << ", \"layer_min_pcc\": " << num(lmin) << ", \"layer_min_at\": " << lat << ", \"layer_max_rel\": " << num(lrel)
-       << ", \"hidden_pcc\": " << num(hid.pcc) << ", \"hidden_rel\": " << num(hid.rel) << ", \"v_min_pcc\": " << num(vmin)
-       << ", \"v_max_rel\": " << num(vrel) << ", \"action_pcc\": " << num(act.pcc)
-       << ", \"trajectory_dev_m\": " << num(dev_m) << ", \"trajectory_extent_m\": " << num(extent) << ", \"layer_pcc\": [";
-    for (int l = 0; l < cfg.L; ++l) js << (l ? ", " : "") << num(per_layer[l].pcc);
-    js << "], \"v_pcc\": [";
-    for (int k = 0; k < steps; ++k) js << (k ? ", " : "") << num(per_v[k].pcc);
-    js << "]}";
     first_fmt = false;
   }
   js << "}}";
   return js.str();
 }
 
-std::string bench(const Args& a, const std::shared_ptr<const Checkpoint>& ck, const Context& host_ctx) {
+std::string bench(const Args& a, const Context& host_ctx, Models& models) {
   const double bw = copy_bandwidth();
   std::printf("\n== bench: device copy bandwidth %.0f GB/s (read + write)\n", bw / 1e9);
-  std::printf("| weights | matmuls | samples | ms/step (median) | ms per 10-step sample (device) | ms per sample (wall) | "
-              "GB/step | GB/s | of copy bw |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| weights | matmuls | samples | ms/step (median) | ms per 10-step sample (device) | ms per sample (wall) | "
+      "GB/step | GB/s | of copy bw |\n|---|---|---|---|---|---|---|---|---|\n");
   std::ostringstream js;
   js << "{\"copy_gbps\": " << num(bw / 1e9) << ", \"runs\": [";
   bool first = true;
   const char* gemm = std::getenv("ALPAMAYO_CUDA_GEMM");
   for (const std::string& fs : a.formats) {
     const char* fmt = fs.c_str();
-    BackendOptions mo;
-    mo.weights = fs;
-    auto m = Model::load(ck, "cuda", mo);
     for (int copies : a.batches) {
-      DeviceCache dev(host_ctx, copies);
-      Session s(m);
-      s.bind(dev.context());
-      for (int w = 0; w < 3; ++w) s.sample({.steps = 10, .seed = uint64_t(w)});
-      std::vector<double> step_s, dev_sample_s, wall_s;
-      for (int i = 0; i < a.samples; ++i) {
-        const auto t0 = Clock::now();
-        const SampleResult r = s.sample({.steps = 10, .seed = uint64_t(100 + i)});
-        wall_s.push_back(since(t0));
-        double sum = 0;
-        for (double t : r.step_seconds) {
-          step_s.push_back(t);
-          sum += t;
+      try {
+        auto m = models.get(fs);
+        DeviceCache dev(host_ctx, copies);
+        Session s(m);
+        s.bind(dev.context());
+        for (int w = 0; w < 3; ++w) s.sample({.steps = 10, .seed = uint64_t(w)});
+        std::vector<double> step_s, dev_sample_s, wall_s;
+        for (int i = 0; i < a.samples; ++i) {
+          const auto t0 = Clock::now();
+          const SampleResult r = s.sample({.steps = 10, .seed = uint64_t(100 + i)});
+          wall_s.push_back(since(t0));
+          double sum = 0;
+          for (double t : r.step_seconds) {
+            step_s.push_back(t);
+            sum += t;
+          }
+          dev_sample_s.push_back(sum);
         }
-        dev_sample_s.push_back(sum);
+        const double step = median(step_s), sample = median(dev_sample_s), wall = median(wall_s);
+        const double bytes = double(m->backend().weight_bytes()) + double(dev.valid_cache_bytes());
+        const double gbps = bytes / step / 1e9;
+        std::printf("| %s | %s | %d | %.3f | %.2f | %.2f | %.2f | %.0f | %.0f%% |\n", fmt, gemm ? gemm : "default",
+                    copies, step * 1e3, sample * 1e3, wall * 1e3, bytes / 1e9, gbps, 100.0 * gbps * 1e9 / bw);
+        js << (first ? "" : ", ") << "{\"weights\": \"" << fmt << "\", \"gemm\": \"" << (gemm ? gemm : "default")
+           << "\", \"samples\": " << copies << ", \"ms_per_step\": " << num(step * 1e3)
+           << ", \"ms_per_sample_device\": " << num(sample * 1e3) << ", \"ms_per_sample_wall\": " << num(wall * 1e3)
+           << ", \"bytes_per_step\": " << num(bytes) << ", \"gbps\": " << num(gbps)
+           << ", \"session_buffer_bytes\": " << s.buffer_bytes()
+           << ", \"weight_bytes\": " << m->backend().weight_bytes()
+           << ", \"load_seconds\": " << num(models.load_seconds(fs)) << "}";
+      } catch (const std::exception& e) {
+        ++g_errors;
+        std::printf("| %s | %d | error: %s |\n", fmt, copies, e.what());
+        js << (first ? "" : ", ") << "{\"weights\": \"" << fmt << "\", \"samples\": " << copies
+           << ", \"error\": " << json_str(e.what()) << "}";
       }
-      const double step = median(step_s), sample = median(dev_sample_s), wall = median(wall_s);
-      const double bytes = double(m->backend().weight_bytes()) + double(dev.valid_cache_bytes());
-      const double gbps = bytes / step / 1e9;
-      std::printf("| %s | %s | %d | %.3f | %.2f | %.2f | %.2f | %.0f | %.0f%% |\n", fmt, gemm ? gemm : "default", copies,
-                  step * 1e3, sample * 1e3,
-                  wall * 1e3, bytes / 1e9, gbps, 100.0 * gbps * 1e9 / bw);
-      js << (first ? "" : ", ") << "{\"weights\": \"" << fmt << "\", \"gemm\": \"" << (gemm ? gemm : "default")
-         << "\", \"samples\": " << copies
-         << ", \"ms_per_step\": " << num(step * 1e3) << ", \"ms_per_sample_device\": " << num(sample * 1e3)
-         << ", \"ms_per_sample_wall\": " << num(wall * 1e3) << ", \"bytes_per_step\": " << num(bytes)
-         << ", \"gbps\": " << num(gbps) << ", \"session_buffer_bytes\": " << s.buffer_bytes()
-         << ", \"weight_bytes\": " << m->backend().weight_bytes() << "}";
       first = false;
     }
   }
@@ -368,7 +430,8 @@ int main(int argc, char** argv) {
     fs::create_directories(a.work);
     const std::string ck_dir = (fs::path(a.work) / ("ckpt-L" + std::to_string(a.layers))).string();
     const std::string ctx_path =
-        (fs::path(a.work) / ("ctx-L" + std::to_string(a.layers) + "-S" + std::to_string(a.rows) + ".safetensors")).string();
+        (fs::path(a.work) / ("ctx-L" + std::to_string(a.layers) + "-S" + std::to_string(a.rows) + ".safetensors"))
+            .string();
     auto t0 = Clock::now();
     if (!fs::exists(fs::path(ck_dir) / "config.json")) {
       SyntheticCheckpointSpec spec;  // the seed's model
@@ -388,13 +451,18 @@ int main(int argc, char** argv) {
     std::printf("synthetic checkpoint and context: %.1f s (%s, %s)\n", since(t0), ck_dir.c_str(), ctx_path.c_str());
 
     std::string acc = "null", perf = "null";
-    if (a.accuracy) acc = accuracy(a, ck, host_ctx);
-    if (a.bench) perf = bench(a, ck, host_ctx);
+    Models models(ck);
+    if (a.accuracy) acc = accuracy(a, ck, host_ctx, models);
+    if (a.bench) perf = bench(a, host_ctx, models);
     if (!a.json.empty()) {
       std::ofstream f(a.json);
       f << "{\"device\": \"" << prop.name << "\", \"sm\": \"" << prop.major << prop.minor << "\", \"accuracy\": " << acc
         << ", \"bench\": " << perf << "}\n";
       check(f.good(), a.json + ": cannot write");
+    }
+    if (g_errors) {
+      std::fprintf(stderr, "cuda_check: %d run(s) failed (see the tables)\n", g_errors);
+      return 1;
     }
     return 0;
   } catch (const std::exception& e) {

@@ -82,6 +82,9 @@ def main(out_dir):
         if acc:
             for fmt, a in acc["formats"].items():
                 bar = ACC_BARS.get(fmt, 0.999)
+                if "error" in a:
+                    check(f"accuracy {fmt}", False, "error: " + a["error"][:300])
+                    continue
                 check(f"accuracy {fmt}: every layer and v_k PCC >= {bar}",
                       a["layer_min_pcc"] >= bar and a["v_min_pcc"] >= bar,
                       f"layers >= {a['layer_min_pcc']:.7f} (layer {a['layer_min_at']}), v_k >= {a['v_min_pcc']:.7f}, "
@@ -104,6 +107,10 @@ def main(out_dir):
     if bench:
         on_h200 = "H200" in (summary.get("device") or "")
         for r in bench["runs"] + extra:
+            if "error" in r:
+                check(f"bench {r['weights']}, {r['samples']} sample(s)", False, "error: " + r["error"][:300],
+                      enforce=r.get("gemm", "default") == "default")
+                continue
             t = tmap.get(r["samples"], {})
             te, tg = t.get("transformers_eager_ms"), t.get("torch_graph_ms")
             sp = te / r["ms_per_step"] if te else None

@@ -16,7 +16,7 @@ namespace alpamayo {
 namespace {
 using test::TempDir;
 
-#define SKIP_WITHOUT_GPU()                                                     \
+#define SKIP_WITHOUT_GPU() \
   if (const std::string why = cuda_unavailable(); !why.empty()) GTEST_SKIP() << "cuda: " << why
 
 void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
@@ -60,7 +60,9 @@ struct DeviceContext {
   ~DeviceContext() {
     for (void* p : buffers) cudaFree(p);
   }
-  Context context() const { return Context::from_views(kv, file.rope_delta(), file.history(), file.v0(), "device ctx"); }
+  Context context() const {
+    return Context::from_views(kv, file.rope_delta(), file.history(), file.v0(), "device ctx");
+  }
 };
 
 TEST(CudaBackend, RegisteredWithItsFormatsAndProbe) {

@@ -8,17 +8,16 @@
 #define ALP_ROW_THREADS 64  // fewer emulated threads; the kernels loop over any block width
 #define ALPAMAYO_CUDA_EMU
 #define ALP_CUDA_NS cuda_emu
-#include "backends/cuda/cuda_util.cpp"
-#include "backends/cuda/gemm.cpp"
+#include "backends/cuda/action.cu"
+#include "backends/cuda/attention.cu"
+#include "backends/cuda/cache.cu"
 #include "backends/cuda/cuda_model.cpp"
 #include "backends/cuda/cuda_session.cpp"
 #include "backends/cuda/cuda_step.cpp"
-#include "backends/cuda/attention.cu"
+#include "backends/cuda/cuda_util.cpp"
+#include "backends/cuda/gemm.cpp"
 #include "backends/cuda/layer.cu"
-#include "backends/cuda/action.cu"
-#include "backends/cuda/cache.cu"
 #include "backends/cuda/skinny_gemm.cu"
-
 #include "conformance_util.h"
 #include "model/sampler.h"
 #include "test_util.h"
@@ -53,8 +52,12 @@ EmuRun run_emulated(const Problem& p, const Context& ctx, int steps, const std::
   r.x_steps.resize((steps + 1) * n);
   const std::vector<float> times = euler_time_grid(steps);
   std::vector<double> secs;
-  s->denoise({.x = r.x.data(), .times = times.data(), .steps = steps, .x_steps = r.x_steps.data(),
-              .v_steps = r.v_steps.data(), .step_seconds = &secs});
+  s->denoise({.x = r.x.data(),
+              .times = times.data(),
+              .steps = steps,
+              .x_steps = r.x_steps.data(),
+              .v_steps = r.v_steps.data(),
+              .step_seconds = &secs});
   EXPECT_EQ(secs.size(), size_t(steps));
   r.cap = s->captures();
   r.buffer_bytes = s->buffer_bytes();
@@ -180,7 +183,8 @@ TEST(CudaEmulated, DISABLED_FullWidthTwoLayers) {
     auto s = model->new_session();
     Binding b;
     b.kv = ctx.kv();
-    b.rope = make_rope_tables(b.kv.valid_len, ctx.rope_delta(), ck->config().T, ck->config().d, ck->config().rope_theta);
+    b.rope =
+        make_rope_tables(b.kv.valid_len, ctx.rope_delta(), ck->config().T, ck->config().d, ck->config().rope_theta);
     b.capture = {.step = 0, .layers = true};
     s->bind(b);
     std::vector<float> x = gaussian_noise(11, int64_t(ck->config().T) * 2), v(x.size());

@@ -6,12 +6,6 @@
 #define ALPAMAYO_SIMT_EMU
 #define ALP_ROW_THREADS 64  // fewer emulated threads; the kernels loop over any block width
 #define ALP_KERNEL_NS emu
-#include "backends/cuda/action.cuh"
-#include "backends/cuda/attention.cuh"
-#include "backends/cuda/cache.cuh"
-#include "backends/cuda/layer.cuh"
-#include "backends/cuda/skinny_gemm.cuh"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +13,11 @@
 #include <vector>
 
 #include "alpamayo/tensor.h"
+#include "backends/cuda/action.cuh"
+#include "backends/cuda/attention.cuh"
+#include "backends/cuda/cache.cuh"
+#include "backends/cuda/layer.cuh"
+#include "backends/cuda/skinny_gemm.cuh"
 #include "backends/reference/ops.h"
 #include "model/action_proj.h"
 #include "model/fourier.h"
@@ -68,9 +67,9 @@ struct AttnCase {
 
 TEST(CudaKernels, SplitKvAttentionMatchesTheReference) {
   const std::vector<AttnCase> cases = {
-      {1, 16, 8, 128, 64, 200, {137}, 64},      // the seed's heads, R = 128: one row tile, 4 items
-      {2, 8, 2, 48, 40, 90, {0, 90}, 128},      // R = 160: two row tiles; a sample with no cache rows
-      {1, 2, 2, 16, 5, 70, {70}, 64},           // MHA, d = 16, a key block straddling cache and own rows
+      {1, 16, 8, 128, 64, 200, {137}, 64},  // the seed's heads, R = 128: one row tile, 4 items
+      {2, 8, 2, 48, 40, 90, {0, 90}, 128},  // R = 160: two row tiles; a sample with no cache rows
+      {1, 2, 2, 16, 5, 70, {70}, 64},       // MHA, d = 16, a key block straddling cache and own rows
   };
   for (const AttnCase& c : cases) {
     const int group = c.Hq / c.Hkv, R = group * c.T, tiles = (R + 127) / 128, Rp = tiles * 128;
@@ -83,7 +82,8 @@ TEST(CudaKernels, SplitKvAttentionMatchesTheReference) {
     for (int b = 0; b < c.B; ++b)
       for (int h = 0; h < c.Hkv; ++h)
         for (int p = c.S[b]; p < c.P; ++p)
-          for (int i = 0; i < c.d; ++i) kc[((size_t(b) * c.Hkv + h) * c.P + p) * c.d + i] = vc[((size_t(b) * c.Hkv + h) * c.P + p) * c.d + i] = NAN;
+          for (int i = 0; i < c.d; ++i)
+            kc[((size_t(b) * c.Hkv + h) * c.P + p) * c.d + i] = vc[((size_t(b) * c.Hkv + h) * c.P + p) * c.d + i] = NAN;
     std::vector<uint16_t> qb = to_bf16(q), kcb = to_bf16(kc), vcb = to_bf16(vc), kob = to_bf16(ko), vob = to_bf16(vo);
 
     std::vector<AttnItem> items;
@@ -117,10 +117,11 @@ TEST(CudaKernels, SplitKvAttentionMatchesTheReference) {
     p.R = R;
     p.Rp = Rp;
     const float scale_log2 = 1.4426950408889634f / std::sqrt(float(c.d));
-    simt::launch(emu::attention_partial_k, dim3(p.n_items, c.Hkv, tiles), dim3(emu::kAttnThreads), emu::kAttnSmemBytes, p,
-                 scale_log2);
+    simt::launch(emu::attention_partial_k, dim3(p.n_items, c.Hkv, tiles), dim3(emu::kAttnThreads), emu::kAttnSmemBytes,
+                 p, scale_log2);
     const int threads = c.B * c.Hkv * R * 32;
-    simt::launch(emu::attention_merge_k, dim3((threads + 255) / 256), dim3(256), 0, p, Act::F32, static_cast<void*>(out.data()));
+    simt::launch(emu::attention_merge_k, dim3((threads + 255) / 256), dim3(256), 0, p, Act::F32,
+                 static_cast<void*>(out.data()));
 
     // Reference: per sample, q [T, Hq, d] token-major as ref::attention takes it.
     std::vector<float> want(out.size());
@@ -137,8 +138,8 @@ TEST(CudaKernels, SplitKvAttentionMatchesTheReference) {
             vt[(size_t(t) * c.Hkv + h) * c.d + i] = vo[((size_t(b) * c.Hkv + h) * c.T + t) * c.d + i];
           }
       const size_t co = size_t(b) * c.Hkv * c.P * c.d;
-      ref::attention(qt.data(), kt.data(), vt.data(), kc.data() + co, vc.data() + co, c.T, c.Hq, c.Hkv, c.d, c.P, c.S[b],
-                     want.data() + size_t(b) * c.T * c.Hq * c.d, 1);
+      ref::attention(qt.data(), kt.data(), vt.data(), kc.data() + co, vc.data() + co, c.T, c.Hq, c.Hkv, c.d, c.P,
+                     c.S[b], want.data() + size_t(b) * c.T * c.Hq * c.d, 1);
     }
     // Probabilities go through bf16 for the P V product: about 3 significant digits.
     EXPECT_LT(rel_err(out, want), 1e-2) << "B=" << c.B << " Hq=" << c.Hq << " d=" << c.d << " T=" << c.T;
@@ -228,8 +229,8 @@ TEST(CudaKernels, ResidualRmsNormInAllOutputModes) {
     std::vector<uint8_t> out(size_t(M) * D * 4);
     std::vector<float> out_rs(M);
     float* rs_out = mode == Act::FP8 ? y.rs.data() : out_rs.data();  // fp8: in place over the input's scales
-    simt::launch(emu::residual_rmsnorm_k, dim3(M), dim3(emu::kRowThreads), 0, h.data(), y.view, w.data(), D, 1e-6f, mode,
-                 static_cast<void*>(out.data()), rs_out);
+    simt::launch(emu::residual_rmsnorm_k, dim3(M), dim3(emu::kRowThreads), 0, h.data(), y.view, w.data(), D, 1e-6f,
+                 mode, static_cast<void*>(out.data()), rs_out);
     EXPECT_LT(rel_err(h, want_h), 1e-6);
     std::vector<float> got(h.size());
     for (size_t i = 0; i < got.size(); ++i) {
@@ -248,12 +249,14 @@ TEST(CudaKernels, QkNormRopeWritesHeadsInAttentionLayouts) {
   const std::vector<float> cs = randn(size_t(M) * d), sn = randn(size_t(M) * d);
   std::vector<uint16_t> q(size_t(M) * Hq * d), k(size_t(M) * Hkv * d), v(size_t(M) * Hkv * d);
   const int blocks = (M * heads + emu::kHeadWarps - 1) / emu::kHeadWarps;
-  simt::launch(emu::qk_norm_rope_k, dim3(blocks), dim3(emu::kHeadWarps * 32), emu::kHeadWarps * d * sizeof(float), qkv.view,
-               qn.data(), kn.data(), cs.data(), sn.data(), M, T, Hq, Hkv, d, 1e-6f, q.data(), k.data(), v.data());
+  simt::launch(emu::qk_norm_rope_k, dim3(blocks), dim3(emu::kHeadWarps * 32), emu::kHeadWarps * d * sizeof(float),
+               qkv.view, qn.data(), kn.data(), cs.data(), sn.data(), M, T, Hq, Hkv, d, 1e-6f, q.data(), k.data(),
+               v.data());
   std::vector<float> got, want;
   for (int m = 0; m < M; ++m)
     for (int hd = 0; hd < heads; ++hd) {
-      std::vector<float> x(qkv.dense.begin() + size_t(m) * heads * d + hd * d, qkv.dense.begin() + size_t(m) * heads * d + (hd + 1) * d);
+      std::vector<float> x(qkv.dense.begin() + size_t(m) * heads * d + hd * d,
+                           qkv.dense.begin() + size_t(m) * heads * d + (hd + 1) * d);
       const int b = m / T, t = m % T;
       const uint16_t* dst;
       if (hd < Hq + Hkv) {
@@ -278,7 +281,8 @@ TEST(CudaKernels, SiluMulAndFp8RowQuantization) {
     std::vector<uint8_t> out(size_t(M) * I * 2);
     std::vector<float> rs(M);
     float* rs_out = mode == Act::FP8 ? gu.rs.data() : rs.data();
-    simt::launch(emu::silu_mul_k, dim3(M), dim3(emu::kRowThreads), 0, gu.view, I, mode, static_cast<void*>(out.data()), rs_out);
+    simt::launch(emu::silu_mul_k, dim3(M), dim3(emu::kRowThreads), 0, gu.view, I, mode, static_cast<void*>(out.data()),
+                 rs_out);
     std::vector<float> got, want;
     for (int m = 0; m < M; ++m)
       for (int i = 0; i < I; ++i) {
@@ -300,7 +304,8 @@ TEST(CudaKernels, SiluMulAndFp8RowQuantization) {
     for (int k = 0; k < K; ++k) amax = std::max(amax, std::fabs(w[size_t(n) * K + k]));
     EXPECT_FLOAT_EQ(scale[n], amax / 448.f);
     for (int k = 0; k < K; ++k)
-      EXPECT_EQ(q[size_t(n) * K + k], uint8_t(__nv_cvt_float_to_fp8(w[size_t(n) * K + k] / scale[n], __NV_SATFINITE, __NV_E4M3)));
+      EXPECT_EQ(q[size_t(n) * K + k],
+                uint8_t(__nv_cvt_float_to_fp8(w[size_t(n) * K + k] / scale[n], __NV_SATFINITE, __NV_E4M3)));
   }
 }
 
@@ -342,20 +347,22 @@ TEST(CudaKernels, ActionProjectionsAndEulerUpdateMatchTheHost) {
     freqs.insert(freqs.end(), f.begin(), f.end());
   }
   std::vector<float> a(size_t(M) * 64), b(size_t(M) * 64), got(size_t(M) * D);
-  simt::launch(emu::fourier_k, dim3((M * W0 + 255) / 256), dim3(256), 0, x.data(), times.data(), k, freqs.data(), M, A, F,
-               a.data());
+  simt::launch(emu::fourier_k, dim3((M * W0 + 255) / 256), dim3(256), 0, x.data(), times.data(), k, freqs.data(), M, A,
+               F, a.data());
   int width = W0;
   for (int i = 0; i < 3; ++i) {
-    if (i > 0) simt::launch(emu::rms_norm_k, dim3(M), dim3(emu::kRowThreads), 0, a.data(), store[6 + i - 1].data(), width, 1e-5f, a.data());
+    if (i > 0)
+      simt::launch(emu::rms_norm_k, dim3(M), dim3(emu::kRowThreads), 0, a.data(), store[6 + i - 1].data(), width, 1e-5f,
+                   a.data());
     const int out = i < 2 ? h : D;
     const dim3 grid((out + emu::kTile - 1) / emu::kTile, (M + emu::kTile - 1) / emu::kTile);
-    simt::launch(emu::linear_f32_k, grid, dim3(emu::kTile, emu::kTile), 0, a.data(), M, width, store[i].data(), store[3 + i].data(),
-                 out, i < 2, b.data());
+    simt::launch(emu::linear_f32_k, grid, dim3(emu::kTile, emu::kTile), 0, a.data(), M, width, store[i].data(),
+                 store[3 + i].data(), out, i < 2, b.data());
     std::swap(a, b);
     width = out;
   }
-  simt::launch(emu::layer_norm_k, dim3(M), dim3(emu::kRowThreads), 0, a.data(), store[8].data(), store[9].data(), D, 1e-5f,
-               got.data());
+  simt::launch(emu::layer_norm_k, dim3(M), dim3(emu::kRowThreads), 0, a.data(), store[8].data(), store[9].data(), D,
+               1e-5f, got.data());
   EXPECT_LT(rel_err(got, want), 1e-5);
 
   // action_out_proj and the Euler update, against the host loop's arithmetic.
@@ -376,9 +383,9 @@ TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
   for (CacheType t : {CacheType::F32, CacheType::F16, CacheType::BF16}) {
     std::vector<float> v = randn(size_t(B) * H * P * d);
     auto at = [&](int b, int h, int p, int i) -> float& { return v[((size_t(b) * H + h) * P + p) * d + i]; };
-    at(1, 0, 5, 2) = NAN;       // padding of sample 1: ignored
-    at(1, 2, 3, 7) = INFINITY;  // valid: found
-    at(1, 2, 2, 0) = -INFINITY; // valid and earlier: this one
+    at(1, 0, 5, 2) = NAN;        // padding of sample 1: ignored
+    at(1, 2, 3, 7) = INFINITY;   // valid: found
+    at(1, 2, 2, 0) = -INFINITY;  // valid and earlier: this one
     std::vector<uint8_t> bytes(v.size() * 4);
     for (size_t i = 0; i < v.size(); ++i) {
       if (t == CacheType::F32) std::memcpy(&bytes[4 * i], &v[i], 4);
@@ -386,8 +393,8 @@ TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
       if (t != CacheType::F32) std::memcpy(&bytes[2 * i], &h16, 2);
     }
     unsigned long long first = ~0ull;
-    simt::launch(emu::scan_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d, S.data(),
-                 &first);
+    simt::launch(emu::scan_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
+                 S.data(), &first);
     EXPECT_EQ(first, ((size_t(1) * H + 2) * P + 2) * d + 0);
     std::vector<uint16_t> conv(v.size(), 0);
     at(1, 2, 3, 7) = at(1, 2, 2, 0) = 0.f;
@@ -399,7 +406,9 @@ TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
           for (int i = 0; i < d; ++i) {
             const size_t idx = ((size_t(b) * H + hh) * P + p) * d + i;
             if (!std::isfinite(bf16_to_f32(conv[idx]))) continue;
-            const float src = t == CacheType::F32 ? v[idx] : t == CacheType::F16 ? f16_to_f32(f32_to_f16(v[idx])) : bf16_round(v[idx]);
+            const float src = t == CacheType::F32   ? v[idx]
+                              : t == CacheType::F16 ? f16_to_f32(f32_to_f16(v[idx]))
+                                                    : bf16_round(v[idx]);
             EXPECT_EQ(conv[idx], f32_to_bf16(src));
           }
   }

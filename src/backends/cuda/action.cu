@@ -25,8 +25,7 @@ void rms_norm_f32(cudaStream_t s, const float* x, const float* w, int M, int n, 
   ALP_LAUNCHED("rms_norm_f32");
 }
 
-void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float* b, int M, int n, float eps,
-                    float* y) {
+void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float* b, int M, int n, float eps, float* y) {
   ALP_LAUNCH(kern::layer_norm_k, M, kern::kRowThreads, 0, s)(x, w, b, n, eps, y);
   ALP_LAUNCHED("layer_norm_f32");
 }
@@ -34,7 +33,8 @@ void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float*
 void out_proj_euler(cudaStream_t s, const float* hidden, const float* W, const float* b, int M, int D, int A,
                     const float* times, int k, float* x, float* v_out, float* x_out) {
   const int threads = M * A * 32;
-  ALP_LAUNCH(kern::out_proj_euler_k, (threads + 255) / 256, 256, 0, s)(hidden, W, b, M, D, A, times, k, x, v_out, x_out);
+  ALP_LAUNCH(kern::out_proj_euler_k, (threads + 255) / 256, 256, 0, s)
+  (hidden, W, b, M, D, A, times, k, x, v_out, x_out);
   ALP_LAUNCHED("out_proj_euler");
 }
 

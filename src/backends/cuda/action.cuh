@@ -6,7 +6,6 @@
 
 namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
 
-
 // One thread per feature: out[m][i*F + j], i <= A (A action dims, then time), j < F.
 __global__ void fourier_k(const float* x, const float* times, int k, const float* freqs, int M, int A, int F,
                           float* out) {
@@ -24,8 +23,7 @@ __global__ void fourier_k(const float* x, const float* times, int k, const float
 
 constexpr int kTile = 16;
 
-__global__ void linear_f32_k(const float* x, int M, int K, const float* W, const float* b, int N, bool act,
-                             float* y) {
+__global__ void linear_f32_k(const float* x, int M, int K, const float* W, const float* b, int N, bool act, float* y) {
   __shared__ float xs[kTile][kTile + 1], ws[kTile][kTile + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int m = blockIdx.y * kTile + ty, n = blockIdx.x * kTile + tx, wn = blockIdx.x * kTile + ty;
@@ -55,8 +53,8 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_k(const float* x, const 
   for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
 }
 
-__global__ void __launch_bounds__(kRowThreads) layer_norm_k(const float* x, const float* w, const float* b, int n,
-                                                            float eps, float* y) {
+__global__ void __launch_bounds__(kRowThreads)
+    layer_norm_k(const float* x, const float* w, const float* b, int n, float eps, float* y) {
   __shared__ float red[32];
   const float* xr = x + size_t(blockIdx.x) * n;
   float* yr = y + size_t(blockIdx.x) * n;

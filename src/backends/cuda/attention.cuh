@@ -29,8 +29,8 @@ __global__ void __launch_bounds__(kAttnThreads, 1) attention_partial_k(AttnParam
   const int d = p.d, T = p.T;
   const size_t bg = size_t(it.b) * p.Hkv + g;
   const int row0 = blockIdx.z * kAttnRowsPerCta + warp * 16;  // this warp's first query row
-  const int nks = (d + 15) / 16;                               // k-steps of the score matmul
-  const int d16 = nks * 16;                                    // head dim padded with zeros in shared memory
+  const int nks = (d + 15) / 16;                              // k-steps of the score matmul
+  const int d16 = nks * 16;                                   // head dim padded with zeros in shared memory
 
   // Query fragments (A operand, row-major 16 x 16 per k-step): a0 (row gr, col 2tq), a1 (row gr+8),
   // a2 (col +8), a3 (row +8, col +8). Rows >= R and columns >= d are zero.

@@ -3,6 +3,7 @@
 // F32/F16 caches to the bf16 the attention kernel reads.
 #pragma once
 #include <cuda_fp16.h>
+
 #include "backends/cuda/kernels_common.cuh"
 
 namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {

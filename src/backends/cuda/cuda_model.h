@@ -22,19 +22,19 @@ struct DeviceLinear {
 
 struct DeviceLayer {
   DeviceBuffer input_norm, post_norm, q_norm, k_norm;  // fp32
-  DeviceLinear qkv;      // [Wq; Wk; Wv]: [(Hq + 2 Hkv) d, D]
-  DeviceLinear o;        // [D, Hq d]
-  DeviceLinear gate_up;  // [Wgate; Wup]: [2 I, D]
-  DeviceLinear down;     // [D, I]
+  DeviceLinear qkv;                                    // [Wq; Wk; Wv]: [(Hq + 2 Hkv) d, D]
+  DeviceLinear o;                                      // [D, Hq d]
+  DeviceLinear gate_up;                                // [Wgate; Wup]: [2 I, D]
+  DeviceLinear down;                                   // [D, I]
 };
 
 // action_in_proj and action_out_proj in fp32 (they are small; the host projections are fp32 too).
 struct DeviceActionProj {
-  DeviceBuffer freqs;                      // [(A+1), F/2]
+  DeviceBuffer freqs;  // [(A+1), F/2]
   std::vector<DeviceBuffer> trunk_w, trunk_b, trunk_norm;
   std::vector<int> trunk_in, trunk_out;
   DeviceBuffer ln_w, ln_b;
-  DeviceBuffer out_w, out_b;               // [A, D], [A]
+  DeviceBuffer out_w, out_b;  // [A, D], [A]
 };
 
 // Why this backend cannot run here (empty: it can), and its loader; cuda_backend.h exports them.

@@ -58,9 +58,10 @@ void CudaSession::release() {
   owned_cache_.clear();
   k_cache_.clear();
   v_cache_.clear();
-  for (DeviceBuffer* b : {&S_dev_, &cos_, &sin_, &h_, &hidden_, &act_, &act_rs_, &y_, &attn_f32_, &q_, &k_own_,
-                          &v_own_, &x_, &feat_a_, &feat_b_, &items_, &item_range_, &part_o_, &part_m_, &part_l_,
-                          &cap_emb_, &cap_hidden_, &cap_layers_, &workspace_})
+  for (DeviceBuffer* b :
+       {&S_dev_,      &cos_,    &sin_,    &h_,      &hidden_,  &act_,        &act_rs_,     &y_,
+        &attn_f32_,   &q_,      &k_own_,  &v_own_,  &x_,       &feat_a_,     &feat_b_,     &items_,
+        &item_range_, &part_o_, &part_m_, &part_l_, &cap_emb_, &cap_hidden_, &cap_layers_, &workspace_})
     *b = DeviceBuffer();
   cap_ = Captures{};
 }
@@ -331,7 +332,8 @@ void CudaSession::denoise(const DenoiseArgs& a) {
     cap_.emb.resize(nd);
     cap_.hidden.resize(nd);
     ALP_CUDA(cudaMemcpyAsync(cap_.emb.data(), cap_emb_.get(), nd * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    ALP_CUDA(cudaMemcpyAsync(cap_.hidden.data(), cap_hidden_.get(), nd * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    ALP_CUDA(
+        cudaMemcpyAsync(cap_.hidden.data(), cap_hidden_.get(), nd * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     if (req_.layers) {
       cap_.layers.assign(cfg_.L, std::vector<float>(nd));
       for (int l = 0; l < cfg_.L; ++l)
@@ -362,9 +364,10 @@ void CudaSession::denoise(const DenoiseArgs& a) {
 
 size_t CudaSession::buffer_bytes() const {
   size_t n = 0;
-  for (const DeviceBuffer* b : {&S_dev_, &cos_, &sin_, &h_, &hidden_, &act_, &act_rs_, &y_, &attn_f32_, &q_, &k_own_,
-                                &v_own_, &x_, &feat_a_, &feat_b_, &items_, &item_range_, &part_o_, &part_m_, &part_l_,
-                                &cap_emb_, &cap_hidden_, &cap_layers_, &workspace_})
+  for (const DeviceBuffer* b :
+       {&S_dev_,      &cos_,    &sin_,    &h_,      &hidden_,  &act_,        &act_rs_,     &y_,
+        &attn_f32_,   &q_,      &k_own_,  &v_own_,  &x_,       &feat_a_,     &feat_b_,     &items_,
+        &item_range_, &part_o_, &part_m_, &part_l_, &cap_emb_, &cap_hidden_, &cap_layers_, &workspace_})
     n += b->bytes();
   for (const DeviceBuffer& b : owned_cache_) n += b.bytes();
   for (const auto& [steps, r] : runs_) n += r->times.bytes() + r->x_hist.bytes() + r->v_hist.bytes();

@@ -63,7 +63,7 @@ class CudaSession final : public BackendSession {
   CaptureRequest req_;
   Captures cap_;
   std::vector<const uint16_t*> k_cache_, v_cache_;  // per layer, bf16 [B, Hkv, P, d] on the device
-  std::vector<DeviceBuffer> owned_cache_;            // uploads and conversions
+  std::vector<DeviceBuffer> owned_cache_;           // uploads and conversions
   DeviceBuffer S_dev_, cos_, sin_;
   DeviceBuffer h_, hidden_, act_, act_rs_, y_, attn_f32_, q_, k_own_, v_own_, x_;
   DeviceBuffer feat_a_, feat_b_;

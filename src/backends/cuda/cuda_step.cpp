@@ -46,7 +46,8 @@ void CudaSession::enqueue_step(Run& r, int k) {
   }
   layer_norm_f32(stream_, cur, p.ln_w.as<float>(), p.ln_b.as<float>(), M, D, 1e-5f, h_.as<float>());
   if (capture)
-    ALP_CUDA(cudaMemcpyAsync(cap_emb_.get(), h_.get(), size_t(M) * D * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    ALP_CUDA(
+        cudaMemcpyAsync(cap_emb_.get(), h_.get(), size_t(M) * D * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 
   const Act mode = m_.fp8_activations() ? Act::FP8 : Act::BF16;
   residual_rmsnorm(stream_, h_.as<float>(), MatOut{}, m_.layers()[0].input_norm.as<float>(), M, D, eps, mode,
@@ -76,8 +77,8 @@ void CudaSession::enqueue_layer(int l, bool capture) {
 
   // Attention block.
   const MatOut qkv = mm_qkv_.run(lt_, w.qkv, act_.get(), rs, y, ws, wsb, stream_);
-  qk_norm_rope(stream_, qkv, w.q_norm.as<float>(), w.k_norm.as<float>(), cos_.as<float>(), sin_.as<float>(), B_, T_,
-               Hq, Hkv, d, eps, q_.as<uint16_t>(), k_own_.as<uint16_t>(), v_own_.as<uint16_t>());
+  qk_norm_rope(stream_, qkv, w.q_norm.as<float>(), w.k_norm.as<float>(), cos_.as<float>(), sin_.as<float>(), B_, T_, Hq,
+               Hkv, d, eps, q_.as<uint16_t>(), k_own_.as<uint16_t>(), v_own_.as<uint16_t>());
   AttnParams ap = attn_;
   ap.k_cache = k_cache_[l];
   ap.v_cache = v_cache_[l];
@@ -89,7 +90,8 @@ void CudaSession::enqueue_layer(int l, bool capture) {
     attention_merge(stream_, ap, Act::BF16, act_.get());
   }
   const MatOut o = mm_o_.run(lt_, w.o, act_.get(), rs, y, ws, wsb, stream_);
-  residual_rmsnorm(stream_, h_.as<float>(), o, w.post_norm.as<float>(), M, D, eps, mode, act_.get(), act_rs_.as<float>());
+  residual_rmsnorm(stream_, h_.as<float>(), o, w.post_norm.as<float>(), M, D, eps, mode, act_.get(),
+                   act_rs_.as<float>());
 
   // MLP block; its residual add carries the next norm (the next layer's input_norm, or the final norm).
   const MatOut gu = mm_gu_.run(lt_, w.gate_up, act_.get(), rs, y, ws, wsb, stream_);

@@ -15,8 +15,8 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : n_(bytes) {
   if (e != cudaSuccess) {
     p_ = nullptr;
     (void)cudaGetLastError();  // an allocation failure is not sticky; clear it for later calls
-    throw Error("cuda backend: cannot allocate " + std::to_string(bytes) + " bytes of device memory: " +
-                cudaGetErrorString(e));
+    throw Error("cuda backend: cannot allocate " + std::to_string(bytes) +
+                " bytes of device memory: " + cudaGetErrorString(e));
   }
 }
 
@@ -41,8 +41,8 @@ PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
   if (e != cudaSuccess) {
     p_ = nullptr;
     (void)cudaGetLastError();
-    throw Error("cuda backend: cannot allocate " + std::to_string(bytes) + " bytes of pinned host memory: " +
-                cudaGetErrorString(e));
+    throw Error("cuda backend: cannot allocate " + std::to_string(bytes) +
+                " bytes of pinned host memory: " + cudaGetErrorString(e));
   }
 }
 

@@ -1,11 +1,12 @@
 // Error checks and owning device / pinned host buffers for the cuda backend. Library code throws
 // alpamayo::Error naming the failed call; destructors never throw.
 #pragma once
-#include "backends/cuda/cuda_ns.h"
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <string>
+
+#include "backends/cuda/cuda_ns.h"
 
 #ifdef ALPAMAYO_CUDA_EMU
 #include "backends/cuda/fake_cuda.h"
@@ -27,7 +28,10 @@ class DeviceBuffer {
   DeviceBuffer() = default;
   explicit DeviceBuffer(size_t bytes);
   ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -35,7 +39,9 @@ class DeviceBuffer {
   void* get() const { return p_; }
   size_t bytes() const { return n_; }
   template <class T>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
   explicit operator bool() const { return p_ != nullptr; }
 
  private:
@@ -49,7 +55,10 @@ class PinnedBuffer {
   PinnedBuffer() = default;
   explicit PinnedBuffer(size_t bytes);
   ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
@@ -57,7 +66,9 @@ class PinnedBuffer {
   void* get() const { return p_; }
   size_t bytes() const { return n_; }
   template <class T>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
 
  private:
   void* p_ = nullptr;

@@ -181,7 +181,8 @@ inline cudaError_t EventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 inline cudaError_t EventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned) { return EventRecord(e, s); }
 inline cudaError_t EventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
-  *ms = std::chrono::duration<float, std::milli>(reinterpret_cast<Event*>(b)->t - reinterpret_cast<Event*>(a)->t).count();
+  *ms =
+      std::chrono::duration<float, std::milli>(reinterpret_cast<Event*>(b)->t - reinterpret_cast<Event*>(a)->t).count();
   return cudaSuccess;
 }
 
@@ -271,7 +272,8 @@ inline cublasStatus_t LtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const v
                                const void*, cublasLtMatrixLayout_t, void* D, cublasLtMatrixLayout_t ld,
                                const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t s) {
   const Desc ds = *reinterpret_cast<Desc*>(d);
-  const Layout a = *reinterpret_cast<Layout*>(la), b = *reinterpret_cast<Layout*>(lb), o = *reinterpret_cast<Layout*>(ld);
+  const Layout a = *reinterpret_cast<Layout*>(la), b = *reinterpret_cast<Layout*>(lb),
+               o = *reinterpret_cast<Layout*>(ld);
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   if (o.type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
   const uint64_t m = o.rows, n = o.cols, k = ds.ta == CUBLAS_OP_T ? a.rows : a.cols;

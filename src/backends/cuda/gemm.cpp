@@ -39,10 +39,9 @@ void LtMatmul::plan(cublasLtHandle_t lt, bool fp8, int N, int K, int M, size_t w
   check_cublas(cublasLtMatmulPreferenceCreate(&pref), name + ": preference");
   cublasLtMatmulHeuristicResult_t res[8] = {};
   int found = 0;
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                           sizeof(ws_bytes));
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(lt, desc_, a_, b_, d_, d_, pref, 8, res, &found);
+  cublasStatus_t st =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(lt, desc_, a_, b_, d_, d_, pref, 8, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   check_cublas(st, name + ": cublasLtMatmulAlgoGetHeuristic");
   int pick = -1;

@@ -3,10 +3,11 @@
 // as uint16_t and fp8 e4m3 values as uint8_t, so this header needs no CUDA math headers.
 // Sizes are validated by the caller (the session); kernels assume them.
 #pragma once
-#include "backends/cuda/cuda_ns.h"
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "backends/cuda/cuda_ns.h"
 
 namespace alpamayo::ALP_CUDA_NS {
 
@@ -73,8 +74,7 @@ void linear_f32(cudaStream_t s, const float* x, int M, int K, const float* W, co
 // y = w * (x / sqrt(mean(x^2) + eps)) per row (in place allowed).
 void rms_norm_f32(cudaStream_t s, const float* x, const float* w, int M, int n, float eps, float* y);
 // LayerNorm per row with biased variance (two passes), eps as given.
-void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float* b, int M, int n, float eps,
-                    float* y);
+void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float* b, int M, int n, float eps, float* y);
 // v [M, A] = hidden [M, D] W^T + b (fp32); x += (times[k+1] - times[k]) v without FMA contraction, as the
 // host does; writes v to v_out and the new x to x_out.
 void out_proj_euler(cudaStream_t s, const float* hidden, const float* W, const float* b, int M, int D, int A,
@@ -107,15 +107,15 @@ struct AttnParams {
   const uint16_t* q = nullptr;        // [B, Hkv, R, d] (= [B, Hq, T, d])
   const uint16_t* k_cache = nullptr;  // [B, Hkv, P, d]
   const uint16_t* v_cache = nullptr;
-  const uint16_t* k_own = nullptr;    // [B, Hkv, T, d]
+  const uint16_t* k_own = nullptr;  // [B, Hkv, T, d]
   const uint16_t* v_own = nullptr;
-  const AttnItem* items = nullptr;    // device, n_items
-  const int* item_range = nullptr;    // device, [B, 2]: first item and item count of each sample
-  float* part_o = nullptr;            // [n_items, Hkv, Rp, d]
-  float* part_m = nullptr;            // [n_items, Hkv, Rp]
+  const AttnItem* items = nullptr;  // device, n_items
+  const int* item_range = nullptr;  // device, [B, 2]: first item and item count of each sample
+  float* part_o = nullptr;          // [n_items, Hkv, Rp, d]
+  float* part_m = nullptr;          // [n_items, Hkv, Rp]
   float* part_l = nullptr;
   int n_items = 0, B = 0, Hkv = 0, group = 0, T = 0, P = 0, d = 0;
-  int R = 0, Rp = 0;                  // query rows per (b, g), padded to the CTA row tile
+  int R = 0, Rp = 0;  // query rows per (b, g), padded to the CTA row tile
 };
 
 void attention_partial(cudaStream_t s, const AttnParams& p);

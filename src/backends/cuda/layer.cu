@@ -1,6 +1,6 @@
 // Launchers of the layer row kernels (layer.cuh).
-#include "backends/cuda/layer.cuh"
 #include "backends/cuda/cuda_util.h"
+#include "backends/cuda/layer.cuh"
 
 namespace alpamayo::ALP_CUDA_NS {
 
@@ -17,8 +17,8 @@ void qk_norm_rope(cudaStream_t s, const MatOut& qkv, const float* q_norm, const 
                   uint16_t* v) {
   const int M = B * T, units = M * (Hq + 2 * Hkv);
   const int blocks = (units + kHeadWarps - 1) / kHeadWarps;
-  ALP_LAUNCH(kern::qk_norm_rope_k, blocks, kHeadWarps * 32, kHeadWarps * d * sizeof(float), s)(
-      qkv, q_norm, k_norm, cos, sin, M, T, Hq, Hkv, d, eps, q, k, v);
+  ALP_LAUNCH(kern::qk_norm_rope_k, blocks, kHeadWarps * 32, kHeadWarps * d * sizeof(float), s)
+  (qkv, q_norm, k_norm, cos, sin, M, T, Hq, Hkv, d, eps, q, k, v);
   ALP_LAUNCHED("qk_norm_rope");
 }
 

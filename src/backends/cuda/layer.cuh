@@ -5,10 +5,9 @@
 
 namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
 
-
 // Writes w * (h * inv) for one row as `mode`; fp8 needs a pass for the row's max first.
-__device__ __forceinline__ void write_normed_row(const float* hr, const float* w, float inv, int D, Act mode,
-                                                 void* out, float* out_rs, int m, float* red) {
+__device__ __forceinline__ void write_normed_row(const float* hr, const float* w, float inv, int D, Act mode, void* out,
+                                                 float* out_rs, int m, float* red) {
   if (mode == Act::F32) {
     float* o = static_cast<float*>(out) + size_t(m) * D;
     for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = w[i] * (hr[i] * inv);
@@ -25,8 +24,8 @@ __device__ __forceinline__ void write_normed_row(const float* hr, const float* w
   }
 }
 
-__global__ void __launch_bounds__(kRowThreads) residual_rmsnorm_k(float* h, MatOut y, const float* w, int D,
-                                                                  float eps, Act mode, void* out, float* out_rs) {
+__global__ void __launch_bounds__(kRowThreads)
+    residual_rmsnorm_k(float* h, MatOut y, const float* w, int D, float eps, Act mode, void* out, float* out_rs) {
   __shared__ float red[32];
   const int m = blockIdx.x;
   float* hr = h + size_t(m) * D;
@@ -49,10 +48,9 @@ __global__ void __launch_bounds__(kRowThreads) residual_rmsnorm_k(float* h, MatO
 // One warp per (row, head): heads [0, Hq) are queries, [Hq, Hq+Hkv) keys, then values.
 constexpr int kHeadWarps = 4;
 
-__global__ void __launch_bounds__(kHeadWarps * 32) qk_norm_rope_k(MatOut qkv, const float* q_norm, const float* k_norm,
-                                                                  const float* cos, const float* sin, int M, int T,
-                                                                  int Hq, int Hkv, int d, float eps, uint16_t* q,
-                                                                  uint16_t* k, uint16_t* v) {
+__global__ void __launch_bounds__(kHeadWarps * 32)
+    qk_norm_rope_k(MatOut qkv, const float* q_norm, const float* k_norm, const float* cos, const float* sin, int M,
+                   int T, int Hq, int Hkv, int d, float eps, uint16_t* q, uint16_t* k, uint16_t* v) {
   ALP_DYNAMIC_SMEM(float, rows);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int heads = Hq + 2 * Hkv;

@@ -13,16 +13,14 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
-
-#include <algorithm>
+#include <math.h>
 #include <ucontext.h>
 
-#include <functional>
-#include <math.h>
-
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>

@@ -9,9 +9,11 @@ namespace alpamayo::ALP_CUDA_NS {
 int skinny_gemm_ctas_per_sm(bool fp8) {
   int n = 0;
   if (fp8)
-    ALP_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern::skinny_gemm_k<true>, kern::kGemmThreads, kern::GemmCfg<true>::kSmem));
+    ALP_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern::skinny_gemm_k<true>, kern::kGemmThreads,
+                                                           kern::GemmCfg<true>::kSmem));
   else
-    ALP_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern::skinny_gemm_k<false>, kern::kGemmThreads, kern::GemmCfg<false>::kSmem));
+    ALP_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern::skinny_gemm_k<false>, kern::kGemmThreads,
+                                                           kern::GemmCfg<false>::kSmem));
   return n > 0 ? n : 1;
 }
 
@@ -34,16 +36,19 @@ void skinny_gemm(cudaStream_t s, const SkinnyPlan& p, const uint16_t* X, const v
   const dim3 grid((p.N + kern::kCh - 1) / kern::kCh, (p.M + kern::kTok - 1) / kern::kTok, p.splits);
   const uint8_t* w = static_cast<const uint8_t*>(W);
   if (p.fp8)
-    ALP_LAUNCH(kern::skinny_gemm_k<true>, grid, kern::kGemmThreads, kern::GemmCfg<true>::kSmem, s)(X, w, Y, p.M, p.N, p.K, p.chunks_per_split, split_stride);
+    ALP_LAUNCH(kern::skinny_gemm_k<true>, grid, kern::kGemmThreads, kern::GemmCfg<true>::kSmem, s)
+    (X, w, Y, p.M, p.N, p.K, p.chunks_per_split, split_stride);
   else
-    ALP_LAUNCH(kern::skinny_gemm_k<false>, grid, kern::kGemmThreads, kern::GemmCfg<false>::kSmem, s)(X, w, Y, p.M, p.N, p.K, p.chunks_per_split,
-                                                                    split_stride);
+    ALP_LAUNCH(kern::skinny_gemm_k<false>, grid, kern::kGemmThreads, kern::GemmCfg<false>::kSmem, s)
+    (X, w, Y, p.M, p.N, p.K, p.chunks_per_split, split_stride);
   ALP_LAUNCHED("skinny_gemm");
 }
 
 void preload_gemm_kernels() {
-  ALP_CUDA(cudaFuncSetAttribute(kern::skinny_gemm_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kern::GemmCfg<true>::kSmem));
-  ALP_CUDA(cudaFuncSetAttribute(kern::skinny_gemm_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kern::GemmCfg<false>::kSmem));
+  ALP_CUDA(cudaFuncSetAttribute(kern::skinny_gemm_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kern::GemmCfg<true>::kSmem));
+  ALP_CUDA(cudaFuncSetAttribute(kern::skinny_gemm_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kern::GemmCfg<false>::kSmem));
 }
 
 }  // namespace alpamayo::ALP_CUDA_NS

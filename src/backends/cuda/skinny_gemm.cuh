@@ -1,6 +1,6 @@
-// The skinny weight matmul of our own (device code; skinny_gemm.cu launches it): Y_s [M, N] = X [M, K] W[:, ks]^T over the K range of split s, with
-// X bf16 and W bf16 or fp8 e4m3 (converted to bf16 in registers, exactly: W8A16), fp32 accumulation on
-// tensor cores (mma.sync m16n8k16). Built for M = 64 * B token rows against wide weights: the weight
+// The skinny weight matmul of our own (device code; skinny_gemm.cu launches it): Y_s [M, N] = X [M, K] W[:, ks]^T over
+// the K range of split s, with X bf16 and W bf16 or fp8 e4m3 (converted to bf16 in registers, exactly: W8A16), fp32
+// accumulation on tensor cores (mma.sync m16n8k16). Built for M = 64 * B token rows against wide weights: the weight
 // rows are the MMA's M side (swap-AB), a CTA streams 128 weight rows x 64 tokens through a multi-stage
 // cp.async pipeline, and split-K spreads small N over every SM. The splits are summed by the consumers in
 // a fixed order (bitwise reproducible; no atomics).
@@ -9,18 +9,17 @@
 
 namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
 
-
 constexpr int kGemmWarps = 4;
 constexpr int kGemmThreads = kGemmWarps * 32;
 constexpr int kCh = kGemmWarps * 32;  // weight rows (output channels) per CTA: 32 per warp
-constexpr int kTok = 64;          // token rows per CTA
-constexpr int kKC = 64;           // K per pipeline stage
+constexpr int kTok = 64;              // token rows per CTA
+constexpr int kKC = 64;               // K per pipeline stage
 
 template <bool kFp8>
 struct GemmCfg {
-  static constexpr int kStages = kFp8 ? 4 : 3;                   // <= 99 KB of shared memory (sm_89, sm_120)
-  static constexpr int kWRow = kKC * (kFp8 ? 1 : 2) + 16;        // bytes per weight row in shared memory
-  static constexpr int kXRow = kKC * 2 + 16;                     // bytes per token row
+  static constexpr int kStages = kFp8 ? 4 : 3;             // <= 99 KB of shared memory (sm_89, sm_120)
+  static constexpr int kWRow = kKC * (kFp8 ? 1 : 2) + 16;  // bytes per weight row in shared memory
+  static constexpr int kXRow = kKC * 2 + 16;               // bytes per token row
   static constexpr int kStageBytes = kCh * kWRow + kTok * kXRow;
   static constexpr int kSmem = kStages * kStageBytes;
 };
@@ -40,9 +39,9 @@ __device__ __forceinline__ uint32_t weight_pair(const uint8_t* row, int k) {
 }
 
 template <bool kFp8>
-__global__ void __launch_bounds__(kGemmThreads) skinny_gemm_k(const uint16_t* __restrict__ X, const uint8_t* __restrict__ W,
-                                                          float* __restrict__ Y, int M, int N, int K,
-                                                          int chunks_per_split, size_t split_stride) {
+__global__ void __launch_bounds__(kGemmThreads)
+    skinny_gemm_k(const uint16_t* __restrict__ X, const uint8_t* __restrict__ W, float* __restrict__ Y, int M, int N,
+                  int K, int chunks_per_split, size_t split_stride) {
   using C = GemmCfg<kFp8>;
   ALP_DYNAMIC_SMEM(uint8_t, smem);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
