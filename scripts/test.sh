@@ -6,10 +6,10 @@ scripts/setup.sh --python
 VENV="${ALPAMAYO_VENV:-$HOME/.cache/alpamayo-expert/venv}"
 echo "== ctest"
 ctest --test-dir build --output-on-failure -j"$(nproc)"
-echo "== reference-only build (no oneDNN) under ThreadSanitizer: the whole C++ suite"
-# Proves the engine builds without the cpu backend, and that sessions sharing a model race on nothing.
-cmake -S . -B build-ref-tsan -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_C_FLAGS="-fsanitize=thread" \
+echo "== reference-only build (no oneDNN, no CUDA) under ThreadSanitizer: the whole C++ suite"
+# Proves the engine builds without the cpu and cuda backends, and that sessions sharing a model race on nothing.
+cmake -S . -B build-ref-tsan -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_C_FLAGS="-fsanitize=thread" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
 cmake --build build-ref-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
 TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/alpamayo_tests --gtest_brief=1

@@ -154,7 +154,7 @@ Run add_sample(CLI::App& app) {
   app.add_option("--backend", a->backend, "backend: " + [] { std::string s; for (auto& n : backend_names()) s += n + " "; return s; }());
   app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--weights", a->weights,
-                 "weight format (cpu: bf16 | int8 | bfp8_b | bfp4_b; reference: f32 | bfp8_b | bfp4_b; default: the "
+                 "weight format (cuda: bf16 | fp8; cpu: bf16 | int8 | bfp8_b | bfp4_b; reference: f32 | bfp8_b | bfp4_b; default: the "
                  "backend's first)");
   app.add_option("--bf16-weights", a->bf16_weights,
                  "block formats: matrices kept in bf16, comma-separated: qkv,o,gate,up,down (default: none)")

@@ -122,7 +122,7 @@ Run add_demo(CLI::App& app) {
   app.add_option("--batch", a->batch, "trajectories sampled at once")->check(CLI::Range(1, 64));
   app.add_option("--backend", a->backend, "backend");
   app.add_option("--threads", a->threads, "threads (default: all cores)");
-  app.add_option("--weights", a->weights, "weight format (cpu: bf16 | int8; default: the backend's first)");
+  app.add_option("--weights", a->weights, "weight format (cuda: bf16 | fp8; cpu: bf16 | int8; reference: f32; default: the backend's first)");
   app.add_option("--steps", a->steps, "Euler steps (default from config)");
   app.add_option("--seed", a->seed, "noise seed");
   return [a] {

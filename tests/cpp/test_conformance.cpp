@@ -263,6 +263,9 @@ Tolerance tolerance(const std::string& format) {
   if (format == "bf16") return {0.9999, 0.012, 0.999, 0.05, 0.01};
   if (format == "int8") return {0.999, 0.07, 0.99, 0.15, 0.1};
   if (format == "bfp8_b" || format == "bfp4_b") return {0.9999, 0.012, 0.999, 0.05, 0.01};
+  // fp8 (the cuda backend: e4m3 weights with per-output-channel scales, bf16 activations), from a host emulation
+  // of its rounding on this table: layers PCC >= 0.99900, <= 6.2%; v_k >= 0.9949, <= 16%; trajectories <= 20%.
+  if (format == "fp8") return {0.997, 0.15, 0.985, 0.4, 0.5};
   ADD_FAILURE() << "no tolerance stated for weight format '" << format << "': add it to tolerance()";
   return {1, 0, 1, 0, 0};
 }

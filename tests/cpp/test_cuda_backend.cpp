@@ -1,0 +1,165 @@
+// The cuda backend beyond the conformance suite (which compares it with the reference): caches bound
+// from GPU memory without a copy, the device-side NaN/Inf scan of such caches, graph replays against
+// eager launches, per-step timings and recapture when the step count changes. Every test that needs a
+// GPU reports itself skipped, with the reason, on a machine without one.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "alpamayo/engine.h"
+#include "backends/cuda/cuda_backend.h"
+#include "test_util.h"
+
+namespace alpamayo {
+namespace {
+using test::TempDir;
+
+#define SKIP_WITHOUT_GPU() \
+  if (const std::string why = cuda_unavailable(); !why.empty()) GTEST_SKIP() << "cuda: " << why
+
+void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+
+// A checkpoint and a context file of the tiny test size (B = 3, ragged valid lengths).
+struct Fixture {
+  TempDir tmp;
+  std::shared_ptr<const Checkpoint> ck;
+  explicit Fixture(DType cache = DType::BF16) {
+    auto spec = test::tiny_spec();
+    spec.d = 32;
+    write_synthetic_checkpoint(tmp / "ck", spec);
+    ck = Checkpoint::open(tmp / "ck");
+    SyntheticContextSpec cs;
+    cs.B = 3;
+    cs.P = 40;
+    cs.valid_len = {40, 17, 0};
+    cs.rope_delta = {-7, 2, 0};
+    cs.dtype = cache;
+    write_synthetic_context(tmp / "ctx", ck->config(), cs);
+  }
+  Context host() const { return Context::open(tmp / "ctx"); }
+};
+
+// The context's cache tensors copied into GPU memory, and a context over those device views.
+struct DeviceContext {
+  std::vector<void*> buffers;
+  Context file;
+  KVCache kv;
+  explicit DeviceContext(Context f) : file(std::move(f)), kv(file.kv()) {
+    for (auto* list : {&kv.key, &kv.value})
+      for (TensorView& t : *list) {
+        void* p = nullptr;
+        cuda_ok(cudaMalloc(&p, t.nbytes()));
+        cuda_ok(cudaMemcpy(p, t.data, t.nbytes(), cudaMemcpyHostToDevice));
+        buffers.push_back(p);
+        t.data = p;
+        t.device = {DeviceType::CUDA, 0};
+      }
+  }
+  ~DeviceContext() {
+    for (void* p : buffers) cudaFree(p);
+  }
+  Context context() const {
+    return Context::from_views(kv, file.rope_delta(), file.history(), file.v0(), "device ctx");
+  }
+};
+
+TEST(CudaBackend, RegisteredWithItsFormatsAndProbe) {
+  const BackendInfo& b = find_backend("cuda");
+  EXPECT_EQ(b.weight_formats, (std::vector<std::string>{"bf16", "fp8"}));
+  const std::string why = b.unavailable();
+  if (!why.empty()) {
+    // The default backend must be one that runs here.
+    EXPECT_NE(backend_names().front(), "cuda");
+    Fixture f;
+    test::expect_error([&] { Model::load(f.ck, "cuda"); }, {"backend cuda cannot run here", why});
+  }
+}
+
+TEST(CudaBackend, DeviceCacheIsBoundInPlaceAndMatchesTheHostCache) {
+  SKIP_WITHOUT_GPU();
+  for (DType cache : {DType::BF16, DType::F32})
+    for (const char* format : {"bf16", "fp8"}) {
+      Fixture f(cache);
+      auto m = Model::load(f.ck, "cuda", {.weights = format});
+      Session on_host(m), on_gpu(m);
+      on_host.bind(f.host());
+      DeviceContext dc(f.host());
+      on_gpu.bind(dc.context());
+      const SampleResult a = on_host.sample({.seed = 3, .all_steps = true});
+      const SampleResult b = on_gpu.sample({.seed = 3, .all_steps = true});
+      EXPECT_EQ(a.action, b.action) << format << " " << dtype_name(cache);
+      EXPECT_EQ(a.v_steps, b.v_steps) << format << " " << dtype_name(cache);
+      if (cache == DType::BF16) {
+        // The host cache was uploaded into the session's own buffers; the device cache was not copied.
+        const size_t cache_bytes = 2 * size_t(f.ck->config().L) * dc.kv.key[0].nbytes();
+        EXPECT_GE(on_host.buffer_bytes(), on_gpu.buffer_bytes() + cache_bytes) << format;
+      }
+    }
+}
+
+TEST(CudaBackend, NonFiniteDeviceCacheRowsAreNamed) {
+  SKIP_WITHOUT_GPU();
+  Fixture f;
+  auto m = Model::load(f.ck, "cuda");
+  DeviceContext dc(f.host());
+  const ExpertConfig& c = f.ck->config();
+  const int P = dc.kv.P, d = dc.kv.d, H = dc.kv.Hkv;
+  auto poke = [&](int layer, int b, int h, int row, int col, uint16_t bits) {
+    uint16_t* p = static_cast<uint16_t*>(const_cast<void*>(dc.kv.value[layer].data));
+    cuda_ok(cudaMemcpy(p + ((size_t(b) * H + h) * P + row) * d + col, &bits, 2, cudaMemcpyHostToDevice));
+  };
+  Session s(m);
+  poke(1, 1, 1, 20, 3, 0x7fc0);  // NaN in a padding row of sample 1 (S = 17): never read, no error
+  poke(1, 2, 0, 0, 0, 0x7f80);   // +Inf in sample 2, which has no valid rows
+  s.bind(dc.context());
+  poke(c.L - 1, 1, 0, 16, 5, 0x7fc0);  // NaN in the last valid row of sample 1
+  test::expect_error([&] { s.bind(dc.context()); }, {dc.kv.value[c.L - 1].name, "non-finite", "[1, 0, 16, 5]"});
+  EXPECT_FALSE(s.bound());
+}
+
+TEST(CudaBackend, GraphReplayEqualsEagerLaunches) {
+  SKIP_WITHOUT_GPU();
+  Fixture f;
+  for (const char* format : {"bf16", "fp8"}) {
+    setenv("ALPAMAYO_CUDA_GRAPHS", "0", 1);
+    auto eager_model = Model::load(f.ck, "cuda", {.weights = format});
+    unsetenv("ALPAMAYO_CUDA_GRAPHS");
+    auto graph_model = Model::load(f.ck, "cuda", {.weights = format});
+    Session eager(eager_model), graph(graph_model);
+    eager.bind(f.host(), {.capture = {.step = 1, .layers = true}});
+    graph.bind(f.host(), {.capture = {.step = 1, .layers = true}});
+    for (int rep = 0; rep < 2; ++rep) {  // the second graph run is a replay
+      const SampleResult a = eager.sample({.seed = 9, .all_steps = true});
+      const SampleResult b = graph.sample({.seed = 9, .all_steps = true});
+      EXPECT_EQ(a.action, b.action) << format;
+      EXPECT_EQ(a.v_steps, b.v_steps) << format;
+      EXPECT_EQ(a.x_steps, b.x_steps) << format;
+      EXPECT_EQ(eager.captures().layers, graph.captures().layers) << format;
+      EXPECT_EQ(eager.captures().hidden, graph.captures().hidden) << format;
+      EXPECT_EQ(graph.captures().step, 1);
+    }
+  }
+}
+
+TEST(CudaBackend, StepTimesAndRecaptureForOtherStepCounts) {
+  SKIP_WITHOUT_GPU();
+  Fixture f;
+  auto m = Model::load(f.ck, "cuda");
+  Session s(m), fresh(m);
+  s.bind(f.host());
+  const SampleResult three = s.sample({.steps = 3, .seed = 1});
+  ASSERT_EQ(three.step_seconds.size(), 3u);
+  for (double t : three.step_seconds) EXPECT_GT(t, 0.0);
+  const SampleResult five = s.sample({.steps = 5, .seed = 1});
+  EXPECT_EQ(s.sample({.steps = 3, .seed = 1}).action, three.action);
+  fresh.bind(f.host());
+  EXPECT_EQ(fresh.sample({.steps = 5, .seed = 1}).action, five.action);
+  // Long samples run without a graph (eagerly launched), with the same results as a graph would give.
+  const SampleResult longer = s.sample({.steps = 70, .seed = 1});
+  EXPECT_EQ(longer.steps, 70);
+}
+
+}  // namespace
+}  // namespace alpamayo
