@@ -40,7 +40,7 @@ class BlockWeights {
   int N() const { return N_; }
   const uint8_t* data() const { return buf_ ? static_cast<const uint8_t*>(buf_->data()) : nullptr; }
   size_t bytes() const { return bytes_; }
-  // Byte offset of panel p, and of tile row tr within it (bfp) / of pair row kp within it (bf16).
+  // Byte offset of panel p (64 output columns; within it tile rows, or bf16 pair rows, follow each other).
   size_t panel_offset(int p) const;
   int tile_rows() const { return (K_ + 31) / 32; }
 
