@@ -1,8 +1,10 @@
 #include "entry_points.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -27,6 +29,7 @@ struct Fixture {
   Fixture() {
     const char* shm = "/dev/shm";
     const fs::path base = fs::is_directory(shm) && access(shm, W_OK) == 0 ? fs::path(shm) : fs::temp_directory_path();
+    remove_stale(base);
     root = base / ("alpamayo-fuzz-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()));
     fs::create_directories(root);
     SyntheticCheckpointSpec s;
@@ -46,7 +49,21 @@ struct Fixture {
     scratch = root / "scratch";
     fs::create_directories(scratch);
     cfg = Checkpoint::open(a2.string())->config();
-    std::atexit([] { std::error_code ec; fs::remove_all(get().root, ec); });
+  }
+  ~Fixture() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+  // Fixtures of processes that ended without running destructors (libFuzzer exits with _Exit on a finding
+  // or a timeout).
+  static void remove_stale(const fs::path& base) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(base, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("alpamayo-fuzz-", 0) != 0) continue;
+      const int pid = std::atoi(n.c_str() + 14);
+      if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+    }
   }
   static Fixture& get() {
     static Fixture f;
