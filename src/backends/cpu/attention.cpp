@@ -6,6 +6,7 @@
 
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/isa.h"
 
 namespace alpamayo::cpu {
 
@@ -37,11 +38,7 @@ void init_partial(const AttnGeometry& g, float* O, float* m, float* l) {
   std::fill(l, l + g.Rp, 0.f);
 }
 
-bool cpu_has_avx512_bf16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
+bool cpu_has_avx512_bf16() { return isa().has(kAvx512 | kAvx512Bf16); }
 
 void attend_chunk(bool use_avx512_bf16, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0,
                   int j1, float* O, float* m, float* l, AttnScratch& scratch) {

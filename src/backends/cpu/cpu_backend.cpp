@@ -6,6 +6,7 @@
 
 #include "alpamayo/error.h"
 #include "backends/cpu/cpu_backend_impl.h"
+#include "backends/cpu/isa.h"
 
 namespace alpamayo {
 
@@ -115,7 +116,7 @@ void CpuModel::pack_layer_blocks(const std::vector<float>& qkv, const LayerWeigh
 }
 
 CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
-    : opts_(opts),
+    : opts_((isa(), opts)),  // the ISA cap must reach oneDNN before its first primitive
       wf_(parse_weight_format(opts)),
       wtype_(parse_weights(opts.weights)),
       nthreads_(resolve_threads(opts.threads)),

@@ -1,0 +1,133 @@
+#include "backends/cpu/isa.h"
+
+#include <cpuid.h>
+#include <dnnl.hpp>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+
+#include "alpamayo/error.h"
+
+namespace alpamayo::cpu {
+namespace {
+
+struct Regs {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+};
+
+Regs cpuid(unsigned leaf, unsigned sub) {
+  Regs r;
+  if (!__get_cpuid_count(leaf, sub, &r.a, &r.b, &r.c, &r.d)) r = Regs{};
+  return r;
+}
+
+uint64_t xgetbv0() {
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (uint64_t(hi) << 32) | lo;
+}
+
+bool bit(unsigned v, int i) { return (v >> i) & 1u; }
+
+// Linux hands out the AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
+bool request_amx() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+uint32_t detect() {
+  uint32_t f = 0;
+  const Regs l1 = cpuid(1, 0);
+  if (!bit(l1.c, 27)) return 0;  // no OSXSAVE: the OS saves no AVX state
+  const uint64_t xcr0 = xgetbv0();
+  const bool ymm = (xcr0 & 0x6) == 0x6, zmm = ymm && (xcr0 & 0xe0) == 0xe0;
+  const bool tiles = (xcr0 & 0x60000) == 0x60000;
+  const Regs l7 = cpuid(7, 0), l71 = cpuid(7, 1);
+  if (ymm && bit(l7.b, 5) && bit(l1.c, 12) && bit(l1.c, 29) && bit(l1.c, 28)) f |= kAvx2Fma;
+  if ((f & kAvx2Fma) && zmm && bit(l7.b, 16) && bit(l7.b, 17) && bit(l7.b, 30) && bit(l7.b, 31)) f |= kAvx512;
+  if ((f & kAvx512) && bit(l7.c, 11)) f |= kAvx512Vnni;
+  if ((f & kAvx512) && bit(l71.a, 5)) f |= kAvx512Bf16;
+  if ((f & kAvx2Fma) && bit(l71.a, 4)) f |= kAvxVnni;
+  if ((f & kAvx512) && bit(l7.d, 24) && (bit(l7.d, 22) || bit(l7.d, 25)) && request_amx() &&
+      (xgetbv0() & 0x60000) == 0x60000) {
+    (void)tiles;
+    if (bit(l7.d, 22)) f |= kAmxBf16;
+    if (bit(l7.d, 25)) f |= kAmxInt8;
+  }
+  return f;
+}
+
+struct CapName {
+  const char* name;
+  uint32_t bits;
+  dnnl::cpu_isa onednn;
+};
+constexpr uint32_t kAll = kAvx2Fma | kAvx512 | kAvx512Vnni | kAvx512Bf16 | kAvxVnni | kAmxBf16 | kAmxInt8;
+const CapName kCaps[] = {
+    {"avx2", kAvx2Fma, dnnl::cpu_isa::avx2},
+    {"avx2_vnni", kAvx2Fma | kAvxVnni, dnnl::cpu_isa::avx2_vnni},
+    {"avx512", kAvx2Fma | kAvx512, dnnl::cpu_isa::avx512_core},
+    {"avx512_vnni", kAvx2Fma | kAvx512 | kAvx512Vnni, dnnl::cpu_isa::avx512_core_vnni},
+    {"avx512_bf16", kAvx2Fma | kAvx512 | kAvx512Vnni | kAvx512Bf16 | kAvxVnni, dnnl::cpu_isa::avx512_core_bf16},
+    {"amx", kAll, dnnl::cpu_isa::all},
+    {"all", kAll, dnnl::cpu_isa::all},
+};
+
+const CapName& cap_entry(const std::string& name) {
+  for (const CapName& c : kCaps)
+    if (name == c.name) return c;
+  std::string ok;
+  for (const CapName& c : kCaps) ok += std::string(ok.empty() ? "" : ", ") + c.name;
+  throw Error("ALPAMAYO_CPU_ISA=\"" + name + "\" is not an instruction-set cap; use one of: " + ok);
+}
+
+}  // namespace
+
+std::string isa_names(uint32_t bits) {
+  static const std::pair<uint32_t, const char*> names[] = {
+      {kAvx2Fma, "avx2_fma"}, {kAvx512, "avx512"},     {kAvx512Vnni, "avx512_vnni"}, {kAvx512Bf16, "avx512_bf16"},
+      {kAvxVnni, "avx_vnni"}, {kAmxBf16, "amx_bf16"}, {kAmxInt8, "amx_int8"}};
+  std::string s;
+  for (const auto& [b, n] : names)
+    if (bits & b) s += std::string(s.empty() ? "" : " ") + n;
+  return s.empty() ? "none" : s;
+}
+
+uint32_t isa_cap_from_name(const std::string& name) { return cap_entry(name).bits; }
+
+std::string IsaInfo::describe() const {
+  std::string s = isa_names(usable);
+  if (const uint32_t off = detected & ~usable) s += " [off by ALPAMAYO_CPU_ISA=" + cap + ": " + isa_names(off) + "]";
+  return s;
+}
+
+const IsaInfo& isa() {
+  static IsaInfo info;
+  static std::once_flag once;
+  static std::string error;
+  std::call_once(once, [] {
+    info.detected = info.usable = detect();
+    const char* env = std::getenv("ALPAMAYO_CPU_ISA");
+    if (!env || !*env) return;
+    info.cap = env;
+    try {
+      const CapName& c = cap_entry(info.cap);
+      info.usable &= c.bits;
+      // Also caps oneDNN's JIT kernels; fails only if a primitive already exists (then say so).
+      if (dnnl::set_max_cpu_isa(c.onednn) != dnnl::status::success)
+        error = "ALPAMAYO_CPU_ISA=" + info.cap + ": oneDNN's instruction set was already fixed in this process";
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  if (!error.empty()) throw Error(error);
+  return info;
+}
+
+}  // namespace alpamayo::cpu

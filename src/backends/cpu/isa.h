@@ -1,0 +1,46 @@
+// What the CPU and the operating system let this process execute, detected once per process with CPUID
+// and XGETBV (and, for AMX, Linux's permission request), optionally capped by ALPAMAYO_CPU_ISA. Every
+// ISA-specific kernel is compiled in its own translation unit with its own target flags and is called only
+// after a check here (docs/CPU_BACKEND.md, "Kernels chosen at run time").
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace alpamayo::cpu {
+
+// Instruction-set features, as bits. Each holds only if the OS also saves the registers it needs.
+enum IsaBit : uint32_t {
+  kAvx2Fma = 1u << 0,     // AVX2 + FMA + F16C: the portable build's baseline
+  kAvx512 = 1u << 1,      // AVX-512 F, BW, VL, DQ
+  kAvx512Vnni = 1u << 2,  // AVX512-VNNI (vpdpbusd on zmm)
+  kAvx512Bf16 = 1u << 3,  // AVX512-BF16 (vdpbf16ps)
+  kAvxVnni = 1u << 4,     // AVX-VNNI (vpdpbusd on ymm)
+  kAmxBf16 = 1u << 5,     // AMX tiles with bf16 (the OS granted the tile state)
+  kAmxInt8 = 1u << 6,     // AMX tiles with int8
+};
+
+struct IsaInfo {
+  uint32_t detected = 0;  // what CPUID/XGETBV/the OS expose
+  uint32_t usable = 0;    // detected, capped by ALPAMAYO_CPU_ISA
+  std::string cap;        // the ALPAMAYO_CPU_ISA value in force ("" when unset)
+  bool has(uint32_t bits) const { return (usable & bits) == bits; }
+  // "avx2_fma avx512 avx512_vnni avx512_bf16" (usable), with the capped-away features in brackets.
+  std::string describe() const;
+};
+
+// Detected once (thread-safe). ALPAMAYO_CPU_ISA caps what the kernels may use:
+//   avx2        AVX2 + FMA: the portable baseline
+//   avx2_vnni   AVX2 + FMA + AVX-VNNI
+//   avx512      + AVX-512 F/BW/VL/DQ
+//   avx512_vnni + AVX512-VNNI
+//   avx512_bf16 + AVX512-BF16
+//   amx / all   everything detected (the default)
+// An unknown value is an error naming the variable and the accepted values. The cap also limits oneDNN
+// (dnnl::set_max_cpu_isa) before its first primitive, so that no code path can exceed it.
+const IsaInfo& isa();
+
+// Names for messages and for ALPAMAYO_CPU_ISA; bits_from_name throws alpamayo::Error on unknown names.
+std::string isa_names(uint32_t bits);
+uint32_t isa_cap_from_name(const std::string& name);
+
+}  // namespace alpamayo::cpu
