@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
@@ -128,6 +129,56 @@ const IsaInfo& isa() {
   });
   if (!error.empty()) throw Error(error);
   return info;
+}
+
+std::string forced_kernel(const std::string& op) {
+  bool known = false;
+  for (const char* o : kKernelOps) known = known || op == o;
+  const char* env = std::getenv("ALPAMAYO_CPU_KERNELS");
+  const std::string ops = [] {
+    std::string s;
+    for (const char* o : kKernelOps) s += std::string(s.empty() ? "" : ", ") + o;
+    return s;
+  }();
+  if (!known) throw Error("cpu backend: no kernel choice for op \"" + op + "\" (ops: " + ops + ")");
+  if (!env || !*env) return "";
+  std::string found;
+  const std::string v = env;
+  size_t pos = 0;
+  while (pos <= v.size()) {
+    const size_t end = std::min(v.find(',', pos), v.size());
+    const std::string item = v.substr(pos, end - pos);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+      throw Error("ALPAMAYO_CPU_KERNELS=\"" + v + "\": \"" + item + "\" is not op=kernel (ops: " + ops + ")");
+    const std::string o = item.substr(0, eq);
+    bool ok = false;
+    for (const char* k : kKernelOps) ok = ok || o == k;
+    if (!ok) throw Error("ALPAMAYO_CPU_KERNELS=\"" + v + "\": unknown op \"" + o + "\" (ops: " + ops + ")");
+    if (o == op) found = item.substr(eq + 1);
+    pos = end + 1;
+  }
+  return found;
+}
+
+namespace {
+std::mutex choices_mu;
+std::vector<KernelChoice> choices;
+}  // namespace
+
+void record_kernel_choice(const KernelChoice& c) {
+  std::lock_guard<std::mutex> lk(choices_mu);
+  for (KernelChoice& e : choices)
+    if (e.op == c.op) {
+      e = c;
+      return;
+    }
+  choices.push_back(c);
+}
+
+std::vector<KernelChoice> kernel_choices() {
+  std::lock_guard<std::mutex> lk(choices_mu);
+  return choices;
 }
 
 }  // namespace alpamayo::cpu

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace alpamayo::cpu {
 
@@ -42,5 +43,21 @@ const IsaInfo& isa();
 // Names for messages and for ALPAMAYO_CPU_ISA; bits_from_name throws alpamayo::Error on unknown names.
 std::string isa_names(uint32_t bits);
 uint32_t isa_cap_from_name(const std::string& name);
+
+// Kernel choice per op. The ops with several kernels are listed in kKernelOps; ALPAMAYO_CPU_KERNELS
+// ("attention=avx2_fma,matmul_bf16=onednn") forces one. forced_kernel() returns the forced name for op
+// ("" if none) and throws alpamayo::Error for a malformed variable or an op not in kKernelOps; the op's
+// selector must reject a name it does not know or cannot run here, naming the candidates.
+inline constexpr const char* kKernelOps[] = {"attention", "matmul_bf16", "matmul_int8"};
+std::string forced_kernel(const std::string& op);
+
+// What was chosen, for inspect, --profile and the benchmarks: per op the kernel, why ("forced",
+// "fastest of ...", "only one"), and the throughput it was measured at (GFLOP/s; 0 if not measured).
+struct KernelChoice {
+  std::string op, kernel, why;
+  double gflops = 0;
+};
+void record_kernel_choice(const KernelChoice& c);  // replaces an earlier choice for the same op
+std::vector<KernelChoice> kernel_choices();
 
 }  // namespace alpamayo::cpu
