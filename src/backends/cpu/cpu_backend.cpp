@@ -293,10 +293,11 @@ size_t CpuSession::step_buffer_bytes() const {
 }
 
 void CpuSession::plan_attention() {
-  // Chunks of the key sequences so that every thread gets about two items of similar size; one chunk per
-  // (b, g) whenever that already balances (the seed: 8 heads over 2 threads), avoiding merges. Samples
-  // sharing a prompt attend to its rows in cascade items (the prompt read once for all of them), whose
-  // cost counts the number of samples.
+  // Chunks of the key sequences sized from the context alone, never from the thread count, so that the
+  // online-softmax blocks and log-sum-exp merges, and with them every rounding, are the same for any
+  // number of threads: about kAttnItems items of similar size (enough to balance 8 to 16 threads), at least
+  // 4 key blocks each. Samples sharing a prompt attend to its rows in cascade items (the prompt read once
+  // for all of them), whose cost counts the number of samples.
   const int Hkv = cfg_.Hkv;
   auto own_rows = [&](int b) {  // keys of b's own sample items
     return (shares_prompt(b) ? 0 : kv_.valid_len[kv_.prompt(b)] - kv_.pad(kv_.prompt(b))) + kv_.suffix(b) + T_;
@@ -306,7 +307,8 @@ void CpuSession::plan_attention() {
   for (int p = 0; p < kv_.G; ++p)
     if (members_[p].size() > 1)
       total += int64_t(Hkv) * members_[p].size() * (kv_.valid_len[p] - kv_.pad(p));
-  const int64_t target = (total + 2 * nthreads_ - 1) / (2 * nthreads_);
+  constexpr int64_t kAttnItems = 32;  // 4 chunks per head at the seed's size: +2% attention time (docs/CPU_BACKEND.md)
+  const int64_t target = (total + kAttnItems - 1) / kAttnItems;
   const int64_t chunk = std::max<int64_t>(4 * kKeyBlock, (target + kKeyBlock - 1) / kKeyBlock * kKeyBlock);
   items_.clear();
   merge_slots_.assign(size_t(B_) * Hkv, {});
