@@ -15,6 +15,18 @@ cmake --build build-ref-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-exper
 TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/alpamayo_tests --gtest_brief=1
 echo "== the C API test under ThreadSanitizer (threads sharing one model through the C API)"
 TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/test_capi build-ref-tsan/alpamayo-expert
+echo "== ASan + UBSan (with float-cast-overflow) build of the engine with the cpu backend: C++ suite, C API, CLI tests"
+# Every finding aborts (-fno-sanitize-recover). The CLI tests (hostile inputs and error paths) run against
+# this build's CLI; tests/python/cli.py fails a test whose run printed a sanitizer report.
+SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer"
+cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+cmake --build build-asan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
+build-asan/alpamayo_tests --gtest_brief=1
+build-asan/test_capi build-asan/alpamayo-expert
+ALPAMAYO_CLI="$PWD/build-asan/alpamayo-expert" PYTHONPATH="$PWD/python" \
+  "$VENV/bin/python" -m pytest tests/python/test_cli_errors.py tests/python/test_hostile.py -q
 echo "== the Python module: pip install . into $VENV"
 # scikit-build-core with the pinned nanobind of requirements.txt; the build directory build/python-<tag> is kept,
 # so a rerun compiles only what changed. The tests then import the installed module.

@@ -1,13 +1,13 @@
 // What the conformance suite compares and how (tests/cpp/test_conformance.cpp): the table of shapes, random
-// problems held in memory, the comparison statistics and the tolerances of each weight format. Shared with
-// the cuda backend's emulated run (tests/cpp/test_cuda_emulated.cpp).
+// problems held in memory, the targets (every registered backend x weight format), the comparison statistics
+// and the tolerances of each weight format. Shared with the cuda backend's emulated run
+// (tests/cpp/test_cuda_emulated.cpp).
 #pragma once
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -16,29 +16,56 @@
 #include <vector>
 
 #include "alpamayo/engine.h"
+#include "alpamayo/error.h"
 #include "model/fourier.h"
 
 namespace alpamayo::conformance {
 
+// How a context's cache rows are laid out (docs/FORMATS.md): G = S.size() prompts of P rows with S[g] rows
+// in use, of which the first pad[g] are left padding; B samples (rope_delta.size()), sample b reading
+// prompt prompt_of[b] (default b) and suffix rows [0, suffix[b]) of a [B, Hkv, Q, d] suffix cache.
+struct CtxSpec {
+  int P;
+  std::vector<int64_t> S, rope_delta;
+  std::vector<int64_t> prompt_of{}, pad{};
+  int Q = 0;
+  std::vector<int64_t> suffix{};
+  std::string key() const {
+    std::string k = std::to_string(P) + "/" + std::to_string(Q);
+    for (const auto* v : {&S, &rope_delta, &prompt_of, &pad, &suffix}) {
+      k += "|";
+      for (int64_t x : *v) k += std::to_string(x) + ",";
+    }
+    return k;
+  }
+};
+
 struct Shape {
   std::string name;
-  int L, D, Hq, Hkv, d, I, T, P;
-  std::vector<int64_t> S;           // valid cache rows per sample (B = S.size())
-  std::vector<int64_t> rope_delta;  // per sample, negative as multimodal prompts make them
-  DType wdt, cdt;                   // checkpoint weight and cache dtypes
+  int L, D, Hq, Hkv, d, I, T;
+  CtxSpec ctx;
+  DType wdt, cdt;  // checkpoint weight and cache dtypes
   int steps;
 };
 
-// GQA 1:1, 2:1 and 4:1; head dims 16 to 128; B 1 to 3 with S_b from 0 to P; negative rope deltas; f32, f16
-// and bf16 weights and caches; NaN in every padding row (a backend that reads one fails). The f16 shape has
-// enough rows for the cpu backend to split a sample's keys into chunks merged by log-sum-exp.
+// GQA 1:1, 2:1 and 4:1; head dims 16 to 128; B 1 to 6 with S_b from 0 to P; negative rope deltas; f32, f16
+// and bf16 weights and caches; NaN in every row no sample may read (after S, in the left padding, after a
+// suffix), so a backend that reads one fails. The f16 shapes have enough rows for the cpu backend to split
+// keys into chunks merged by log-sum-exp; the shared-prompt shapes (several samples naming one prompt, each
+// with its own suffix rows, left padding) exercise the cascade over a prompt stored once.
 inline const std::vector<Shape>& shapes() {
+  using D = DType;
   static const std::vector<Shape> s = {
-      {"mha_d16_B1_f32", 2, 32, 2, 2, 16, 64, 8, 12, {12}, {-5}, DType::F32, DType::F32, 3},
-      {"gqa2_d64_B3_bf16", 2, 64, 4, 2, 64, 128, 16, 40, {0, 17, 40}, {-30, 0, 7}, DType::BF16, DType::BF16, 3},
-      {"gqa4_d128_B2_f16_chunks", 2, 128, 8, 2, 128, 256, 8, 700, {650, 1}, {-250, 3}, DType::F16, DType::F16, 2},
-      {"gqa2_d48_B2_mixed", 2, 96, 2, 1, 48, 288, 5, 9, {3, 0}, {-2, -9}, DType::BF16, DType::F32, 3},
-      {"gqa2_d32_T64_B1_bf16", 3, 64, 4, 2, 32, 160, 64, 100, {100}, {-1200}, DType::BF16, DType::BF16, 4},
+      {"mha_d16_B1_f32", 2, 32, 2, 2, 16, 64, 8, {12, {12}, {-5}}, D::F32, D::F32, 3},
+      {"gqa2_d64_B3_bf16", 2, 64, 4, 2, 64, 128, 16, {40, {0, 17, 40}, {-30, 0, 7}}, D::BF16, D::BF16, 3},
+      {"gqa4_d128_B2_f16_chunks", 2, 128, 8, 2, 128, 256, 8, {700, {650, 1}, {-250, 3}}, D::F16, D::F16, 2},
+      {"gqa2_d48_B2_mixed", 2, 96, 2, 1, 48, 288, 5, {9, {3, 0}, {-2, -9}}, D::BF16, D::F32, 3},
+      {"gqa2_d32_T64_B1_bf16", 3, 64, 4, 2, 32, 160, 64, {100, {100}, {-1200}}, D::BF16, D::BF16, 4},
+      {"shared_G2_B4_suffix_leftpad", 2, 64, 4, 2, 32, 128, 8,
+       {30, {30, 22}, {-10, -10, 4, -10}, {0, 0, 1, 0}, {3, 0}, 7, {5, 0, 7, 2}}, D::BF16, D::BF16, 3},
+      {"shared_G1_B6_chunks_f16", 2, 128, 8, 2, 64, 256, 16,
+       {600, {600}, {-300, -300, -300, -300, -300, -300}, {0, 0, 0, 0, 0, 0}, {40}, 120, {100, 120, 0, 37, 64, 119}},
+       D::F16, D::F16, 2},
   };
   return s;
 }
@@ -84,35 +111,50 @@ class Problem {
     w.action_out = {matrix(cfg.A, D, 0.5f), vec(cfg.A, 0.f, 0.1f)};
   }
 
-  std::shared_ptr<const Model> model(const std::string& backend, const std::string& format, int threads = 2) const {
+  std::shared_ptr<const Model> model(const std::string& backend, const std::string& format, int threads = 2,
+                                     const std::vector<std::string>& bf16_weights = {}) const {
     BackendOptions o;
     o.weights = format;
     o.threads = threads;
+    o.bf16_weights = bf16_weights;
     return Model::from_weights(cfg, w, store_, backend, o);
   }
 
-  // A context of this shape's batch, or of another (B, P, S, rope deltas) for rebinding tests.
-  Context context() { return context(s_.P, s_.S, s_.rope_delta); }
-  // The same arguments give the same context (the values are drawn once).
-  Context context(int P, const std::vector<int64_t>& S, const std::vector<int64_t>& rd) {
-    std::string key = std::to_string(P);
-    for (int64_t v : S) key += "," + std::to_string(v);
-    for (int64_t v : rd) key += ";" + std::to_string(v);
+  // A context of this shape's layout, or of another one (rebinding, guidance). The same spec gives the same
+  // context (the values are drawn once).
+  Context context() { return context(s_.ctx); }
+  Context context(const CtxSpec& c) {
+    const std::string key = c.key();
     if (auto it = contexts_.find(key); it != contexts_.end()) return it->second;
     KVCache kv;
-    kv.B = static_cast<int>(S.size());
+    kv.G = static_cast<int>(c.S.size());
+    kv.B = static_cast<int>(c.rope_delta.size());
     kv.Hkv = s_.Hkv;
-    kv.P = P;
+    kv.P = c.P;
     kv.d = s_.d;
-    kv.valid_len = S;
+    kv.valid_len = c.S;
+    kv.prefix_pad = c.pad;
+    kv.prompt_of = c.prompt_of;
+    std::vector<int64_t> lo = c.pad.empty() ? std::vector<int64_t>(kv.G, 0) : c.pad;
     for (int l = 0; l < s_.L; ++l) {
-      kv.key.push_back(cache(P, S, "key." + std::to_string(l)));
-      kv.value.push_back(cache(P, S, "value." + std::to_string(l)));
+      kv.key.push_back(cache(c.P, lo, c.S, "key." + std::to_string(l)));
+      kv.value.push_back(cache(c.P, lo, c.S, "value." + std::to_string(l)));
     }
-    std::vector<float> v0(S.size());
-    for (size_t b = 0; b < S.size(); ++b) v0[b] = 3.f + 2.f * b;
-    return contexts_.emplace(key, Context::from_views(kv, rd, std::nullopt, v0, "conformance context")).first->second;
+    if (c.Q > 0) {
+      kv.Q = c.Q;
+      kv.suffix_len = c.suffix;
+      const std::vector<int64_t> zero(kv.B, 0);
+      for (int l = 0; l < s_.L; ++l) {
+        kv.suffix_key.push_back(cache(c.Q, zero, c.suffix, "suffix_key." + std::to_string(l)));
+        kv.suffix_value.push_back(cache(c.Q, zero, c.suffix, "suffix_value." + std::to_string(l)));
+      }
+    }
+    std::vector<float> v0(kv.B);
+    for (int b = 0; b < kv.B; ++b) v0[b] = 3.f + 2.f * b;
+    return contexts_.emplace(key, Context::from_views(kv, c.rope_delta, std::nullopt, v0, "conformance context"))
+        .first->second;
   }
+  int batch() const { return static_cast<int>(s_.ctx.rope_delta.size()); }
 
   ExpertConfig cfg;
   ModelWeights w;
@@ -142,17 +184,17 @@ class Problem {
     return store(v, {n}, s_.wdt);
   }
   TensorView norm_weight(int n) { return vec(n, 1.f, 0.1f); }
-  // [B, Hkv, P, d]: N(0,1) rows below S_b, NaN garbage beyond (must never be read).
-  TensorView cache(int P, const std::vector<int64_t>& S, std::string name) {
+  // [N, Hkv, P, d]: N(0,1) rows in [lo[i], hi[i]), NaN garbage elsewhere (must never be read).
+  TensorView cache(int P, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi, std::string name) {
     std::normal_distribution<float> n(0.f, 1.f);
-    const int B = static_cast<int>(S.size());
-    std::vector<float> v(size_t(B) * s_.Hkv * P * s_.d);
+    const int N = static_cast<int>(hi.size());
+    std::vector<float> v(size_t(N) * s_.Hkv * P * s_.d);
     size_t i = 0;
-    for (int b = 0; b < B; ++b)
+    for (int b = 0; b < N; ++b)
       for (int h = 0; h < s_.Hkv; ++h)
         for (int p = 0; p < P; ++p)
-          for (int c = 0; c < s_.d; ++c, ++i) v[i] = p < S[b] ? n(rng_) : NAN;
-    return store(v, {B, s_.Hkv, P, s_.d}, s_.cdt, std::move(name));
+          for (int c = 0; c < s_.d; ++c, ++i) v[i] = p >= lo[b] && p < hi[b] ? n(rng_) : NAN;
+    return store(v, {N, s_.Hkv, P, s_.d}, s_.cdt, std::move(name));
   }
 
   Shape s_;
@@ -195,11 +237,12 @@ inline Stats compare(const std::vector<float>& a, const std::vector<float>& ref)
 //         (14 mm of 9 m).
 //   int8: layers PCC >= 0.99978, <= 3.0%; v_k PCC >= 0.9972, <= 6.5%; trajectories <= 4.2% (0.38 m of 9 m:
 //         the tiny models' velocity fields have more gain than the full-size one, where int8 deviates 2.35 cm).
-//   fp8 (the cuda backend: e4m3 weights with per-output-channel scales, bf16 activations), measured by a host
-//         emulation of its rounding on this table: layers PCC >= 0.99900, max-abs <= 6.2%; v_k PCC >= 0.9949,
-//         <= 16%; trajectories <= 20% (the T = 64 shape's sampler gain). At full size (64 layers, S = 4700,
-//         emulated) the layers keep PCC >= 0.99981 and v_0 0.99945: docs/CUDA_BACKEND.md.
-// The bounds leave 2-3x margin. f32: an exact fp32 backend (the reference itself), summation order only.
+//   bfp8_b, bfp4_b (against the reference with the same block-quantised weights, oracle_format(), so only the bf16
+//         activations differ, as for bf16): layers PCC >= 0.999995, max-abs <= 0.53%; v_k PCC >= 0.99990,
+//         <= 0.87%; trajectories <= 0.29%. They take the bf16 row. (What the formats themselves do, against f32:
+//         BlockFormatsAgainstF32 below.)
+// The bounds leave 2-3x margin. f32: an exact fp32 backend (the reference itself), summation order only; the
+// reference's bfp8_b / bfp4_b are its own oracle (the same code and weights), also exact.
 struct Tolerance {
   double layer_pcc, layer_rel, sampler_pcc, sampler_rel, traj_rel;
 };
@@ -207,10 +250,38 @@ inline Tolerance tolerance(const std::string& format) {
   if (format == "f32") return {0.999999, 1e-4, 0.999999, 1e-4, 1e-5};
   if (format == "bf16") return {0.9999, 0.012, 0.999, 0.05, 0.01};
   if (format == "int8") return {0.999, 0.07, 0.99, 0.15, 0.1};
+  if (format == "bfp8_b" || format == "bfp4_b") return {0.9999, 0.012, 0.999, 0.05, 0.01};
+  // fp8 (the cuda backend: e4m3 weights with per-output-channel scales, bf16 activations), from a host emulation
+  // of its rounding on this table: layers PCC >= 0.99900, <= 6.2%; v_k >= 0.9949, <= 16%; trajectories <= 20%.
   if (format == "fp8") return {0.997, 0.15, 0.985, 0.4, 0.5};
   ADD_FAILURE() << "no tolerance stated for weight format '" << format << "': add it to tolerance()";
   return {1, 0, 1, 0, 0};
 }
+
+struct Target {
+  std::string backend, format;
+};
+inline std::vector<Target> targets() {
+  std::vector<Target> t;
+  for (const BackendInfo& b : registered_backends())
+    for (const std::string& f : b.weight_formats) t.push_back({b.name, f});
+  return t;
+}
+
+// A backend that cannot run on this machine (a GPU backend without a GPU) is reported as skipped, never
+// as passed. Returns the reason, empty when the target runs.
+inline std::string unavailable(const Target& t) { return find_backend(t.backend).unavailable(); }
+#define SKIP_IF_UNAVAILABLE(t)                                                  \
+  if (const std::string why = unavailable(t); !why.empty()) GTEST_SKIP() << (t).backend << ": " << why
+
+// The oracle of a format: the reference backend with the same weight format where it offers it (the same
+// rounded weights, so only the kernels differ), else the exact fp32 reference.
+inline std::string oracle_format(const std::string& format) {
+  for (const std::string& f : find_backend("reference").weight_formats)
+    if (f == format) return f;
+  return "f32";
+}
+inline std::string target_name(const Target& t) { return t.backend + "_" + t.format; }
 
 struct RunOut {
   SampleResult r;
@@ -238,6 +309,5 @@ inline void expect_layer_close(const Stats& st, const Tolerance& t, const std::s
 inline void expect_sampler_close(const Stats& st, const Tolerance& t, const std::string& what) {
   expect_close(st, t.sampler_pcc, t.sampler_rel, what);
 }
-
 
 }  // namespace alpamayo::conformance

@@ -129,7 +129,7 @@ TEST(CudaEmulated, DeviceCacheInPlaceAndScanned) {
   EXPECT_GT(a.buffer_bytes, b.buffer_bytes);  // the host cache was uploaded, the device cache not
 
   uint16_t* v1 = static_cast<uint16_t*>(const_cast<void*>(kv.value[1].data));
-  v1[((size_t(2) * sh.Hkv + 1) * sh.P + 39) * sh.d + 7] = 0x7f80;  // +Inf in sample 2's last valid row
+  v1[((size_t(2) * sh.Hkv + 1) * sh.ctx.P + 39) * sh.d + 7] = 0x7f80;  // +Inf in sample 2's last valid row
   const Context bad = Context::from_views(kv, host.rope_delta(), std::nullopt, std::vector<float>(kv.B, 3.f), "dev");
   test::expect_error([&] { run_emulated(p, bad, 1, "bf16", -1); }, {kv.value[1].name, "non-finite", "[2, 1, 39, 7]"});
   // A view that claims device memory but points at host memory.

@@ -16,8 +16,16 @@ def cli_path() -> Path:
     return Path(os.environ.get("ALPAMAYO_CLI", str(DEFAULT_CLI)))
 
 
+# What a sanitizer build of the CLI prints on a finding (scripts/test.sh runs the CLI tests on one): a test
+# that expects a clean error must not pass on a sanitizer's abort.
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer")
+
+
 def run(cli, *args, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    found = [m for m in SANITIZER_MARKS if m in r.stderr]
+    assert not found, f"sanitizer finding in `{cli} {' '.join(map(str, args))}`:\n{r.stderr[-4000:]}"
+    return r
 
 
 @dataclass(frozen=True)
