@@ -74,6 +74,7 @@ class Session {
   size_t buffer_bytes() const;
 
  private:
+  std::string culprits(int layer) const;  // what layer `layer` reads with non-finite or the largest values
   std::shared_ptr<const Model> model_;
   std::unique_ptr<BackendSession> backend_;
   std::optional<Context> ctx_, unguided_;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
 
 namespace alpamayo {
 
@@ -255,6 +256,10 @@ void Context::validate() {
               std::to_string(kv.B) + ", H=" + std::to_string(H) + ", 3, 3] = " + std::to_string(kv.B * H * 9));
     check_finite(history_->xyz.data(), history_->xyz.size(), n + ": ego_history_xyz");
     check_finite(history_->rot.data(), history_->rot.size(), n + ": ego_history_rot");
+    for (size_t i = 0; i < history_->xyz.size(); ++i)
+      check(std::fabs(history_->xyz[i]) <= limits::kMaxPosition,
+            n + ": ego_history_xyz" + index_str({kv.B, H, 3}, static_cast<int64_t>(i)) + " = " +
+                std::to_string(history_->xyz[i]) + " m is beyond 1e7 m (positions are in the ego frame at t0)");
   }
   if (v0_) {
     check(static_cast<int>(v0_->size()) == kv.B, n + ": v0 has " + std::to_string(v0_->size()) +
