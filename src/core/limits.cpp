@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -45,7 +46,7 @@ thread_local std::vector<std::string> g_stages;
 
 void check_range(double v, double lo, double hi, const std::string& what, const std::string& why) {
   if (v >= lo && v <= hi) return;
-  if (!std::isfinite(v)) throw Error(what + " must be finite, found " + num(v) + why);
+  if (!std::isfinite(v)) throw Error(what + " must be finite, found " + num(v));
   throw Error(what + " = " + num(v) + " is outside [" + num(lo) + ", " + num(hi) + "]" + why);
 }
 
@@ -178,10 +179,28 @@ void check_memory(const MemoryEstimate& e, const std::string& stage) {
                               format_bytes(avail) + " is available (" + src + ")");
 }
 
-StageScope::StageScope(std::string what) { g_stages.push_back(std::move(what)); }
-StageScope::~StageScope() { g_stages.pop_back(); }
+// The innermost stage an exception unwound through, kept for the API boundary that catches it (the stack
+// of stages is empty by then). Reset when the next outermost stage starts.
+thread_local std::string g_unwound;
+thread_local std::vector<int> g_uncaught;
 
-std::string current_stage() { return g_stages.empty() ? std::string() : g_stages.back(); }
+StageScope::StageScope(std::string what) {
+  if (g_stages.empty()) g_unwound.clear();
+  g_stages.push_back(std::move(what));
+  g_uncaught.push_back(std::uncaught_exceptions());
+}
+StageScope::~StageScope() {
+  if (std::uncaught_exceptions() > g_uncaught.back() && g_unwound.empty()) {
+    try {
+      g_unwound = g_stages.back();
+    } catch (...) {
+    }
+  }
+  g_stages.pop_back();
+  g_uncaught.pop_back();
+}
+
+std::string current_stage() { return g_stages.empty() ? g_unwound : g_stages.back(); }
 
 std::string out_of_memory_message() {
   std::string src;

@@ -294,6 +294,7 @@ class CheckpointLoader {
 };
 
 std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOptions& options) {
+  const StageScope stage("opening the checkpoint " + dir);
   std::shared_ptr<Checkpoint> ck(new Checkpoint());
   ck->dir_ = dir;
   CheckpointLoader(ck.get(), dir).run(options);

@@ -88,6 +88,7 @@ std::vector<TensorView> layer_tensors(const SafetensorsFile& f, const std::strin
 }  // namespace
 
 Context Context::open(const std::string& path) {
+  const StageScope stage("opening the context " + path);
   Context c;
   c.name_ = path;
   c.file_ = std::make_shared<SafetensorsFile>(path);
