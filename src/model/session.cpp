@@ -199,7 +199,10 @@ SampleResult Session::sample(const SampleOptions& o) {
   }
 
   const std::vector<float> times = euler_time_grid(r.steps);
-  if (o.all_steps) {
+  if (o.all_steps) {  // every x_k and v_k: (2 N + 1) B T A floats, checked before allocating
+    MemoryEstimate m;
+    m.add("x_steps and v_steps over " + std::to_string(r.steps) + " steps", 4.0 * double(n) * (2.0 * r.steps + 1));
+    check_memory(m, "keeping every Euler step (all_steps)");
     r.x_steps.resize(n * (r.steps + 1));
     r.v_steps.resize(n * r.steps);
   }
