@@ -167,9 +167,7 @@ Run add_sample(CLI::App& app) {
   app.add_option("--guidance-context", a->guidance_context,
                  "unguided context (the prompt without the navigation text): classifier-free guidance");
   app.add_option("--guidance-weight", a->guidance_weight,
-                 "w of v = (1 - w) v_unguided + w v_guided (default: diffusion_cfg.inference_guidance_weight)")
-      ->check(finite_number())
-      ->check(CLI::Range(0.0, 1e3))
+                 "w of v = (1 - w) v_unguided + w v_guided, in [0, 1000] (default: diffusion_cfg.inference_guidance_weight)")
       ->each([a](const std::string&) { a->guidance_weight_given = true; });
   app.add_flag("--no-guidance", a->no_guidance, "sample without guidance where config.json asks for it");
   app.add_option("--steps", a->steps, "Euler steps (default: diffusion_cfg.num_inference_steps)")->check(CLI::Range(1, 100000));

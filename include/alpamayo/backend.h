@@ -111,9 +111,12 @@ struct BackendOptions {
 // the tensors of that stage that hold the largest or non-finite values.
 class NonFiniteError : public Error {
  public:
-  NonFiniteError(const std::string& msg, int step, int layer) : Error(msg), step(step), layer(layer) {}
-  int step;   // the Euler step
-  int layer;  // the first layer whose output is non-finite; -1 when the stage is not a layer
+  NonFiniteError(const std::string& msg, int step, int layer, std::vector<float> input = {}, bool unguided = false)
+      : Error(msg), step(step), layer(layer), input(std::move(input)), unguided(unguided) {}
+  int step;                  // the Euler step
+  int layer;                 // the first layer whose output is non-finite; -1 when the stage is not a layer
+  std::vector<float> input;  // that layer's (finite) input [B, T, D], when a layer is named
+  bool unguided;             // found in the unguided pass of classifier-free guidance
 };
 
 class BackendSession {

@@ -88,7 +88,7 @@ void HostLoopSession::non_finite(int k, float t, const float* x) {
   std::vector<float*> ptrs;
   for (auto& o : outs) ptrs.push_back(o.data());
   std::vector<float> hid(nh), v(nv);
-  auto pass = [&](HostLoopSession& s, const std::string& which) {
+  auto pass = [&](HostLoopSession& s, const std::string& which, bool unguided) {
     s.step(emb_.data(), hid.data(), ptrs.data());
     float prev = max_abs(emb_.data(), nh);
     for (int l = 0; l < cfg_.L; ++l) {
@@ -97,7 +97,7 @@ void HostLoopSession::non_finite(int k, float t, const float* x) {
                                  at(i, cfg_.D) + "; its input (" +
                                  (l ? "layer " + std::to_string(l - 1) + " output" : std::string("the embeddings")) +
                                  ") is finite, max |value| = " + num(prev),
-                             k, l);
+                             k, l, l ? outs[l - 1] : emb_, unguided);
       prev = max_abs(outs[l].data(), nh);
     }
     if (const int64_t i = first_non_finite(hid.data(), nh); i >= 0)
@@ -112,9 +112,9 @@ void HostLoopSession::non_finite(int k, float t, const float* x) {
                                num(max_abs(hid.data(), nh)),
                            k, -1);
   };
-  pass(*this, unguided_ ? " of the guided pass" : "");
+  pass(*this, unguided_ ? " of the guided pass" : "", false);
   if (unguided_) {
-    pass(*unguided_, " of the unguided pass");
+    pass(*unguided_, " of the unguided pass", true);
     throw NonFiniteError("the guided velocity (1 - w) v_unguided + w v_guided" + of + " overflows (w = " +
                              num(weight_) + "; both passes are finite)",
                          k, -1);

@@ -1,14 +1,18 @@
 // Session: the non-virtual part of the seam. Every input is validated here once; backends assume valid input.
 #include "alpamayo/session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 #include <tuple>
 
 #include "alpamayo/action_space.h"
 #include "alpamayo/error.h"
 #include "alpamayo/limits.h"
+#include "backends/reference/reference_backend.h"
+#include "backends/weight_formats.h"
 #include "model/sampler.h"
 
 namespace alpamayo {
@@ -85,8 +89,45 @@ std::string layer_culprits(const ModelWeights& w, const KVCache& kv, int l) {
 
 }  // namespace
 
-std::string Session::culprits(int layer) const {
-  return ctx_ ? layer_culprits(model_->weight_views(), ctx_->kv(), layer) : std::string();
+std::string Session::culprits(int layer, bool unguided) const {
+  const std::optional<Context>& c = unguided ? unguided_ : ctx_;
+  return c ? layer_culprits(model_->weight_views(), c->kv(), layer) : std::string();
+}
+
+// The operation inside the failing layer: the layer re-run from its (finite) input in the fp32 reference, op
+// by op, until one output is non-finite. The reference reproduces an overflow of huge weights or activations;
+// where it does not (a backend's own rounding), nothing is added.
+std::string Session::layer_stage(const NonFiniteError& e) const {
+  const std::optional<Context>& cx = e.unguided ? unguided_ : ctx_;
+  const ExpertConfig& c = model_->config();
+  const ModelWeights& w = model_->weight_views();
+  if (!cx || e.layer < 0 || e.layer >= static_cast<int>(w.expert.layers.size()) ||
+      e.input.size() != size_t(cx->batch()) * c.T * c.D)
+    return "";
+  try {
+    const KVCache& kv = cx->kv();
+    for (const auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
+      for (const TensorView& t : *list)
+        if (!t.device.host_accessible()) return "";
+    const RopeTables rope = make_rope_tables(offsets(kv), cx->rope_delta(), c.T, c.d, c.rope_theta);
+    std::vector<float> h = e.input;
+    std::string found;
+    BackendOptions f32;
+    f32.weights = "f32";
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    reference_layer(c, w.expert.layers[e.layer], parse_weight_format(f32), kv, e.layer, rope, threads, h.data(),
+                    [&](const char* stage, const float* p, int64_t n) {
+                      for (int64_t i = 0; i < n; ++i)
+                        if (!std::isfinite(p[i])) {
+                          found = stage;
+                          return false;
+                        }
+                      return true;
+                    });
+    return found.empty() ? "" : "; inside layer " + std::to_string(e.layer) + " the first non-finite output is " + found;
+  } catch (const std::exception&) {
+    return "";  // the diagnosis never replaces the error it explains
+  }
 }
 
 void Session::bind(Context ctx, const BindOptions& opts) {
@@ -217,7 +258,7 @@ SampleResult Session::sample(const SampleOptions& o) {
   try {
     backend_->denoise(a);
   } catch (const NonFiniteError& e) {
-    throw Error(e.what() + culprits(e.layer));
+    throw Error(e.what() + layer_stage(e) + culprits(e.layer, e.unguided));
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (static_cast<int>(r.step_seconds.size()) != r.steps) r.step_seconds.assign(r.steps, r.seconds / r.steps);

@@ -248,7 +248,9 @@ TEST(Limits, OverflowIsTracedToTheLayerAndTheTensor) {
     SampleOptions o;
     o.steps = 2;
     expect_error([&] { s.sample(o); }, {"layer 1 output of Euler step 0", "is non-finite at [sample 0",
-                                        "its input (layer 0 output) is finite", "mlp.up_proj.weight", "3.39e+38"});
+                                        "its input (layer 0 output) is finite",
+                                        "inside layer 1 the first non-finite output is mlp.up_proj",
+                                        "mlp.up_proj.weight", "3.39e+38"});
   }
 }
 

@@ -229,6 +229,7 @@ def test_overflow_names_the_layer_and_the_tensor(case):
     write_raw(d / "model.safetensors", hdr, data[:a] + struct.pack("<H", 0x7F7F) * ((b - a) // 2) + data[b:])
     err = fails(c, sample(c, ck=d))
     assert "layer 1 output" in err and "Euler step 0" in err, err
+    assert "inside layer 1 the first non-finite output is mlp.down_proj;" in err, err
     assert "mlp.down_proj.weight" in err and "3.39e+38" in err, err
 
 
