@@ -231,7 +231,7 @@ void Context::validate() {
   for (int b = 0; b < kv.B; ++b) {
     const int64_t lim = int64_t(1) << 40;  // positions stay exact in fp32 rope arguments far below this
     check(rope_delta_[b] > -lim && rope_delta_[b] < lim,
-          n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range");
+          n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range (|rope_delta| < 2^40)");
   }
   // Device-resident caches are scanned by the backend that can read them (Session::bind refuses a cache
   // no backend of the session can read); host caches here, once: the rows some sample attends to.
