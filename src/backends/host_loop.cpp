@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <new>
 #include <cmath>
 #include <string>
 
@@ -84,10 +85,20 @@ void HostLoopSession::non_finite(int k, float t, const float* x) {
     throw NonFiniteError("action_in_proj output (the action-token embeddings)" + of + " is non-finite at " +
                              at(i, cfg_.D) + "; " + in_x,
                          k, -1);
-  std::vector<std::vector<float>> outs(cfg_.L, std::vector<float>(nh));
+  std::vector<std::vector<float>> outs;
   std::vector<float*> ptrs;
+  std::vector<float> hid, v;
+  try {  // L + 1 hidden states: on the failure path only, and never at the cost of the error it explains
+    outs.assign(cfg_.L, std::vector<float>(nh));
+    hid.resize(nh);
+    v.resize(nv);
+  } catch (const std::bad_alloc&) {
+    const int64_t i = first_non_finite(v_.data(), nv);
+    throw NonFiniteError("velocity" + of + " is non-finite at " + at(i, cfg_.A) +
+                             " (not traced to a layer: no memory for the re-run keeping every layer's output)",
+                         k, -1);
+  }
   for (auto& o : outs) ptrs.push_back(o.data());
-  std::vector<float> hid(nh), v(nv);
   auto pass = [&](HostLoopSession& s, const std::string& which, bool unguided) {
     s.step(emb_.data(), hid.data(), ptrs.data());
     float prev = max_abs(emb_.data(), nh);
