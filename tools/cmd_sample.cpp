@@ -1,5 +1,8 @@
 // `sample`.
+#include <cerrno>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -12,19 +15,31 @@
 
 namespace alpamayo::cli {
 
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (!s.empty()) {
+    const size_t end = s.find(',', pos);
+    out.push_back(s.substr(pos, end == std::string::npos ? std::string::npos : end - pos));
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  return out;
+}
+
 std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option) {
   std::vector<int64_t> out;
   size_t pos = 0;
   while (pos <= s.size() && !s.empty()) {
     const size_t end = s.find(',', pos);
     const std::string item = s.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-    try {
-      size_t used = 0;
-      out.push_back(std::stoll(item, &used));
-      check(used == item.size(), "");
-    } catch (...) {
-      throw Error(option + ": '" + item + "' is not an integer");
-    }
+    errno = 0;
+    char* stop = nullptr;
+    const long long v = std::strtoll(item.c_str(), &stop, 10);
+    check(!item.empty() && stop != item.c_str() && *stop == '\0' && !std::isspace(static_cast<unsigned char>(item[0])),
+          option + ": '" + item + "' is not an integer");
+    check(errno != ERANGE, option + ": " + item + " is out of range [-2^63, 2^63 - 1]");
+    out.push_back(v);
     if (end == std::string::npos) break;
     pos = end + 1;
   }
@@ -43,6 +58,7 @@ struct SampleArgs {
   double v0 = NAN, guidance_weight = NAN, temperature = 1.0;
   bool all_steps = false, profile = false, exact_freqs = false, quiet = false, no_guidance = false;
   bool guidance_weight_given = false;  // --guidance-weight nan is an error, not "the default"
+  bool v0_given = false;               // --v0 nan is an error, not "no --v0"
 };
 
 std::vector<float> read_noise(const std::string& path, int B, int T, int A) {
@@ -99,12 +115,14 @@ void run_sample(const SampleArgs& a) {
   so.all_steps = a.all_steps;
   so.temperature = a.temperature;
   if (!a.noise.empty()) so.noise = read_noise(a.noise, B, ck->config().T, ck->config().A);
-  for (int64_t s : a.seeds.empty() ? std::vector<int64_t>{} : parse_int_list(a.seeds, "--seeds")) {
-    check(s >= 0, "--seeds: seeds must be >= 0, found " + std::to_string(s));
-    so.seeds.push_back(static_cast<uint64_t>(s));
+  for (const std::string& s : split_list(a.seeds)) {
+    std::string item = s;
+    const std::string why = unsigned64()(item);
+    check(why.empty(), "--seeds: " + why);
+    so.seeds.push_back(std::strtoull(s.c_str(), nullptr, 10));
   }
   so.seed = a.seed;
-  if (!std::isnan(a.v0)) so.v0 = a.v0;
+  if (a.v0_given) so.v0 = a.v0;
   SampleResult r = session.sample(so);
   check_mapped_files();  // an input truncated or rewritten under the run: stop before writing, naming it
   if (!a.quiet)
@@ -138,16 +156,18 @@ Run add_sample(CLI::App& app) {
   app.add_option("--context", a->context, "context file (safetensors, docs/FORMATS.md)")->required();
   auto* noise = app.add_option("--noise", a->noise, "noise file: safetensors with 'noise' [B, T, A] F32");
   auto* seed = app.add_option("--seed", a->seed, "seed of the built-in noise generator for the batch (default 0)")
+                   ->check(unsigned64())
                    ->excludes(noise);
   app.add_option("--seeds", a->seeds, "one seed per sample, comma-separated (sample b reproducible alone)")
       ->excludes(noise)
       ->excludes(seed);
   app.add_option("--temperature", a->temperature, "scale of the initial noise (default 1)")
+      ->check(finite_number())
       ->check(CLI::Range(0.0, 1e6));
   app.add_option("--guidance-context", a->guidance_context,
                  "unguided context (the prompt without the navigation text): classifier-free guidance");
   app.add_option("--guidance-weight", a->guidance_weight,
-                 "w of v = (1 - w) v_unguided + w v_guided (default: diffusion_cfg.inference_guidance_weight)")
+                 "w of v = (1 - w) v_unguided + w v_guided, in [0, 1000] (default: diffusion_cfg.inference_guidance_weight)")
       ->each([a](const std::string&) { a->guidance_weight_given = true; });
   app.add_flag("--no-guidance", a->no_guidance, "sample without guidance where config.json asks for it");
   app.add_option("--steps", a->steps, "Euler steps (default: diffusion_cfg.num_inference_steps)")->check(CLI::Range(1, 100000));
@@ -159,7 +179,10 @@ Run add_sample(CLI::App& app) {
   app.add_option("--bf16-weights", a->bf16_weights,
                  "block formats: matrices kept in bf16, comma-separated: qkv,o,gate,up,down (default: none)")
       ->delimiter(',');
-  app.add_option("--v0", a->v0, "initial speed in m/s (overrides the context's v0 / ego history)");
+  app.add_option("--v0", a->v0, "initial speed in m/s, |v0| <= 1000 (overrides the context's v0 / ego history)")
+      ->check(finite_number())
+      ->check(CLI::Range(-1e3, 1e3))
+      ->each([a](const std::string&) { a->v0_given = true; });
   app.add_option("--vlm-config", a->vlm_config, "the VLM's config.json (text_config: eps, theta, layer count)");
   add_release_option(app, a->release);
   app.add_option("--out", a->out, "output safetensors: action, xyz, yaw, rot, v0")->required();

@@ -40,7 +40,7 @@ void add_checkpoint_size_options(CLI::App& app, SyntheticCheckpointSpec& s) {
   app.add_option("--ain-hidden", s.ain_hidden, "action_in_proj hidden size")->check(CLI::Range(1, 1 << 16));
   app.add_option("--ain-layers", s.ain_layers, "action_in_proj encoder layers")->check(CLI::Range(1, 64));
   app.add_option("--fourier", s.n_fourier, "Fourier features per input (even)")->check(CLI::Range(4, 1024));
-  app.add_option("--max-freq", s.max_freq, "Fourier max frequency");
+  app.add_option("--max-freq", s.max_freq, "Fourier max frequency")->check(finite_number())->check(CLI::Range(1e-6, 1e6));
   app.add_option("--waypoints", s.T, "action tokens / waypoints T")->check(CLI::Range(1, 4096));
   app.add_option("--steps", s.steps, "diffusion_cfg.num_inference_steps")->check(CLI::Range(1, 100000));
 }
@@ -55,7 +55,7 @@ Run add_make_checkpoint(CLI::App& app) {
                  "1.5 (Alpamayo 1.5: flat config, no buffers) | a2 (Alpamayo 2 Super: nested config, expert.expert.*)");
   app.add_option("--dtype", a->dtype, "bf16 | f16 | f32");
   app.add_option("--shards", a->spec.shards, "number of expert shards (> 1: sharded with an index)")->check(CLI::Range(1, 1000));
-  app.add_option("--seed", a->spec.seed, "seed");
+  app.add_option("--seed", a->spec.seed, "seed")->check(unsigned64());
   app.add_flag("--trained-stats", a->spec.trained_weights,
                "expert weight matrices with a trained model's statistics (heavy tails, per-channel scales, outliers)");
   add_checkpoint_size_options(app, a->spec);
@@ -87,7 +87,7 @@ Run add_make_context(CLI::App& app) {
   app.add_option("--rope-delta", a->delta, "rope delta per sample, comma-separated (default 0)");
   app.add_option("--dtype", a->dtype, "cache dtype bf16 | f16 | f32");
   app.add_option("--history", a->spec.history, "ego history poses (0: write v0 instead)")->check(CLI::Range(0, 100000));
-  app.add_option("--seed", a->spec.seed, "seed");
+  app.add_option("--seed", a->spec.seed, "seed")->check(unsigned64());
   add_release_option(app, a->release);
   return [a] {
     OutputSet outs;
@@ -121,10 +121,10 @@ Run add_demo(CLI::App& app) {
   app.add_option("--rows", a->rows, "VLM cache rows S")->check(CLI::Range(1, 1 << 20));
   app.add_option("--batch", a->batch, "trajectories sampled at once")->check(CLI::Range(1, 64));
   app.add_option("--backend", a->backend, "backend");
-  app.add_option("--threads", a->threads, "threads (default: all cores)");
+  app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--weights", a->weights, "weight format (cuda: bf16 | fp8; cpu: bf16 | int8; reference: f32; default: the backend's first)");
-  app.add_option("--steps", a->steps, "Euler steps (default from config)");
-  app.add_option("--seed", a->seed, "noise seed");
+  app.add_option("--steps", a->steps, "Euler steps (default from config)")->check(CLI::Range(1, 100000));
+  app.add_option("--seed", a->seed, "noise seed")->check(unsigned64());
   return [a] {
     check(a->size == "full" || a->size == "small", "--size: expected full or small, found '" + a->size + "'");
     SyntheticCheckpointSpec spec;  // defaults: the seed's architecture

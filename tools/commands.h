@@ -21,6 +21,13 @@ Run add_backends(CLI::App& app);
 void add_release_option(CLI::App& app, std::string& release);
 alpamayo::CheckpointOptions checkpoint_options(const std::string& vlm_config, const std::string& release);
 
+// Validators for options: an integer in [0, 2^64 - 1] written as digits only (no sign, no wrap, no saturation);
+// a finite floating-point number (no nan, inf, or a value beyond the range of a double).
+CLI::Validator unsigned64();
+CLI::Validator finite_number();
+
+// Splits "a,b,c" at commas ("" gives no items).
+std::vector<std::string> split_list(const std::string& s);
 // Parses "1,2,-3" into integers; throws alpamayo::Error naming the option on bad input.
 std::vector<int64_t> parse_int_list(const std::string& s, const std::string& option);
 

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
 #include "commands.h"
 
 int main(int argc, char** argv) {
@@ -30,6 +31,13 @@ int main(int argc, char** argv) {
       if (sub->parsed()) run();
   } catch (const alpamayo::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "error: " << alpamayo::out_of_memory_message() << "\n";
+    return 1;
+  } catch (const std::length_error& e) {
+    std::cerr << "error: allocation too large (" << e.what() << ")"
+              << (alpamayo::current_stage().empty() ? "" : " while " + alpamayo::current_stage()) << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";

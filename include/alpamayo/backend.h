@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "alpamayo/config.h"
+#include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "alpamayo/weights.h"
 
@@ -103,6 +104,19 @@ struct BackendOptions {
   // "up", "down" (the device tensors wqkv, wo, w1, w3, w2). Default (empty): every matrix in the block format, as
   // the seed's Blackhole port holds them. Norms and the host action projections are never block-quantised.
   std::vector<std::string> bf16_weights;
+};
+
+// A non-finite velocity, with the first stage of the step that produced a non-finite value: the backend
+// names the stage (action_in_proj, layer l, final norm, action_out_proj, the guidance mix); the Session adds
+// the tensors of that stage that hold the largest or non-finite values.
+class NonFiniteError : public Error {
+ public:
+  NonFiniteError(const std::string& msg, int step, int layer, std::vector<float> input = {}, bool unguided = false)
+      : Error(msg), step(step), layer(layer), input(std::move(input)), unguided(unguided) {}
+  int step;                  // the Euler step
+  int layer;                 // the first layer whose output is non-finite; -1 when the stage is not a layer
+  std::vector<float> input;  // that layer's (finite) input [B, T, D], when a layer is named
+  bool unguided;             // found in the unguided pass of classifier-free guidance
 };
 
 class BackendSession {

@@ -27,16 +27,21 @@ class Model {
   const BackendModel& backend() const { return *backend_; }
   const std::string& backend_name() const { return name_; }
   std::string weights() const { return backend_->weights(); }
+  // The checkpoint's (or caller's) weight views the model was loaded from (kept alive with it): read when a
+  // sample turns non-finite, to name the tensor of the failing layer.
+  const ModelWeights& weight_views() const { return views_; }
 
  private:
   Model() = default;
   ExpertConfig cfg_;
   std::string name_;
   std::shared_ptr<const void> owner_;  // what the weight views point into (checkpoint mapping)
+  ModelWeights views_;
   std::unique_ptr<BackendModel> backend_;
 };
 
-// Throws Error naming the tensor unless w fits cfg: every shape, float dtypes, host-readable memory.
+// Throws Error naming the tensor unless w fits cfg: every size within its bound (limits.h), every shape, float
+// dtypes, host-readable memory, every value finite (a scan at memory speed, on the exponent bits).
 void validate_weights(const ExpertConfig& cfg, const ModelWeights& w);
 
 }  // namespace alpamayo

@@ -74,6 +74,10 @@ class Session {
   size_t buffer_bytes() const;
 
  private:
+  // For a non-finite layer output: the operation inside the layer, and what the layer reads with non-finite or
+  // the largest values.
+  std::string layer_stage(const NonFiniteError& e) const;
+  std::string culprits(int layer, bool unguided) const;
   std::shared_ptr<const Model> model_;
   std::unique_ptr<BackendSession> backend_;
   std::optional<Context> ctx_, unguided_;

@@ -69,6 +69,20 @@ std::vector<float> to_f32(const TensorView& t);
 // Converts a float tensor (F32/F16/BF16) to bf16.
 void convert_to_bf16(const TensorView& t, uint16_t* out);
 
+// Finiteness of a host, contiguous float tensor (F32/F16/BF16) over flat elements [begin, end) (end -1: all).
+// first_non_finite tests exponent bits only (memory speed); scan_finite also finds the largest finite magnitude.
+int64_t first_non_finite(const TensorView& t, int64_t begin = 0, int64_t end = -1);
+struct FiniteScan {
+  int64_t first_bad = -1;  // flat index of the first NaN/Inf, -1 if none
+  float max_abs = 0;       // largest finite magnitude
+  int64_t argmax = -1;     // its flat index
+};
+FiniteScan scan_finite(const TensorView& t, int64_t begin = 0, int64_t end = -1);
+// Flat index i of `shape` as "[a, b, c]".
+std::string index_str(const std::vector<int64_t>& shape, int64_t i);
+// Throws Error naming the tensor and the index unless every value is finite (the weights at load).
+void expect_finite(const TensorView& t);
+
 // Throws unless t has exactly this shape; the message names the tensor.
 void expect_shape(const TensorView& t, const std::vector<int64_t>& shape);
 // Throws unless t is one of the float dtypes.

@@ -3,6 +3,7 @@
 // bind_step() and step(). A device backend derives from BackendSession directly and runs the loop itself.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "alpamayo/backend.h"
@@ -42,6 +43,9 @@ class HostLoopSession : public BackendSession {
   const ExpertConfig& cfg_;
 
  private:
+  // Throws NonFiniteError naming the first stage of Euler step k (time t, input x) with a non-finite output.
+  [[noreturn]] void non_finite(int k, float t, const float* x);
+  std::string at(int64_t i, int width) const;
   const ActionProjections& proj_;
   int B_ = 0;
   CaptureRequest req_;

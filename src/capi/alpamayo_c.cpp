@@ -2,6 +2,7 @@
 // exception crosses the boundary. alpamayo::Error becomes the status the operation documents (IO_ERROR for
 // paths that cannot be read, FORMAT_ERROR for malformed files, INVALID_ARGUMENT for caller input),
 // std::bad_alloc OUT_OF_MEMORY, anything else INTERNAL; the message goes to a thread-local last error.
+#include "alpamayo/limits.h"
 #include "alpamayo/alpamayo.h"
 
 #include <unistd.h>
@@ -91,7 +92,7 @@ alpamayo_status guarded(const char* fn, alpamayo_status on_error, F&& f) noexcep
   } catch (const alpamayo::Error& e) {
     return record(on_error, fn, e.what());
   } catch (const std::bad_alloc&) {
-    return record(ALPAMAYO_OUT_OF_MEMORY, fn, "out of memory");
+    return record(ALPAMAYO_OUT_OF_MEMORY, fn, alpamayo::out_of_memory_message().c_str());
   } catch (const std::length_error& e) {
     return record(ALPAMAYO_OUT_OF_MEMORY, fn, (std::string("allocation too large: ") + e.what()).c_str());
   } catch (const std::filesystem::filesystem_error& e) {

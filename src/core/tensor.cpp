@@ -92,6 +92,61 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return os.str();
 }
 
+int64_t first_non_finite(const TensorView& t, int64_t begin, int64_t end) {
+  if (end < 0) end = t.numel();
+  if (t.dtype == DType::F32) {
+    const auto* u = static_cast<const uint32_t*>(t.data);
+    for (int64_t i = begin; i < end; ++i)
+      if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
+  } else if (t.dtype == DType::BF16 || t.dtype == DType::F16) {
+    const uint16_t mask = t.dtype == DType::BF16 ? 0x7f80 : 0x7c00;
+    const auto* u = static_cast<const uint16_t*>(t.data);
+    for (int64_t i = begin; i < end; ++i)
+      if ((u[i] & mask) == mask) return i;
+  }
+  return -1;
+}
+
+FiniteScan scan_finite(const TensorView& t, int64_t begin, int64_t end) {
+  if (end < 0) end = t.numel();
+  FiniteScan r;
+  for (int64_t i = begin; i < end; ++i) {
+    float v = 0;
+    if (t.dtype == DType::F32) v = static_cast<const float*>(t.data)[i];
+    else if (t.dtype == DType::BF16) v = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    else if (t.dtype == DType::F16) v = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+    else return r;
+    if (!std::isfinite(v)) {
+      if (r.first_bad < 0) r.first_bad = i;
+    } else if (std::fabs(v) > r.max_abs || r.argmax < 0) {
+      r.max_abs = std::fabs(v);
+      r.argmax = i;
+    }
+  }
+  return r;
+}
+
+std::string index_str(const std::vector<int64_t>& shape, int64_t i) {
+  std::vector<int64_t> idx(shape.size());
+  for (size_t k = shape.size(); k-- > 0;) {
+    idx[k] = shape[k] > 0 ? i % shape[k] : 0;
+    i = shape[k] > 0 ? i / shape[k] : 0;
+  }
+  return shape_str(idx);
+}
+
+void expect_finite(const TensorView& t) {
+  if (!t.device.host_accessible() || !is_float(t.dtype) || !t.is_contiguous()) return;
+  const int64_t i = first_non_finite(t);
+  if (i < 0) return;
+  float v = 0;
+  if (t.dtype == DType::F32) v = static_cast<const float*>(t.data)[i];
+  else if (t.dtype == DType::BF16) v = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+  else v = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
+  throw Error(t.name + ": non-finite value " + (std::isnan(v) ? std::string("nan") : v > 0 ? "inf" : "-inf") + " at " +
+              index_str(t.shape, i));
+}
+
 int64_t TensorView::numel() const {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;

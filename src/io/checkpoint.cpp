@@ -6,6 +6,7 @@
 #include <set>
 
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
 #include "io/config_json.h"
 #include "io/inputs.h"
 
@@ -135,12 +136,30 @@ class CheckpointLoader {
                      kk = get(p0 + "self_attn.k_proj.weight"), g = get(p0 + "mlp.gate_proj.weight");
     check(q.shape.size() == 2 && qn.shape.size() == 1 && kk.shape.size() == 2 && g.shape.size() == 2,
           dir_ + ": layer 0 projections must be 2-D and q_norm 1-D");
+    // Sizes from the tensors' shapes, each within its bound (limits.h) before any is narrowed to int or used
+    // to size anything: a 12 KB file may declare a hidden size of 0 and a huge MLP width.
+    auto size = [&](const TensorView& t, int dim, int64_t hi, const char* what) {
+      const int64_t v = t.shape[dim];
+      check(v >= 1 && v <= hi, t.name + ": shape " + shape_str(t.shape) + " gives " + what + " = " + std::to_string(v) +
+                                   ", outside [1, " + std::to_string(hi) + "]");
+      return v;
+    };
+    check(c->L <= limits::kMaxLayers, dir_ + ": " + std::to_string(c->L) + " expert layers, more than " +
+                                          std::to_string(limits::kMaxLayers));
+    size(q, 1, limits::kMaxHidden, "the hidden size D");
+    size(qn, 0, limits::kMaxHeadDim, "the head dim d");
+    size(g, 0, limits::kMaxMlp, "the MLP width I");
+    size(g, 1, limits::kMaxHidden, "the hidden size D");
     c->D = static_cast<int>(q.shape[1]);
     c->d = static_cast<int>(qn.shape[0]);
     check(c->d > 0 && c->d % 2 == 0, qn.name + ": head dim must be even and positive, found " + std::to_string(c->d));
     for (const TensorView* t : {&q, &kk})
       check(t->shape[0] % c->d == 0, t->name + ": " + std::to_string(t->shape[0]) +
                                          " rows are not a multiple of the head dim " + std::to_string(c->d) + " (from q_norm)");
+    for (const TensorView* t : {&q, &kk})
+      check(t->shape[0] >= c->d && t->shape[0] / c->d <= limits::kMaxHeads,
+            t->name + ": shape " + shape_str(t->shape) + " gives " + std::to_string(t->shape[0] / c->d) +
+                " heads of dim " + std::to_string(c->d) + ", outside [1, " + std::to_string(limits::kMaxHeads) + "]");
     c->Hq = static_cast<int>(q.shape[0] / c->d);
     c->Hkv = static_cast<int>(kk.shape[0] / c->d);
     check(c->Hkv > 0 && c->Hq % c->Hkv == 0, kk.name + ": query heads " + std::to_string(c->Hq) +
@@ -275,6 +294,7 @@ class CheckpointLoader {
 };
 
 std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOptions& options) {
+  const StageScope stage("opening the checkpoint " + dir);
   std::shared_ptr<Checkpoint> ck(new Checkpoint());
   ck->dir_ = dir;
   CheckpointLoader(ck.get(), dir).run(options);

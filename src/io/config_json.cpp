@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
 #include "io/inputs.h"
 
 namespace alpamayo {
@@ -55,6 +56,7 @@ bool get(const Section& s, const char* key, double* out) {
   const json& v = (*s.obj)[key];
   check(v.is_number(), key_in(s, key) + " must be a number, found " + v.dump());
   *out = v.get<double>();
+  check(std::isfinite(*out), key_in(s, key) + " must be a finite number, found " + v.dump() + " (beyond the range of a double)");
   return true;
 }
 
@@ -63,7 +65,8 @@ bool get(const Section& s, const char* key, int* out) {
   const json& v = (*s.obj)[key];
   const double x = v.is_number() ? v.get<double>() : 0.5;  // 12.0 is accepted as 12, as Python would
   const bool integral = v.is_number() && std::floor(x) == x && std::abs(x) < 2147483648.0;
-  check(integral, key_in(s, key) + " must be an integer, found " + v.dump());
+  check(v.is_number() && std::floor(x) == x, key_in(s, key) + " must be an integer, found " + v.dump());
+  check(integral, key_in(s, key) + " = " + v.dump() + " is out of range (an integer field holds at most 2^31 - 1)");
   *out = static_cast<int>(x);
   return true;
 }
@@ -91,6 +94,7 @@ bool get(const Section& s, const char* key, double (*out)[2]) {
         key_in(s, key) + " must be [min, max], found " + v.dump());
   (*out)[0] = v[0].get<double>();
   (*out)[1] = v[1].get<double>();
+  check(std::isfinite((*out)[0]) && std::isfinite((*out)[1]), key_in(s, key) + " must hold finite numbers, found " + v.dump());
   return true;
 }
 
@@ -242,11 +246,16 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
   rec.read(ain_, "num_enc_layers", "action_in_proj_cfg.num_enc_layers", &cfg->ain_layers);
   rec.read(ain_, "num_fourier_feats", "action_in_proj_cfg.num_fourier_feats", &cfg->n_fourier);
   rec.read(ain_, "max_freq", "action_in_proj_cfg.max_freq", &cfg->max_freq);
-  check(cfg->ain_hidden >= 1, key_in(ain_, "hidden_size") + " must be >= 1, found " + fmt(cfg->ain_hidden));
-  check(cfg->ain_layers >= 1, key_in(ain_, "num_enc_layers") + " must be >= 1, found " + fmt(cfg->ain_layers));
-  check(cfg->n_fourier >= 4 && cfg->n_fourier % 2 == 0,
-        key_in(ain_, "num_fourier_feats") + " must be even and >= 4, found " + fmt(cfg->n_fourier));
+  // Every bound below is documented in limits.h / docs/SECURITY.md.
+  auto in = [&](double v, double lo, double hi, const Section& s, const char* key, const std::string& why = "") {
+    check_range(v, lo, hi, key_in(s, key), why);
+  };
+  in(cfg->ain_hidden, 1, limits::kMaxHidden, ain_, "hidden_size");
+  in(cfg->ain_layers, 1, limits::kMaxEncLayers, ain_, "num_enc_layers");
+  in(cfg->n_fourier, 4, limits::kMaxFourier, ain_, "num_fourier_feats");
+  check(cfg->n_fourier % 2 == 0, key_in(ain_, "num_fourier_feats") + " must be even, found " + fmt(cfg->n_fourier));
   check(cfg->max_freq > 0, key_in(ain_, "max_freq") + " must be positive, found " + fmt(cfg->max_freq));
+  in(cfg->max_freq, 0, limits::kMaxFreq, ain_, "max_freq");
 
   rec.read(aspace_, "n_waypoints", "action_space_cfg.n_waypoints", &cfg->T);
   rec.read(aspace_, "dt", "action_space_cfg.dt", &cfg->dt);
@@ -258,14 +267,30 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
   rec.read(aspace_, "curvature_bounds", "action_space_cfg.curvature_bounds", &cfg->curvature_bounds);
   rec.read(aspace_, "v_lambda", "action_space_cfg.v_lambda", &cfg->v_lambda);
   rec.read(aspace_, "v_ridge", "action_space_cfg.v_ridge", &cfg->v_ridge);
-  check(cfg->T >= 1, key_in(aspace_, "n_waypoints") + " must be >= 1, found " + fmt(cfg->T));
-  check(cfg->dt > 0, key_in(aspace_, "dt") + " must be positive, found " + fmt(cfg->dt));
+  in(cfg->T, 1, limits::kMaxWaypoints, aspace_, "n_waypoints");
+  in(cfg->dt, limits::kMinDt, limits::kMaxDt, aspace_, "dt", " seconds");
+  in(cfg->accel_mean, -limits::kMaxActionStat, limits::kMaxActionStat, aspace_, "accel_mean");
+  in(cfg->curvature_mean, -limits::kMaxActionStat, limits::kMaxActionStat, aspace_, "curvature_mean");
+  for (const char* k : {"accel_std", "curvature_std"}) {
+    const double v = std::string(k) == "accel_std" ? cfg->accel_std : cfg->curvature_std;
+    check(v > 0, key_in(aspace_, k) + " must be positive, found " + fmt(v));
+    in(v, 0, limits::kMaxActionStat, aspace_, k);
+  }
+  for (const char* k : {"accel_bounds", "curvature_bounds"}) {
+    const double* b = std::string(k) == "accel_bounds" ? cfg->accel_bounds : cfg->curvature_bounds;
+    check(b[0] <= b[1], key_in(aspace_, k) + " = " + fmt(std::string(k) == "accel_bounds" ? cfg->accel_bounds
+                                                                                            : cfg->curvature_bounds) +
+                            ": the minimum exceeds the maximum");
+    for (int i = 0; i < 2; ++i) in(b[i], -limits::kMaxBound, limits::kMaxBound, aspace_, k);
+  }
+  in(cfg->v_lambda, 0, limits::kMaxFitWeight, aspace_, "v_lambda");
+  in(cfg->v_ridge, 0, limits::kMaxFitWeight, aspace_, "v_ridge");
 
   rec.read(diffusion_, "num_inference_steps", "diffusion_cfg.num_inference_steps", &cfg->num_steps);
   rec.read(diffusion_, "int_method", "diffusion_cfg.int_method", &cfg->int_method);
   check(cfg->int_method == "euler", key_in(diffusion_, "int_method") + " is '" + cfg->int_method +
                                         "'; the releases' FlowMatching (and the engine) integrate with euler only");
-  check(cfg->num_steps >= 1, key_in(diffusion_, "num_inference_steps") + " must be >= 1, found " + fmt(cfg->num_steps));
+  in(cfg->num_steps, 1, limits::kMaxSteps, diffusion_, "num_inference_steps");
   if (release_ == Release::R1) {  // Alpamayo-R1's FlowMatching has no guidance switch: it never guides
     cfg->use_cfg = false;
     values->push_back({"diffusion_cfg.use_classifier_free_guidance", "false",
@@ -276,8 +301,7 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
     rec.read(diffusion_, "use_classifier_free_guidance", "diffusion_cfg.use_classifier_free_guidance", &cfg->use_cfg);
   }
   rec.read(diffusion_, "inference_guidance_weight", "diffusion_cfg.inference_guidance_weight", &cfg->guidance_weight);
-  check(std::isfinite(cfg->guidance_weight), key_in(diffusion_, "inference_guidance_weight") + " must be finite, found " +
-                                                 fmt(cfg->guidance_weight));
+  in(cfg->guidance_weight, -limits::kMaxGuidanceWeight, limits::kMaxGuidanceWeight, diffusion_, "inference_guidance_weight");
 
   rec.read(base_, "expert_non_causal_attention", "expert_non_causal_attention", &cfg->non_causal);
   check(cfg->non_causal, key_in(base_, "expert_non_causal_attention") +
@@ -298,8 +322,10 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
     }
   for (const Section& s : chain)
     if (find_theta(s, &cfg->rope_theta, &cfg->theta_source)) break;
-  check(cfg->rms_eps > 0, path_ + ": rms_norm_eps must be positive, found " + fmt(cfg->rms_eps) + " (" + cfg->eps_source + ")");
-  check(cfg->rope_theta > 1, path_ + ": rope_theta must be > 1, found " + fmt(cfg->rope_theta) + " (" + cfg->theta_source + ")");
+  check(cfg->rms_eps > 0 && cfg->rms_eps < 1,
+        path_ + ": rms_norm_eps must be in (0, 1), found " + fmt(cfg->rms_eps) + " (" + cfg->eps_source + ")");
+  check(cfg->rope_theta > 1 && cfg->rope_theta <= limits::kMaxRopeTheta,
+        path_ + ": rope_theta must be in (1, 1e30], found " + fmt(cfg->rope_theta) + " (" + cfg->theta_source + ")");
   values->push_back({"rms_norm_eps", fmt(cfg->rms_eps), cfg->eps_source});
   values->push_back({"rope_theta", fmt(cfg->rope_theta), cfg->theta_source});
   std::string vlm_name;

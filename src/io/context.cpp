@@ -5,6 +5,7 @@
 #include <set>
 
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
 
 namespace alpamayo {
 
@@ -87,6 +88,7 @@ std::vector<TensorView> layer_tensors(const SafetensorsFile& f, const std::strin
 }  // namespace
 
 Context Context::open(const std::string& path) {
+  const StageScope stage("opening the context " + path);
   Context c;
   c.name_ = path;
   c.file_ = std::make_shared<SafetensorsFile>(path);
@@ -229,7 +231,7 @@ void Context::validate() {
   for (int b = 0; b < kv.B; ++b) {
     const int64_t lim = int64_t(1) << 40;  // positions stay exact in fp32 rope arguments far below this
     check(rope_delta_[b] > -lim && rope_delta_[b] < lim,
-          n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range");
+          n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range (|rope_delta| < 2^40)");
   }
   // Device-resident caches are scanned by the backend that can read them (Session::bind refuses a cache
   // no backend of the session can read); host caches here, once: the rows some sample attends to.
@@ -255,6 +257,10 @@ void Context::validate() {
               std::to_string(kv.B) + ", H=" + std::to_string(H) + ", 3, 3] = " + std::to_string(kv.B * H * 9));
     check_finite(history_->xyz.data(), history_->xyz.size(), n + ": ego_history_xyz");
     check_finite(history_->rot.data(), history_->rot.size(), n + ": ego_history_rot");
+    for (size_t i = 0; i < history_->xyz.size(); ++i)
+      check(std::fabs(history_->xyz[i]) <= limits::kMaxPosition,
+            n + ": ego_history_xyz" + index_str({kv.B, H, 3}, static_cast<int64_t>(i)) + " = " +
+                std::to_string(history_->xyz[i]) + " m is beyond 1e7 m (positions are in the ego frame at t0)");
   }
   if (v0_) {
     check(static_cast<int>(v0_->size()) == kv.B, n + ": v0 has " + std::to_string(v0_->size()) +

@@ -1,6 +1,8 @@
 #include "alpamayo/action_space.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "alpamayo/error.h"
 
@@ -47,16 +49,21 @@ double estimate_v0(const float* xyz, const float* rot, int H, const ExpertConfig
     const double dy = raw[i] - raw[i - 1];
     yaw[i] = yaw[i - 1] + std::atan2(std::sin(dy), std::cos(dy));
   }
-  // Normal equations (A^T A + lambda/dt^6 D3^T D3 + ridge I) s = A^T g.
-  std::vector<double> M(int64_t(n) * n, 0.0), rhs(n, 0.0);
+  // Normal equations (A^T A + lambda/dt^6 D3^T D3 + ridge I) s = A^T g. M is symmetric with bandwidth 3
+  // (A^T A couples neighbours, D3^T D3 four consecutive speeds), so it is stored as its lower band
+  // M(i, i - k) = band[i * W + k], k < W = 4, and factored by a banded Cholesky: O(H) time and memory. A band
+  // factor has no fill-in outside the band and every product left out of a dense factorisation is an exact
+  // zero, so the result is bitwise the dense solve's, in the same order of operations.
+  constexpr int W = 4;
+  std::vector<double> band(int64_t(n) * W, 0.0), rhs(n, 0.0);
+  auto at = [&](int i, int j) -> double& { return band[int64_t(i) * W + (i - j)]; };  // j <= i, i - j < W
   for (int i = 0; i + 1 < n; ++i) {
     const double g[2] = {2.0 / dt * (xyz[3 * (i + 1)] - xyz[3 * i]), 2.0 / dt * (xyz[3 * (i + 1) + 1] - xyz[3 * i + 1])};
     const double u0[2] = {std::cos(yaw[i]), std::sin(yaw[i])}, u1[2] = {std::cos(yaw[i + 1]), std::sin(yaw[i + 1])};
     for (int r = 0; r < 2; ++r) {  // row: u0[r] s_i + u1[r] s_{i+1} = g[r]
-      M[int64_t(i) * n + i] += u0[r] * u0[r];
-      M[int64_t(i) * n + i + 1] += u0[r] * u1[r];
-      M[int64_t(i + 1) * n + i] += u1[r] * u0[r];
-      M[int64_t(i + 1) * n + i + 1] += u1[r] * u1[r];
+      at(i, i) += u0[r] * u0[r];
+      at(i + 1, i) += u1[r] * u0[r];
+      at(i + 1, i + 1) += u1[r] * u1[r];
       rhs[i] += u0[r] * g[r];
       rhs[i + 1] += u1[r] * g[r];
     }
@@ -65,31 +72,32 @@ double estimate_v0(const float* xyz, const float* rot, int H, const ExpertConfig
   const double d3[4] = {-1.0, 3.0, -3.0, 1.0};
   for (int r = 0; r + 3 < n; ++r)
     for (int a = 0; a < 4; ++a)
-      for (int b = 0; b < 4; ++b) M[int64_t(r + a) * n + r + b] += lam * d3[a] * d3[b];
-  for (int i = 0; i < n; ++i) M[int64_t(i) * n + i] += c.v_ridge;
-  // Cholesky M = L L^T, in place (lower triangle).
+      for (int b = 0; b <= a; ++b) at(r + a, r + b) += lam * d3[a] * d3[b];
+  for (int i = 0; i < n; ++i) at(i, i) += c.v_ridge;
+  // Cholesky M = L L^T, in place (lower band).
   for (int j = 0; j < n; ++j) {
-    double s = M[int64_t(j) * n + j];
-    for (int k = 0; k < j; ++k) s -= M[int64_t(j) * n + k] * M[int64_t(j) * n + k];
-    check(s > 0, "estimate_v0: the normal equations are not positive definite (v_ridge too small?)");
+    const int k0 = std::max(0, j - (W - 1));
+    double s = at(j, j);
+    for (int k = k0; k < j; ++k) s -= at(j, k) * at(j, k);
+    check(s > 0 && std::isfinite(s), "estimate_v0: the normal equations are not positive definite (v_ridge too small?)");
     const double ljj = std::sqrt(s);
-    M[int64_t(j) * n + j] = ljj;
-    for (int i = j + 1; i < n; ++i) {
-      double t = M[int64_t(i) * n + j];
-      for (int k = 0; k < j; ++k) t -= M[int64_t(i) * n + k] * M[int64_t(j) * n + k];
-      M[int64_t(i) * n + j] = t / ljj;
+    at(j, j) = ljj;
+    for (int i = j + 1; i < std::min(n, j + W); ++i) {
+      double t = at(i, j);
+      for (int k = std::max(0, i - (W - 1)); k < j; ++k) t -= at(i, k) * at(j, k);
+      at(i, j) = t / ljj;
     }
   }
   std::vector<double> y(n);
   for (int i = 0; i < n; ++i) {
     double t = rhs[i];
-    for (int k = 0; k < i; ++k) t -= M[int64_t(i) * n + k] * y[k];
-    y[i] = t / M[int64_t(i) * n + i];
+    for (int k = std::max(0, i - (W - 1)); k < i; ++k) t -= at(i, k) * y[k];
+    y[i] = t / at(i, i);
   }
   for (int i = n - 1; i >= 0; --i) {
     double t = y[i];
-    for (int k = i + 1; k < n; ++k) t -= M[int64_t(k) * n + i] * y[k];
-    y[i] = t / M[int64_t(i) * n + i];
+    for (int k = i + 1; k < std::min(n, i + W); ++k) t -= at(k, i) * y[k];
+    y[i] = t / at(i, i);
   }
   return y[n - 1];
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
 #include "backends/weight_formats.h"
 
 namespace alpamayo {
@@ -12,7 +13,8 @@ void expect_weight(const TensorView& t, const std::vector<int64_t>& shape) {
   expect_float(t);
   expect_shape(t, shape);
   expect_host_contiguous(t, "model loading");
-  check(t.data != nullptr, t.name + ": null data pointer");
+  check(t.data != nullptr || t.numel() == 0, t.name + ": null data pointer");
+  expect_finite(t);
 }
 
 }  // namespace
@@ -22,6 +24,36 @@ void validate_weights(const ExpertConfig& c, const ModelWeights& w) {
         "expert config: every size must be positive (L=" + std::to_string(c.L) + " D=" + std::to_string(c.D) +
             " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " d=" + std::to_string(c.d) +
             " I=" + std::to_string(c.I) + " T=" + std::to_string(c.T) + " A=" + std::to_string(c.A) + ")");
+  auto bound = [](int64_t v, int64_t hi, const char* what) {
+    check(v <= hi, std::string("expert config: ") + what + " = " + std::to_string(v) + " is beyond the bound " +
+                       std::to_string(hi) + " (limits.h)");
+  };
+  bound(c.L, limits::kMaxLayers, "layers L");
+  bound(c.D, limits::kMaxHidden, "hidden size D");
+  bound(c.I, limits::kMaxMlp, "MLP width I");
+  bound(c.Hq, limits::kMaxHeads, "query heads Hq");
+  bound(c.Hkv, limits::kMaxHeads, "KV heads Hkv");
+  bound(c.d, limits::kMaxHeadDim, "head dim d");
+  bound(c.T, limits::kMaxWaypoints, "waypoints T");
+  bound(c.ain_hidden, limits::kMaxHidden, "action_in_proj hidden size");
+  bound(c.ain_layers, limits::kMaxEncLayers, "action_in_proj layers");
+  bound(c.n_fourier, limits::kMaxFourier, "Fourier features");
+  // The numbers config.json parsing bounds (config_json.cpp), for configs built by a caller.
+  check_range(c.dt, limits::kMinDt, limits::kMaxDt, "expert config: dt", " seconds");
+  check_range(c.accel_mean, -limits::kMaxActionStat, limits::kMaxActionStat, "expert config: accel_mean");
+  check_range(c.curvature_mean, -limits::kMaxActionStat, limits::kMaxActionStat, "expert config: curvature_mean");
+  check(c.accel_std > 0 && c.curvature_std > 0, "expert config: accel_std and curvature_std must be positive");
+  check_range(c.accel_std, 0, limits::kMaxActionStat, "expert config: accel_std");
+  check_range(c.curvature_std, 0, limits::kMaxActionStat, "expert config: curvature_std");
+  check_range(c.v_lambda, 0, limits::kMaxFitWeight, "expert config: v_lambda");
+  check_range(c.v_ridge, 0, limits::kMaxFitWeight, "expert config: v_ridge");
+  check_range(c.num_steps, 1, limits::kMaxSteps, "expert config: num_inference_steps");
+  check_range(c.max_freq, 0, limits::kMaxFreq, "expert config: max_freq");
+  check(c.rms_eps > 0 && c.rms_eps < 1, "expert config: rms_eps must be in (0, 1), found " + std::to_string(c.rms_eps));
+  check_range(c.rope_theta, 1, limits::kMaxRopeTheta, "expert config: rope_theta");
+  check(c.ain_hidden > 0 && c.ain_layers > 0 && c.n_fourier > 0,
+        "expert config: action_in_proj sizes must be positive (hidden " + std::to_string(c.ain_hidden) + ", layers " +
+            std::to_string(c.ain_layers) + ", Fourier features " + std::to_string(c.n_fourier) + ")");
   check(c.Hq % c.Hkv == 0, "expert config: query heads (" + std::to_string(c.Hq) +
                                ") must be a multiple of KV heads (" + std::to_string(c.Hkv) + ")");
   check(c.d % 2 == 0, "expert config: head dim must be even for rotary embeddings, found " + std::to_string(c.d));
@@ -65,6 +97,7 @@ void validate_weights(const ExpertConfig& c, const ModelWeights& w) {
   for (const TensorView& f : a.freqs) {
     expect_float(f);
     expect_host_contiguous(f, "model loading");
+    expect_finite(f);
     check(f.numel() == c.n_fourier / 2, f.name + ": expected " + std::to_string(c.n_fourier / 2) +
                                             " frequencies, found shape " + shape_str(f.shape));
   }
@@ -87,8 +120,13 @@ std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const 
   parse_weight_format(o);  // checks the bf16 weights list against the format
   if (const std::string why = info.unavailable(); !why.empty())
     throw Error("backend " + info.name + " cannot run here: " + why);
+  const StageScope stage("loading the model into the " + info.name + " backend (" + o.weights + " weights, L " +
+                         std::to_string(cfg.L) + ", D " + std::to_string(cfg.D) + ", I " + std::to_string(cfg.I) + ")");
   validate_weights(cfg, w);
+  check_memory(estimate_model_memory(cfg, info.name, o.weights),
+               "loading the model into the " + info.name + " backend (" + o.weights + " weights)");
   auto m = std::shared_ptr<Model>(new Model());
+  m->views_ = w;
   m->cfg_ = cfg;
   m->name_ = info.name;
   m->owner_ = std::move(owner);

@@ -1,11 +1,18 @@
 // Session: the non-virtual part of the seam. Every input is validated here once; backends assume valid input.
 #include "alpamayo/session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <thread>
+#include <tuple>
 
 #include "alpamayo/action_space.h"
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
+#include "backends/reference/reference_backend.h"
+#include "backends/weight_formats.h"
 #include "model/sampler.h"
 
 namespace alpamayo {
@@ -40,7 +47,88 @@ std::vector<int64_t> offsets(const KVCache& kv) {
   return o;
 }
 
+// Appended to a non-finite failure of layer l: the tensors that layer reads, with a non-finite value or the
+// largest magnitude (one layer's weights and cache rows in use are scanned: cheap next to the step re-run).
+std::string layer_culprits(const ModelWeights& w, const KVCache& kv, int l) {
+  if (l < 0 || l >= static_cast<int>(w.expert.layers.size())) return "";
+  const LayerWeights& lw = w.expert.layers[l];
+  std::string big, bad;
+  float big_v = -1;
+  auto look = [&](const TensorView& t, const std::string& label, int64_t begin, int64_t end) {
+    if (!t.device.host_accessible() || !t.is_contiguous() || t.data == nullptr) return;
+    const FiniteScan s = scan_finite(t, begin, end);
+    if (s.first_bad >= 0 && bad.empty()) bad = label + " holds a non-finite value at " + index_str(t.shape, s.first_bad);
+    if (s.argmax >= 0 && s.max_abs > big_v) {
+      big_v = s.max_abs;
+      char v[32];
+      std::snprintf(v, sizeof v, "%.3g", s.max_abs);
+      big = label + " = " + v + " at " + index_str(t.shape, s.argmax);
+    }
+  };
+  const std::pair<const TensorView*, const char*> ws[] = {
+      {&lw.input_norm, "input_layernorm.weight"}, {&lw.q, "self_attn.q_proj.weight"}, {&lw.k, "self_attn.k_proj.weight"},
+      {&lw.v, "self_attn.v_proj.weight"}, {&lw.q_norm, "self_attn.q_norm.weight"}, {&lw.k_norm, "self_attn.k_norm.weight"},
+      {&lw.o, "self_attn.o_proj.weight"}, {&lw.post_norm, "post_attention_layernorm.weight"},
+      {&lw.gate, "mlp.gate_proj.weight"}, {&lw.up, "mlp.up_proj.weight"}, {&lw.down, "mlp.down_proj.weight"}};
+  for (const auto& [t, n] : ws) look(*t, t->name.empty() ? std::string(n) : t->name, 0, -1);
+  // Cache rows some sample attends to (the rows past valid_len are padding and may hold anything).
+  if (l < static_cast<int>(kv.key.size()))
+    for (const TensorView* t : {&kv.key[l], &kv.value[l]})
+      for (int g = 0; g < kv.G; ++g)
+        for (int h = 0; h < kv.Hkv; ++h) {
+          const int64_t base = (int64_t(g) * kv.Hkv + h) * kv.P;
+          look(*t, t->name.empty() ? "cache layer " + std::to_string(l) : t->name, (base + kv.pad(g)) * kv.d,
+               (base + kv.valid_len[g]) * kv.d);
+        }
+  std::string s;
+  if (!bad.empty()) s += "; " + bad;
+  if (!big.empty()) s += "; the largest value layer " + std::to_string(l) + " reads is |" + big.substr(0, big.find(" = ")) +
+                         "|" + big.substr(big.find(" = "));
+  return s;
+}
+
 }  // namespace
+
+std::string Session::culprits(int layer, bool unguided) const {
+  const std::optional<Context>& c = unguided ? unguided_ : ctx_;
+  return c ? layer_culprits(model_->weight_views(), c->kv(), layer) : std::string();
+}
+
+// The operation inside the failing layer: the layer re-run from its (finite) input in the fp32 reference, op
+// by op, until one output is non-finite. The reference reproduces an overflow of huge weights or activations;
+// where it does not (a backend's own rounding), nothing is added.
+std::string Session::layer_stage(const NonFiniteError& e) const {
+  const std::optional<Context>& cx = e.unguided ? unguided_ : ctx_;
+  const ExpertConfig& c = model_->config();
+  const ModelWeights& w = model_->weight_views();
+  if (!cx || e.layer < 0 || e.layer >= static_cast<int>(w.expert.layers.size()) ||
+      e.input.size() != size_t(cx->batch()) * c.T * c.D)
+    return "";
+  try {
+    const KVCache& kv = cx->kv();
+    for (const auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
+      for (const TensorView& t : *list)
+        if (!t.device.host_accessible()) return "";
+    const RopeTables rope = make_rope_tables(offsets(kv), cx->rope_delta(), c.T, c.d, c.rope_theta);
+    std::vector<float> h = e.input;
+    std::string found;
+    BackendOptions f32;
+    f32.weights = "f32";
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    reference_layer(c, w.expert.layers[e.layer], parse_weight_format(f32), kv, e.layer, rope, threads, h.data(),
+                    [&](const char* stage, const float* p, int64_t n) {
+                      for (int64_t i = 0; i < n; ++i)
+                        if (!std::isfinite(p[i])) {
+                          found = stage;
+                          return false;
+                        }
+                      return true;
+                    });
+    return found.empty() ? "" : "; inside layer " + std::to_string(e.layer) + " the first non-finite output is " + found;
+  } catch (const std::exception&) {
+    return "";  // the diagnosis never replaces the error it explains
+  }
+}
 
 void Session::bind(Context ctx, const BindOptions& opts) {
   const ExpertConfig& c = model_->config();
@@ -50,6 +138,16 @@ void Session::bind(Context ctx, const BindOptions& opts) {
   check_readable(ctx, model_->backend());
   check(opts.capture.step >= -1, "bind: capture step must be -1 (none) or a step index, found " +
                                      std::to_string(opts.capture.step));
+  {  // memory: estimated from the sizes before the backend allocates anything
+    const KVCache* u = opts.guidance ? &opts.guidance->unguided.kv() : nullptr;
+    check_memory(estimate_session_memory(c, model_->backend_name(), ctx.kv(), u,
+                                         opts.capture.step >= 0 && opts.capture.layers),
+                 "binding " + ctx.name() + " (B " + std::to_string(ctx.batch()) + ", cache rows P " +
+                     std::to_string(ctx.kv().P) + ", T " + std::to_string(c.T) + ") to the " +
+                     model_->backend_name() + " backend");
+  }
+  const StageScope stage("binding " + ctx.name() + " (B " + std::to_string(ctx.batch()) + ", cache rows P " +
+                         std::to_string(ctx.kv().P) + ") to the " + model_->backend_name() + " backend");
   Binding b;
   b.kv = ctx.kv();
   b.rope = make_rope_tables(offsets(b.kv), ctx.rope_delta(), c.T, c.d, c.rope_theta);
@@ -57,7 +155,8 @@ void Session::bind(Context ctx, const BindOptions& opts) {
   if (opts.guidance) {
     const Context& u = opts.guidance->unguided;
     const double w = opts.guidance->weight;
-    check(std::isfinite(w) && w >= 0, "guidance weight must be finite and >= 0, found " + std::to_string(w));
+    check(std::isfinite(w) && w >= 0 && w <= limits::kMaxGuidanceWeight,
+          "guidance weight must be finite and in [0, 1000], found " + std::to_string(w));
     u.check_compatible(c);
     check(u.batch() == ctx.batch(), u.name() + ": the guidance context has " + std::to_string(u.batch()) +
                                         " samples, the guided context " + ctx.name() + " has " +
@@ -88,8 +187,9 @@ SampleResult Session::sample(const SampleOptions& o) {
   r.steps = o.steps > 0 ? o.steps : c.num_steps;
   check(r.steps >= 1 && r.steps <= 100000, "steps must be in [1, 100000], found " + std::to_string(r.steps));
   const int64_t n = int64_t(r.B) * r.T * r.A;
-  check(std::isfinite(o.temperature) && o.temperature >= 0,
-        "temperature must be finite and >= 0, found " + std::to_string(o.temperature));
+  check_range(o.temperature, 0, limits::kMaxTemperature, "temperature");
+  const StageScope stage("sampling B " + std::to_string(r.B) + " x T " + std::to_string(r.T) + " over " +
+                         std::to_string(r.steps) + " Euler steps on the " + model_->backend_name() + " backend");
   std::vector<float> x;
   if (!o.noise.empty()) {
     check(static_cast<int64_t>(o.noise.size()) == n, "noise: expected " + std::to_string(n) + " values [B=" +
@@ -115,23 +215,35 @@ SampleResult Session::sample(const SampleOptions& o) {
   // v0 first, so that a bad history fails before the expensive sampling.
   r.v0.resize(r.B);
   if (o.v0) {
-    check(std::isfinite(*o.v0), "v0 must be finite, found " + std::to_string(*o.v0));
+    check_range(*o.v0, -limits::kMaxSpeed, limits::kMaxSpeed, "v0", " m/s");
     std::fill(r.v0.begin(), r.v0.end(), static_cast<float>(*o.v0));
     r.v0_source = "given";
   } else if (ctx_->v0()) {
     r.v0 = *ctx_->v0();
     r.v0_source = "context v0";
+    for (int b = 0; b < r.B; ++b)
+      check_range(r.v0[b], -limits::kMaxSpeed, limits::kMaxSpeed, ctx_->name() + ": v0[" + std::to_string(b) + "]",
+                  " m/s");
   } else if (ctx_->history()) {
     const EgoHistory& h = *ctx_->history();
-    for (int b = 0; b < r.B; ++b)
-      r.v0[b] = static_cast<float>(estimate_v0(h.xyz.data() + int64_t(b) * h.H * 3, h.rot.data() + int64_t(b) * h.H * 9, h.H, c));
+    for (int b = 0; b < r.B; ++b) {
+      const double v = estimate_v0(h.xyz.data() + int64_t(b) * h.H * 3, h.rot.data() + int64_t(b) * h.H * 9, h.H, c);
+      check_range(v, -limits::kMaxSpeed, limits::kMaxSpeed,
+                  ctx_->name() + ": v0 of sample " + std::to_string(b) + " estimated from ego_history_xyz/rot (" +
+                      std::to_string(h.H) + " poses, dt " + std::to_string(c.dt) + " s)",
+                  " m/s");
+      r.v0[b] = static_cast<float>(v);
+    }
     r.v0_source = "ego history";
   } else {
     throw Error(ctx_->name() + ": the context has neither v0 nor ego_history_xyz/ego_history_rot; give v0 explicitly");
   }
 
   const std::vector<float> times = euler_time_grid(r.steps);
-  if (o.all_steps) {
+  if (o.all_steps) {  // every x_k and v_k: (2 N + 1) B T A floats, checked before allocating
+    MemoryEstimate m;
+    m.add("x_steps and v_steps over " + std::to_string(r.steps) + " steps", 4.0 * double(n) * (2.0 * r.steps + 1));
+    check_memory(m, "keeping every Euler step (all_steps)");
     r.x_steps.resize(n * (r.steps + 1));
     r.v_steps.resize(n * r.steps);
   }
@@ -143,7 +255,11 @@ SampleResult Session::sample(const SampleOptions& o) {
   a.v_steps = o.all_steps ? r.v_steps.data() : nullptr;
   a.step_seconds = &r.step_seconds;
   const auto t0 = std::chrono::steady_clock::now();
-  backend_->denoise(a);
+  try {
+    backend_->denoise(a);
+  } catch (const NonFiniteError& e) {
+    throw Error(e.what() + layer_stage(e) + culprits(e.layer, e.unguided));
+  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (static_cast<int>(r.step_seconds.size()) != r.steps) r.step_seconds.assign(r.steps, r.seconds / r.steps);
   check_finite(x.data(), n, "action x_N after " + std::to_string(r.steps) + " Euler steps");
@@ -158,6 +274,17 @@ SampleResult Session::sample(const SampleOptions& o) {
     r.yaw.insert(r.yaw.end(), tr.yaw.begin(), tr.yaw.end());
     r.rot.insert(r.rot.end(), tr.rot.begin(), tr.rot.end());
   }
+  // The unicycle decode: finite actions may still overflow with a large v0, dt or action statistics.
+  for (const auto& [name, v, w] : {std::tuple<const char*, const std::vector<float>*, int>{"xyz", &r.xyz, 3},
+                                   {"yaw", &r.yaw, 1}, {"rot", &r.rot, 9}})
+    for (size_t i = 0; i < v->size(); ++i)
+      if (!std::isfinite((*v)[i])) {
+        const int64_t row = int64_t(i) / w, b = row / r.T;
+        throw Error(std::string("trajectory decode: ") + name + " of sample " + std::to_string(b) + " is non-finite at waypoint " +
+                    std::to_string(row % r.T) + " (the actions are finite; v0 = " + std::to_string(r.v0[b]) + " m/s, dt = " +
+                    std::to_string(c.dt) + " s, accel " + std::to_string(c.accel_mean) + " + " + std::to_string(c.accel_std) +
+                    " a, curvature " + std::to_string(c.curvature_mean) + " + " + std::to_string(c.curvature_std) + " k)");
+      }
   return r;
 }
 

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "alpamayo/limits.h"
 #include "alpamayo/engine.h"
 #include "alpamayo/error.h"
 
@@ -258,6 +259,14 @@ using namespace alpamayo::python;
 NB_MODULE(_core, m) {
   m.doc() = "The Alpamayo action-expert engine (C++), bound with nanobind. Use the classes of alpamayo_expert.";
   nb::exception<Error>(m, "Error", PyExc_RuntimeError);
+  // std::bad_alloc: MemoryError naming the stage that ran out (limits.h), not a bare "std::bad_alloc".
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const std::bad_alloc&) {
+      PyErr_SetString(PyExc_MemoryError, alpamayo::out_of_memory_message().c_str());
+    }
+  });
 
   m.def("backends", [] {
     std::vector<std::tuple<std::string, std::vector<std::string>, std::string>> out;

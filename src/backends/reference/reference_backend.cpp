@@ -104,7 +104,7 @@ class ReferenceModel final : public BackendModel {
 }  // namespace
 
 void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const WeightFormat& wf, const KVCache& kv,
-                     int layer, const RopeTables& rope, int threads, float* h) {
+                     int layer, const RopeTables& rope, int threads, float* h, const LayerProbe& probe) {
   const int B = kv.B, T = rope.T, D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d, I = cfg.I, P = kv.P;
   const int M = B * T;
   std::vector<float> a(int64_t(M) * D), q(int64_t(M) * Hq * d), k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d),
@@ -117,11 +117,19 @@ void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const Weig
     svalue = to_f32(kv.suffix_value[layer]);
   }
   ref::rms_norm(h, w.input_norm.data(), M, D, cfg.rms_eps, a.data());
+  if (probe && !probe("input_layernorm", a.data(), int64_t(M) * D)) return;
   ref::matmul_nt(a.data(), M, D, w.q, Hq * d, q.data(), threads);
   ref::matmul_nt(a.data(), M, D, w.k, Hkv * d, k.data(), threads);
   ref::matmul_nt(a.data(), M, D, w.v, Hkv * d, v.data(), threads);
+  if (probe && (!probe("self_attn.q_proj", q.data(), int64_t(M) * Hq * d) ||
+                !probe("self_attn.k_proj", k.data(), int64_t(M) * Hkv * d) ||
+                !probe("self_attn.v_proj", v.data(), int64_t(M) * Hkv * d)))
+    return;
   ref::rms_norm(q.data(), w.q_norm.data(), M * Hq, d, cfg.rms_eps, q.data());
   ref::rms_norm(k.data(), w.k_norm.data(), M * Hkv, d, cfg.rms_eps, k.data());
+  if (probe && (!probe("self_attn.q_norm", q.data(), int64_t(M) * Hq * d) ||
+                !probe("self_attn.k_norm", k.data(), int64_t(M) * Hkv * d)))
+    return;
   for (int b = 0; b < B; ++b) {
     const float* c = rope.cos.data() + int64_t(b) * T * d;
     const float* s = rope.sin.data() + int64_t(b) * T * d;
@@ -140,14 +148,24 @@ void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const Weig
                    v.data() + int64_t(b) * T * Hkv * d, segs, T, Hq, Hkv, d, att.data() + int64_t(b) * T * Hq * d,
                    threads);
   }
+  if (probe && !probe("attention (softmax(q k^T) v over the cache and the action tokens)", att.data(), int64_t(M) * Hq * d))
+    return;
   ref::matmul_nt(att.data(), M, Hq * d, w.o.data(), D, tmp.data(), threads);
+  if (probe && !probe("self_attn.o_proj", tmp.data(), int64_t(M) * D)) return;
   for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+  if (probe && !probe("output after attention (the residual sum)", h, int64_t(M) * D)) return;
   ref::rms_norm(h, w.post_norm.data(), M, D, cfg.rms_eps, a.data());
+  if (probe && !probe("post_attention_layernorm", a.data(), int64_t(M) * D)) return;
   ref::matmul_nt(a.data(), M, D, w.gate.data(), I, g.data(), threads);
   ref::matmul_nt(a.data(), M, D, w.up.data(), I, u.data(), threads);
+  if (probe && (!probe("mlp.gate_proj", g.data(), int64_t(M) * I) || !probe("mlp.up_proj", u.data(), int64_t(M) * I)))
+    return;
   for (int64_t i = 0; i < int64_t(M) * I; ++i) g[i] = ref::silu(g[i]) * u[i];
+  if (probe && !probe("silu(gate) * up", g.data(), int64_t(M) * I)) return;
   ref::matmul_nt(g.data(), M, I, w.down.data(), D, tmp.data(), threads);
+  if (probe && !probe("mlp.down_proj", tmp.data(), int64_t(M) * D)) return;
   for (int64_t i = 0; i < int64_t(M) * D; ++i) h[i] += tmp[i];
+  if (probe) probe("output after the MLP (the residual sum)", h, int64_t(M) * D);
 }
 
 std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, const ModelWeights& w,

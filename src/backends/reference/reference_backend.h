@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <memory>
 
 #include "alpamayo/backend.h"
@@ -11,6 +12,9 @@ std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, co
 
 // One expert layer of the reference, h [B*T, D] in place (the backend's step runs it for every layer; tools use it
 // to measure one layer on a given input). kv: the bound cache, of which layer `layer` is read.
+// probe (optional): called after each stage with its output ("q_proj", ..., "output after attention", ...,
+// "output after the MLP"); returning false stops the layer there (the non-finite diagnosis, session.cpp).
+using LayerProbe = std::function<bool(const char* stage, const float* out, int64_t n)>;
 void reference_layer(const ExpertConfig& cfg, const LayerWeights& w, const WeightFormat& wf, const KVCache& kv,
-                     int layer, const RopeTables& rope, int threads, float* h);
+                     int layer, const RopeTables& rope, int threads, float* h, const LayerProbe& probe = {});
 }  // namespace alpamayo
