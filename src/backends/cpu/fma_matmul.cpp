@@ -1,0 +1,117 @@
+// fma_matmul.h: packing, dispatch, and the portable kernel (plain C++, std::fma: the same FMA chain as the ISA
+// kernels, so the same bits; the fallback where neither AVX2 nor AVX-512 runs, and the tests' oracle).
+#include "backends/cpu/fma_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "alpamayo/error.h"
+#include "alpamayo/tensor.h"
+#include "backends/cpu/isa.h"
+
+namespace alpamayo::cpu {
+namespace {
+
+float widen(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+const char* fma_kernel_name(FmaKernel k) {
+  switch (k) {
+    case FmaKernel::Avx512: return "avx512_fma";
+    case FmaKernel::Avx2: return "avx2_fma";
+    case FmaKernel::Portable: return "portable_fma";
+  }
+  return "?";
+}
+
+bool fma_kernel_runnable(FmaKernel k) {
+  switch (k) {
+    case FmaKernel::Avx512: return isa().has(kAvx512);
+    case FmaKernel::Avx2: return isa().has(kAvx2Fma);
+    case FmaKernel::Portable: return true;
+  }
+  return false;
+}
+
+int fma_panel_width(FmaKernel k) { return k == FmaKernel::Avx512 ? 64 : 16; }
+
+template <class Get>
+void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
+  if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
+  kernel_ = k;
+  K_ = K;
+  N_ = N;
+  const int w = fma_panel_width(k), panels = (N + w - 1) / w;
+  bytes_ = size_t(panels) * K * w * sizeof(uint16_t);
+  buf_.reset();
+  if (bytes_ == 0) return;
+  auto buf = std::make_shared<HugeBuf>(bytes_);
+  auto* dst = static_cast<uint16_t*>(buf->data());
+  for (int p = 0; p < panels; ++p) {
+    uint16_t* panel = dst + size_t(p) * K * w;
+    for (int j = 0; j < w; ++j) {
+      const int n = p * w + j;
+      if (n < N)
+        for (int kk = 0; kk < K; ++kk) panel[size_t(kk) * w + j] = get(n, kk);
+      else
+        for (int kk = 0; kk < K; ++kk) panel[size_t(kk) * w + j] = 0;
+    }
+  }
+  buf_ = std::move(buf);
+}
+
+void FmaWeights::pack(FmaKernel k, const float* W, int K, int N) {
+  pack_with(k, K, N, [&](int n, int kk) { return f32_to_bf16(W[size_t(n) * K + kk]); });
+}
+
+void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N) {
+  pack_with(k, K, N, [&](int n, int kk) { return W[size_t(n) * K + kk]; });
+}
+
+size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
+  const size_t xf = (size_t(std::max(M, 0)) * std::max(K, 0) + 15) / 16 * 16;
+  return (xf + size_t(kFmaKBlock) * 64) * sizeof(float);
+}
+
+void fma_matmul_portable(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                         float* scratch) {
+  constexpr int kW = 16;
+  float* xf = scratch;
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k) xf[size_t(m) * K + k] = widen(x[size_t(m) * ldx + k]);
+  for (int p = 0; p * kW < N; ++p) {
+    const uint16_t* panel = w + size_t(p) * K * kW;
+    const int valid = std::min(kW, N - p * kW);
+    for (int m = 0; m < M; ++m) {
+      float acc[kW] = {};
+      const float* xr = xf + size_t(m) * K;
+      for (int k = 0; k < K; ++k) {
+        const uint16_t* wr = panel + size_t(k) * kW;
+        for (int j = 0; j < kW; ++j) acc[j] = std::fma(xr[k], widen(wr[j]), acc[j]);
+      }
+      std::copy(acc, acc + valid, y + size_t(m) * ldy + size_t(p) * kW);
+    }
+  }
+}
+
+void fma_matmul(const FmaWeights& w, const uint16_t* x, int M, int ldx, float* y, int ldy, void* scratch) {
+  if (M <= 0 || w.N() == 0) return;
+  if (!fma_kernel_runnable(w.kernel()))
+    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(w.kernel()) + " cannot run on this CPU (" +
+                isa().describe() + ")");
+  auto* s = static_cast<float*>(scratch);
+  switch (w.kernel()) {
+    case FmaKernel::Avx512: fma_matmul_avx512(w.data(), w.K(), w.N(), x, M, ldx, y, ldy, s); break;
+    case FmaKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), x, M, ldx, y, ldy, s); break;
+    case FmaKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), x, M, ldx, y, ldy, s); break;
+  }
+}
+
+}  // namespace alpamayo::cpu

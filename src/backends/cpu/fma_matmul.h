@@ -1,0 +1,76 @@
+// bf16-weight matmuls on fp32 FMAs: y[M, ldy] (first N columns) = x[M, K] (bf16) * W[N, K]^T (bf16), the
+// product oneDNN's bf16 matmul computes, without `vdpbf16ps`. Both operands are widened to fp32 in registers
+// (exact: a bf16 is the top half of an fp32) and multiplied with `vfmadd231ps`. Why: on Intel Xeon (Sapphire /
+// Emerald Rapids) `vdpbf16ps` runs at half the rate of fp32 FMA, and on AVX2-only CPUs oneDNN 2.6 has no bf16
+// matmul at all (docs/CPU_BACKEND.md, "bf16 matmuls on fp32 FMAs").
+//
+// Layout: W is packed once into panels of `panel_width(kernel)` output columns (64 for AVX-512, 16 for AVX2 and
+// the portable kernel), each panel [K][width] bf16 (RNE from fp32), the last one zero-padded, panels one after
+// the other, so the kernel streams its weights strictly sequentially.
+//
+// Summation order: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k], acc) for
+// k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. All kernels (AVX-512,
+// AVX2, portable) therefore give bitwise identical results, and so does any split of the columns over threads.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backends/cpu/huge_buf.h"
+
+namespace alpamayo::cpu {
+
+enum class FmaKernel { Avx512, Avx2, Portable };
+
+// "avx512_fma", "avx2_fma", "portable_fma": the names ALPAMAYO_CPU_KERNELS uses for matmul_bf16.
+const char* fma_kernel_name(FmaKernel k);
+// Whether this process may run the kernel (isa(), capped by ALPAMAYO_CPU_ISA); the portable one always.
+bool fma_kernel_runnable(FmaKernel k);
+// Output columns per packed panel.
+int fma_panel_width(FmaKernel k);
+
+// One packed weight matrix (a thread's column slice) for one kernel. Immutable once packed; copies share it.
+class FmaWeights {
+ public:
+  // Packs W [N, K] (fp32 rows, rounded to bf16 to nearest even) for kernel k.
+  void pack(FmaKernel k, const float* W, int K, int N);
+  // Packs W [N, K] already in bf16.
+  void pack_bf16(FmaKernel k, const uint16_t* W, int K, int N);
+
+  FmaKernel kernel() const { return kernel_; }
+  int K() const { return K_; }
+  int N() const { return N_; }
+  const uint16_t* data() const { return buf_ ? static_cast<const uint16_t*>(buf_->data()) : nullptr; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  template <class Get>
+  void pack_with(FmaKernel k, int K, int N, Get get);
+  FmaKernel kernel_ = FmaKernel::Portable;
+  int K_ = 0, N_ = 0;
+  size_t bytes_ = 0;
+  std::shared_ptr<const HugeBuf> buf_;  // huge pages: the weights stream cold from DRAM every step
+};
+
+// Scratch bytes (64-byte aligned memory) fma_matmul needs for M rows of K: x widened to fp32 and one
+// widened weight block.
+size_t fma_scratch_bytes(FmaKernel k, int M, int K);
+
+// y[m][n] = sum_k x[m][k] w[n][k] (the fixed order above) for m < M, n < w.N(): x bf16 [M, ldx], y fp32 [M, ldy].
+// Runs w.kernel(), which must be runnable here; M >= 1 (M == 0 or N == 0 does nothing).
+void fma_matmul(const FmaWeights& w, const uint16_t* x, int M, int ldx, float* y, int ldy, void* scratch);
+
+// Internal: the kernels on raw packed panels (fma_matmul_avx512.cpp, fma_matmul_avx2.cpp, fma_matmul.cpp).
+// scratch: fma_scratch_bytes(kernel, M, K).
+void fma_matmul_avx512(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                       float* scratch);
+void fma_matmul_avx2(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                     float* scratch);
+void fma_matmul_portable(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                         float* scratch);
+
+// K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
+inline constexpr int kFmaKBlock = 128;
+
+}  // namespace alpamayo::cpu
