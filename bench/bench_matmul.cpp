@@ -5,7 +5,10 @@
 // the attribute choices the backend avoids would get (--study), and what cold weights cost (--cold).
 // --block: one thread's slices on the block-format kernels (bfp_matmul.h: bf16 pairs, bfp8_b, bfp4_b, AVX512-BF16
 // and portable) against oneDNN bf16, hot and cold weights.
+// --fma: one thread's slices: oneDNN bf16 vs the fp32-FMA kernels (fma_matmul.h: avx512_fma, avx2_fma), hot and cold
+// weights, with the single-thread fp32 FMA peak (a register-only vfmadd231ps loop) for scale.
 #include <CLI/CLI.hpp>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,8 +19,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "alpamayo/tensor.h"
 #include "backends/cpu/aligned.h"
 #include "backends/cpu/bfp_matmul.h"
+#include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/isa.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
 
@@ -144,11 +150,105 @@ void block_kernels(const dnnl::engine& eng, int M, int reps) {
   if (sink == 42) std::printf(" \n");
 }
 
+
+// Single-thread fp32 FMA peak: 12 independent accumulator chains of vfmadd231ps (zmm or ymm), registers only.
+__attribute__((target("avx512f"), noinline)) double fma_peak_avx512(long iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i));
+  const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  volatile float sink = _mm512_reduce_add_ps(s);
+  (void)sink;
+  return 12.0 * 16 * 2 * iters / sec / 1e9;
+}
+__attribute__((target("avx2,fma"), noinline)) double fma_peak_avx2(long iters) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(float(i));
+  const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-3f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  float out[8];
+  __m256 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
+  _mm256_storeu_ps(out, s);
+  volatile float sink = out[0];
+  (void)sink;
+  return 12.0 * 8 * 2 * iters / sec / 1e9;
+}
+
+// One thread's slices of the seed on 2 threads: oneDNN bf16 vs the fp32-FMA kernels, hot and cold weights.
+void fma_kernels(const dnnl::engine& eng, int M, int reps) {
+  MatmulKernels kernels(eng);
+  dnnl::stream st(eng);
+  ScopedOmpThreads one(1);
+  std::printf("CPU features: %s\n", isa().describe().c_str());
+  if (isa().has(kAvx512)) std::printf("fp32 FMA peak, 1 thread, zmm: %.1f GFLOP/s\n", fma_peak_avx512(50000000));
+  if (isa().has(kAvx2Fma)) std::printf("fp32 FMA peak, 1 thread, ymm: %.1f GFLOP/s\n", fma_peak_avx2(50000000));
+  struct Shape { const char* name; int K, N; };
+  const Shape shapes[] = {{"qkv slice", 1536, 2048}, {"o slice", 2048, 768}, {"gate_up slice", 1536, 6144},
+                          {"down slice", 6144, 768}};
+  std::vector<char> sweep(size_t(256) << 20, 1);
+  long sink = 0;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  for (const Shape& sh : shapes) {
+    std::vector<float> W(size_t(sh.N) * sh.K);
+    for (auto& v : W) v = nd(rng);
+    AlignedBuf<uint16_t> x(size_t(M) * sh.K);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = alpamayo::f32_to_bf16(nd(rng));
+    AlignedBuf<float> y(size_t(M) * sh.N);
+    const double flop = 2.0 * M * sh.K * sh.N;
+    auto time = [&](const char* what, const std::function<void()>& fn) {
+      double cold = 0, hot = 1e30;
+      fn();
+      for (int r = 0; r < reps; ++r) {
+        for (size_t i = 0; i < sweep.size(); i += 64) sink += sweep[i]++;
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        const auto t1 = std::chrono::steady_clock::now();
+        fn();
+        const auto t2 = std::chrono::steady_clock::now();
+        cold += std::chrono::duration<double>(t1 - t0).count();
+        hot = std::min(hot, std::chrono::duration<double>(t2 - t1).count());
+      }
+      std::printf("%-14s K=%-5d N=%-5d %-12s M=%d: hot %7.3f ms %6.1f GFLOP/s, cold %7.3f ms %6.1f GFLOP/s\n", sh.name,
+                  sh.K, sh.N, what, M, hot * 1e3, flop / hot / 1e9, cold / reps * 1e3, flop / (cold / reps) / 1e9);
+    };
+    try {
+      PackedLinear lin;
+      lin.pack(kernels, WeightType::BF16, sh.K, sh.N, W.data(), M, sh.N);
+      const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+      AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
+      time("onednn", [&] { lin.run(st, plan, x.data(), y.data(), scratch.data()); });
+    } catch (const std::exception& e) {
+      std::printf("%-14s onednn: unavailable (%s)\n", sh.name, e.what());
+    }
+    for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
+      if (!fma_kernel_runnable(k)) {
+        std::printf("%-14s %s: not runnable here\n", sh.name, fma_kernel_name(k));
+        continue;
+      }
+      FmaWeights fw;
+      fw.pack(k, W.data(), sh.K, sh.N);
+      AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, sh.K));
+      time(fma_kernel_name(k), [&] { fma_matmul(fw, x.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
+    }
+  }
+  if (sink == 42) std::printf(" \n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int M = 64, threads = 2, reps = 20;
-  bool study = false, cold = false, block = false;
+  bool study = false, cold = false, block = false, fma = false;
   CLI::App app{"oneDNN matmul throughput for the expert's shapes"};
   app.add_option("--M", M, "rows (B*T)");
   app.add_option("--threads", threads, "threads");
@@ -156,11 +256,16 @@ int main(int argc, char** argv) {
   app.add_flag("--study", study, "only the single-thread oneDNN attribute study");
   app.add_flag("--cold", cold, "only single-thread slices with cold versus hot weights");
   app.add_flag("--block", block, "only single-thread slices: oneDNN bf16 vs the block-format kernels");
+  app.add_flag("--fma", fma, "only single-thread slices: oneDNN bf16 vs the fp32-FMA kernels (avx512_fma, avx2_fma)");
   CLI11_PARSE(app, argc, argv);
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
                           {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  if (fma) {
+    fma_kernels(eng, M, reps < 5 ? reps : 5);
+    return 0;
+  }
   if (block) {
     block_kernels(eng, M, reps < 5 ? reps : 5);
     return 0;

@@ -28,6 +28,7 @@
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_backend_impl.h"
+#include "backends/cpu/isa.h"
 #endif
 
 namespace alpamayo {
@@ -679,6 +680,118 @@ TEST(Conformance, CpuPortableAttentionMatchesTheReference) {
                          sh.name + " portable attention layer " + std::to_string(l));
     expect_sampler_close(compare(x, ref.r.action), tolerance("bf16"), sh.name + " portable attention x_N");
   }
+}
+
+// Sets an environment variable for a scope, restoring the old value (or its absence) on exit.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// The cpu backend's bf16 weights on every matmul_bf16 kernel this machine runs (forced with ALPAMAYO_CPU_KERNELS),
+// against the reference with the bf16 tolerance; kernels that cannot run here are printed as skipped. The
+// fp32-FMA kernels compute the same FMA chain (fma_matmul.h), so their whole runs are bitwise identical.
+TEST(Conformance, CpuMatmulBf16KernelsMatchTheReference) {
+  std::map<int, std::vector<float>> fma_result;  // per shape: the first fp32-FMA kernel's x_N
+  for (const std::string kernel : {"onednn", "avx512_fma", "avx2_fma", "portable_fma"}) {
+    ScopedEnv env("ALPAMAYO_CPU_KERNELS", "matmul_bf16=" + kernel);
+    for (int si : {1, 2}) {
+      const Shape& sh = shapes()[si];
+      Problem p(sh);
+      BackendOptions o;
+      o.threads = 2;
+      o.weights = "bf16";
+      std::unique_ptr<BackendModel> bm;
+      try {
+        bm = load_cpu_backend(p.cfg, p.w, o);
+      } catch (const Error& e) {
+        const bool fma = kernel != "onednn";
+        // An fp32-FMA kernel must load wherever its instruction set is usable.
+        if (fma && kernel != "portable_fma")
+          EXPECT_FALSE(cpu::fma_kernel_runnable(kernel == "avx512_fma" ? cpu::FmaKernel::Avx512 : cpu::FmaKernel::Avx2))
+              << kernel << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();
+        std::printf("  [skipped] matmul_bf16=%s: %s\n", kernel.c_str(), e.what());
+        break;
+      }
+      EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bm).matmul_bf16_kernel(), kernel);
+      bool recorded = false;
+      for (const cpu::KernelChoice& c : cpu::kernel_choices())
+        if (c.op == "matmul_bf16") recorded = c.kernel == kernel && c.why == "forced";
+      EXPECT_TRUE(recorded) << kernel;
+      auto sess = bm->new_session();
+      Context ctx = p.context();
+      Binding b;
+      b.kv = ctx.kv();
+      std::vector<int64_t> offset(b.kv.B);
+      for (int i = 0; i < b.kv.B; ++i) offset[i] = b.kv.offset(i);
+      b.rope = make_rope_tables(offset, ctx.rope_delta(), p.cfg.T, p.cfg.d, p.cfg.rope_theta);
+      b.capture = {.step = 0, .layers = true};
+      sess->bind(b);
+      std::vector<float> x = gaussian_noise(11, int64_t(b.kv.B) * p.cfg.T * p.cfg.A);
+      const std::vector<float> times = euler_time_grid(sh.steps);
+      sess->denoise({.x = x.data(), .times = times.data(), .steps = sh.steps});
+      const RunOut ref = run(p.model("reference", "f32"), p.context(), 0);
+      const std::string at = sh.name + " matmul_bf16=" + kernel;
+      for (int l = 0; l < sh.L; ++l)
+        expect_layer_close(compare(sess->captures().layers[l], ref.cap.layers[l]), tolerance("bf16"),
+                           at + " layer " + std::to_string(l));
+      expect_sampler_close(compare(x, ref.r.action), tolerance("bf16"), at + " x_N");
+      if (kernel != "onednn") {
+        if (auto it = fma_result.find(si); it == fma_result.end())
+          fma_result[si] = x;
+        else
+          EXPECT_EQ(x, it->second) << at << ": fp32-FMA kernels differ";
+      }
+    }
+  }
+}
+
+TEST(Conformance, CpuMatmulBf16KernelChoiceErrors) {
+  const Shape& sh = shapes()[1];
+  Problem p(sh);
+  BackendOptions o;
+  o.threads = 2;
+  o.weights = "bf16";
+  {
+    ScopedEnv env("ALPAMAYO_CPU_KERNELS", "matmul_bf16=fastest_ever");
+    try {
+      load_cpu_backend(p.cfg, p.w, o);
+      ADD_FAILURE() << "an unknown matmul_bf16 kernel was accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      for (const char* want : {"fastest_ever", "unknown kernel", "onednn", "avx512_fma", "avx2_fma", "portable_fma"})
+        EXPECT_NE(m.find(want), std::string::npos) << want << " not in: " << m;
+    }
+  }
+  // Not forced: the fastest runnable kernel, recorded with the reason.
+  auto bm = load_cpu_backend(p.cfg, p.w, o);
+  const std::string k = static_cast<const cpu::CpuModel&>(*bm).matmul_bf16_kernel();
+  bool recorded = false;
+  for (const cpu::KernelChoice& c : cpu::kernel_choices())
+    if (c.op == "matmul_bf16") {
+      recorded = c.kernel == k && (c.why.rfind("fastest of ", 0) == 0 || c.why == "only one");
+      std::printf("  matmul_bf16: %s (%s, %.1f GFLOP/s)\n", c.kernel.c_str(), c.why.c_str(), c.gflops);
+    }
+  EXPECT_TRUE(recorded) << k;
+  // The int8 format stays on oneDNN and makes no bf16 choice.
+  o.weights = "int8";
+  auto bm8 = load_cpu_backend(p.cfg, p.w, o);
+  EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bm8).matmul_bf16_kernel(), "");
 }
 #endif
 
