@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <cstdio>
@@ -211,6 +212,26 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
     for (size_t i = 0; i < x.size(); ++i) x[i] = alpamayo::f32_to_bf16(nd(rng));
     AlignedBuf<float> y(size_t(M) * sh.N);
     const double flop = 2.0 * M * sh.K * sh.N;
+    // Double-precision reference of columns [0, 64) (bf16 operands, exact products, double sums) for the
+    // accuracy line after each kernel.
+    const int nref = std::min(sh.N, 64);
+    std::vector<double> ref(size_t(M) * nref);
+    double ref_max = 0;
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < nref; ++n) {
+        double acc = 0;
+        for (int k = 0; k < sh.K; ++k)
+          acc += double(alpamayo::bf16_to_f32(x[size_t(m) * sh.K + k])) *
+                 alpamayo::bf16_to_f32(alpamayo::f32_to_bf16(W[size_t(n) * sh.K + k]));
+        ref[size_t(m) * nref + n] = acc;
+        ref_max = std::max(ref_max, std::fabs(acc));
+      }
+    auto accuracy = [&](const char* what) {
+      double err = 0;
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < nref; ++n) err = std::max(err, std::fabs(y[size_t(m) * sh.N + n] - ref[size_t(m) * nref + n]));
+      std::printf("%-14s K=%-5d %-12s max |y - double ref| = %.3g (max |ref| %.3g)\n", sh.name, sh.K, what, err, ref_max);
+    };
     auto time = [&](const char* what, const std::function<void()>& fn) {
       double cold = 0, hot = 1e30;
       fn();
@@ -233,6 +254,7 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
       const MatmulPlan plan = lin.plan(kernels, M, sh.N);
       AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
       time("onednn", [&] { lin.run(st, plan, x.data(), y.data(), scratch.data()); });
+      accuracy("onednn");
     } catch (const std::exception& e) {
       std::printf("%-14s onednn: unavailable (%s)\n", sh.name, e.what());
     }
@@ -245,6 +267,7 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
       fw.pack(k, W.data(), sh.K, sh.N);
       AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, sh.K));
       time(fma_kernel_name(k), [&] { fma_matmul(fw, x.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
+      accuracy(fma_kernel_name(k));
     }
   }
   if (sink == 42) std::printf(" \n");
