@@ -163,7 +163,9 @@ __attribute__((target("avx512f"), noinline)) double fma_peak_avx512(long iters) 
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   __m512 s = a[0];
   for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
-  volatile float sink = _mm512_reduce_add_ps(s);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  volatile float sink = out[0];
   (void)sink;
   return 12.0 * 16 * 2 * iters / sec / 1e9;
 }
@@ -364,12 +366,34 @@ int main(int argc, char** argv) {
         ScopedOmpThreads n(threads);
         whole.run(streams[0], wplan, x.data(), y.data(), wscratch.data());
       };
-      for (auto [mode, fn] : {std::pair<const char*, std::function<void()>>{"pool", run_pool}, {"omp", run_omp}}) {
+      // bf16: the same pool slices on the fp32-FMA kernels (fma_matmul.h), where they run.
+      std::vector<std::pair<const char*, std::function<void()>>> modes{{"pool", run_pool}, {"omp", run_omp}};
+      std::vector<std::vector<FmaWeights>> fma_slices;
+      std::vector<AlignedBuf<uint8_t>> fma_scratch(threads);
+      for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
+        if (wt != WeightType::BF16 || !fma_kernel_runnable(k)) continue;
+        std::vector<FmaWeights>& fs = fma_slices.emplace_back(threads);
+        for (int t = 0; t < threads; ++t) {
+          const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
+          fs[t].pack(k, W.data() + size_t(n0) * s.K, s.K, n1 - n0);
+          if (fma_scratch[t].size() < fma_scratch_bytes(k, M, s.K)) fma_scratch[t].resize(fma_scratch_bytes(k, M, s.K));
+        }
+      }
+      for (size_t i = 0; i < fma_slices.size(); ++i) {
+        const std::vector<FmaWeights>* fs = &fma_slices[i];
+        modes.emplace_back(fma_kernel_name(fma_slices[i][0].kernel()), [&, fs] {
+          pool.run([&](int t) {
+            const int n0 = s.N * t / threads;
+            fma_matmul((*fs)[t], x.data(), M, s.K, y.data() + size_t(M) * n0, (*fs)[t].N(), fma_scratch[t].data());
+          });
+        });
+      }
+      for (auto& [mode, fn] : modes) {
         fn();
         const auto t0 = std::chrono::steady_clock::now();
         for (int r = 0; r < reps; ++r) fn();
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-        std::printf("%-5s %-20s %-4s M=%d threads=%d: %8.3f ms  %7.1f G%s/s\n", wt == WeightType::BF16 ? "bf16" : "int8",
+        std::printf("%-5s %-20s %-10s M=%d threads=%d: %8.3f ms  %7.1f G%s/s\n", wt == WeightType::BF16 ? "bf16" : "int8",
                     s.name, mode, M, threads, sec * 1e3, flop / sec / 1e9, wt == WeightType::BF16 ? "FLOP" : "OP");
       }
     }

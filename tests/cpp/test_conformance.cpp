@@ -721,9 +721,10 @@ TEST(Conformance, CpuMatmulBf16KernelsMatchTheReference) {
       } catch (const Error& e) {
         const bool fma = kernel != "onednn";
         // An fp32-FMA kernel must load wherever its instruction set is usable.
-        if (fma && kernel != "portable_fma")
+        if (fma && kernel != "portable_fma") {
           EXPECT_FALSE(cpu::fma_kernel_runnable(kernel == "avx512_fma" ? cpu::FmaKernel::Avx512 : cpu::FmaKernel::Avx2))
               << kernel << ": " << e.what();
+        }
         EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();
         std::printf("  [skipped] matmul_bf16=%s: %s\n", kernel.c_str(), e.what());
         break;

@@ -3,6 +3,7 @@
 // kernels (all compute the same fp32 FMA chain over k), packing layout and errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -60,7 +61,7 @@ TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
   double worst = 0;
   for (FmaKernel k : runnable())
     for (int M : {1, 3, 17, 64, 130})
-      for (int K : {1, 7, 64, 1000})
+      for (int K : {1, 7, 64, 1000, 2100})  // 2100: three spans of the packed layout
         for (int N : {1, 15, 16, 33, 300}) {
           if (k == FmaKernel::Portable && M * K * N > 4000000) continue;  // slow; bitwise-checked below
           const Case c = make_case(M, K, N, uint32_t(M * 1000003 + K * 1009 + N));
@@ -92,7 +93,7 @@ TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
 TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
   const std::vector<FmaKernel> ks = runnable();
   for (int M : {1, 17, 64, 130})
-    for (int K : {7, 200, 1000}) {
+    for (int K : {7, 200, 1000, 2100}) {
       const int N = 300;
       const Case c = make_case(M, K, N, uint32_t(7 * M + K));
       // The portable kernel is the oracle: the same fp32 FMA chain over k, in C++.
@@ -132,7 +133,7 @@ TEST(FmaMatmul, StridedActivationsAndRowSubsets) {
 }
 
 TEST(FmaMatmul, PackingLayoutAndRounding) {
-  // W [N, K] fp32 -> panels [K][width] of bf16 (RNE), zero-padded past N.
+  // W [N, K] fp32 -> panels [K][width] of bf16 (RNE), zero-padded past N (K within one span).
   const int K = 3, N = 20;
   std::vector<float> W(size_t(N) * K);
   for (size_t i = 0; i < W.size(); ++i) W[i] = 1.f + float(i) / 256.f + 1.f / 1024.f;
@@ -148,6 +149,21 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
           const uint16_t got = w.data()[(size_t(p) * K + kk) * pw + j];
           EXPECT_EQ(got, n < N ? f32_to_bf16(W[size_t(n) * K + kk]) : uint16_t(0)) << fma_kernel_name(k);
         }
+  }
+  // K over one span: spans of kFmaKSpan rows, each holding every panel.
+  const int K2 = kFmaKSpan + 5, N2 = 70;
+  std::vector<float> W2(size_t(N2) * K2);
+  for (size_t i = 0; i < W2.size(); ++i) W2[i] = float(i % 251) - 125.f;
+  for (FmaKernel k : kAll) {
+    FmaWeights w;
+    w.pack(k, W2.data(), K2, N2);
+    const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw;
+    for (int n = 0; n < N2; ++n)
+      for (int kk = 0; kk < K2; ++kk) {
+        const int k0 = kk / kFmaKSpan * kFmaKSpan, ks = std::min(kFmaKSpan, K2 - k0);
+        const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ks * pw + size_t(kk - k0) * pw + n % pw;
+        ASSERT_EQ(w.data()[at], f32_to_bf16(W2[size_t(n) * K2 + kk])) << fma_kernel_name(k) << " n=" << n << " k=" << kk;
+      }
   }
   FmaWeights bad;
   EXPECT_THROW(bad.pack(FmaKernel::Portable, W.data(), 0, N), Error);

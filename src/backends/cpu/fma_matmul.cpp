@@ -54,14 +54,14 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
   if (bytes_ == 0) return;
   auto buf = std::make_shared<HugeBuf>(bytes_);
   auto* dst = static_cast<uint16_t*>(buf->data());
-  for (int p = 0; p < panels; ++p) {
-    uint16_t* panel = dst + size_t(p) * K * w;
-    for (int j = 0; j < w; ++j) {
-      const int n = p * w + j;
-      if (n < N)
-        for (int kk = 0; kk < K; ++kk) panel[size_t(kk) * w + j] = get(n, kk);
-      else
-        for (int kk = 0; kk < K; ++kk) panel[size_t(kk) * w + j] = 0;
+  for (int k0 = 0; k0 < K; k0 += kFmaKSpan) {
+    const int ks = std::min(kFmaKSpan, K - k0);
+    for (int p = 0; p < panels; ++p) {
+      uint16_t* panel = dst + size_t(k0) * panels * w + size_t(p) * ks * w;
+      for (int j = 0; j < w; ++j) {
+        const int n = p * w + j;
+        for (int kk = 0; kk < ks; ++kk) panel[size_t(kk) * w + j] = n < N ? get(n, k0 + kk) : uint16_t(0);
+      }
     }
   }
   buf_ = std::move(buf);
@@ -86,17 +86,25 @@ void fma_matmul_portable(const uint16_t* w, int K, int N, const uint16_t* x, int
   float* xf = scratch;
   for (int m = 0; m < M; ++m)
     for (int k = 0; k < K; ++k) xf[size_t(m) * K + k] = widen(x[size_t(m) * ldx + k]);
-  for (int p = 0; p * kW < N; ++p) {
-    const uint16_t* panel = w + size_t(p) * K * kW;
-    const int valid = std::min(kW, N - p * kW);
-    for (int m = 0; m < M; ++m) {
-      float acc[kW] = {};
-      const float* xr = xf + size_t(m) * K;
-      for (int k = 0; k < K; ++k) {
-        const uint16_t* wr = panel + size_t(k) * kW;
-        for (int j = 0; j < kW; ++j) acc[j] = std::fma(xr[k], widen(wr[j]), acc[j]);
+  const int panels = (N + kW - 1) / kW;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) y[size_t(m) * ldy + n] = 0.f;
+  for (int k0 = 0; k0 < K; k0 += kFmaKSpan) {
+    const int ks = std::min(kFmaKSpan, K - k0);
+    for (int p = 0; p < panels; ++p) {
+      const uint16_t* panel = w + size_t(k0) * panels * kW + size_t(p) * ks * kW;
+      const int valid = std::min(kW, N - p * kW);
+      for (int m = 0; m < M; ++m) {
+        float acc[kW];
+        float* yr = y + size_t(m) * ldy + size_t(p) * kW;
+        for (int j = 0; j < kW; ++j) acc[j] = j < valid ? yr[j] : 0.f;
+        const float* xr = xf + size_t(m) * K + k0;
+        for (int k = 0; k < ks; ++k) {
+          const uint16_t* wr = panel + size_t(k) * kW;
+          for (int j = 0; j < kW; ++j) acc[j] = std::fma(xr[k], widen(wr[j]), acc[j]);
+        }
+        std::copy(acc, acc + valid, yr);
       }
-      std::copy(acc, acc + valid, y + size_t(m) * ldy + size_t(p) * kW);
     }
   }
 }

@@ -4,9 +4,11 @@
 // Emerald Rapids) `vdpbf16ps` runs at half the rate of fp32 FMA, and on AVX2-only CPUs oneDNN 2.6 has no bf16
 // matmul at all (docs/CPU_BACKEND.md, "bf16 matmuls on fp32 FMAs").
 //
-// Layout: W is packed once into panels of `panel_width(kernel)` output columns (64 for AVX-512, 16 for AVX2 and
-// the portable kernel), each panel [K][width] bf16 (RNE from fp32), the last one zero-padded, panels one after
-// the other, so the kernel streams its weights strictly sequentially.
+// Layout: W is packed once (bf16, RNE from fp32) into panels of `fma_panel_width(kernel)` output columns (64 for
+// AVX-512, 16 for AVX2 and the portable kernel), the last one zero-padded, and K into spans of kFmaKSpan rows
+// (the last one shorter): span by span, panel by panel, each [span rows][width]. A kernel walks spans, panels,
+// rows in that order, so it streams its weights strictly sequentially while its fp32 copy of x for one span
+// (M x 1024 x 4 bytes) stays in L2 whatever K is.
 //
 // Summation order: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k], acc) for
 // k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. All kernels (AVX-512,
@@ -72,5 +74,7 @@ void fma_matmul_portable(const uint16_t* w, int K, int N, const uint16_t* x, int
 
 // K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
 inline constexpr int kFmaKBlock = 128;
+// K rows per span of the packed layout (a multiple of every kernel's K block: 64, 256).
+inline constexpr int kFmaKSpan = 1024;
 
 }  // namespace alpamayo::cpu

@@ -104,31 +104,34 @@ void fma_matmul_avx2(const uint16_t* w, int K, int N, const uint16_t* x, int M, 
   constexpr int kLines = kKB * kNR * 2 / 64;  // cache lines of one bf16 block
   const int per_tile = (kLines + tiles - 1) / tiles;
   alignas(32) float part[kMR * kNR];  // the last panel's valid columns go through here
-  for (int p = 0; p < panels; ++p) {
-    const uint16_t* wp = w + int64_t(p) * K * kNR;
-    const int valid = imin(kNR, N - p * kNR);
-    float* yp = y + int64_t(p) * kNR;
-    for (int k0 = 0; k0 < K; k0 += kKB) {
-      const int kb = imin(kKB, K - k0);
-      const uint16_t* src = wp + int64_t(k0) * kNR;
-      widen_block(src, kb, wb);
-      // The weights are read strictly sequentially (also across panels); prefetching past the end is harmless.
-      const char* next = reinterpret_cast<const char*>(src + kb * kNR) + kAhead;
-      for (int t = 0; t < tiles; ++t) {
-        const int l0 = t * per_tile, l1 = imin(kLines, l0 + per_tile);
-        for (int l = l0; l < l1; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
-        const int m0 = t * kMR, R = imin(kMR, M - m0);
-        const float* xt = xf + int64_t(m0) * K + k0;
-        float* yt = yp + int64_t(m0) * ldy;
-        if (valid == kNR) {
-          tile_rows(R, xt, K, wb, kb, yt, ldy, k0 == 0);
-          continue;
+  const uint16_t* src = w;  // the packed weights, read in order: spans, panels, rows
+  for (int s0 = 0; s0 < K; s0 += kFmaKSpan) {
+    const int s1 = imin(K, s0 + kFmaKSpan);
+    for (int p = 0; p < panels; ++p) {
+      const int valid = imin(kNR, N - p * kNR);
+      float* yp = y + int64_t(p) * kNR;
+      for (int k0 = s0; k0 < s1; k0 += kKB) {
+        const int kb = imin(kKB, s1 - k0);
+        widen_block(src, kb, wb);
+        src += kb * kNR;
+        // The weights are read strictly sequentially; prefetching past their end is harmless.
+        const char* next = reinterpret_cast<const char*>(src) + kAhead;
+        for (int t = 0; t < tiles; ++t) {
+          const int l0 = t * per_tile, l1 = imin(kLines, l0 + per_tile);
+          for (int l = l0; l < l1; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+          const int m0 = t * kMR, R = imin(kMR, M - m0);
+          const float* xt = xf + int64_t(m0) * K + k0;
+          float* yt = yp + int64_t(m0) * ldy;
+          if (valid == kNR) {
+            tile_rows(R, xt, K, wb, kb, yt, ldy, k0 == 0);
+            continue;
+          }
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < kNR; ++c) part[r * kNR + c] = k0 > 0 && c < valid ? yt[int64_t(r) * ldy + c] : 0.f;
+          tile_rows(R, xt, K, wb, kb, part, kNR, k0 == 0);
+          for (int r = 0; r < R; ++r)
+            for (int c = 0; c < valid; ++c) yt[int64_t(r) * ldy + c] = part[r * kNR + c];
         }
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < kNR; ++c) part[r * kNR + c] = k0 > 0 && c < valid ? yt[int64_t(r) * ldy + c] : 0.f;
-        tile_rows(R, xt, K, wb, kb, part, kNR, k0 == 0);
-        for (int r = 0; r < R; ++r)
-          for (int c = 0; c < valid; ++c) yt[int64_t(r) * ldy + c] = part[r * kNR + c];
       }
     }
   }
