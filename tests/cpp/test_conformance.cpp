@@ -789,6 +789,16 @@ TEST(Conformance, CpuMatmulBf16KernelChoiceErrors) {
       std::printf("  matmul_bf16: %s (%s, %.1f GFLOP/s)\n", c.kernel.c_str(), c.why.c_str(), c.gflops);
     }
   EXPECT_TRUE(recorded) << k;
+  // A second load of the same shapes reuses the timing (cached per process): the same kernel, the same figure.
+  auto gflops = [] {
+    for (const cpu::KernelChoice& c : cpu::kernel_choices())
+      if (c.op == "matmul_bf16") return c.gflops;
+    return -1.0;
+  };
+  const double first = gflops();
+  auto again = load_cpu_backend(p.cfg, p.w, o);
+  EXPECT_EQ(static_cast<const cpu::CpuModel&>(*again).matmul_bf16_kernel(), k);
+  EXPECT_EQ(gflops(), first);
   // The int8 format stays on oneDNN and makes no bf16 choice.
   o.weights = "int8";
   auto bm8 = load_cpu_backend(p.cfg, p.w, o);
