@@ -169,6 +169,28 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
   EXPECT_THROW(bad.pack(FmaKernel::Portable, W.data(), 0, N), Error);
 }
 
+// A kernel this process may not run (e.g. avx512_fma under ALPAMAYO_CPU_ISA=avx2: ctest conformance_avx2) is
+// refused with an error naming it, never run.
+TEST(FmaMatmul, UnrunnableKernelsAreRefused) {
+  const Case c = make_case(2, 8, 16, 3);
+  int refused = 0;
+  for (FmaKernel k : kAll) {
+    if (fma_kernel_runnable(k)) continue;
+    FmaWeights w;
+    w.pack_bf16(k, c.W.data(), c.K, c.N);
+    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+    std::vector<float> y(size_t(c.M) * c.N);
+    try {
+      fma_matmul(w, c.x.data(), c.M, c.K, y.data(), c.N, scratch.data());
+      ADD_FAILURE() << fma_kernel_name(k) << " ran although not runnable";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fma_kernel_name(k)), std::string::npos) << e.what();
+      ++refused;
+    }
+  }
+  if (refused == 0) std::printf("  every kernel runs here: nothing to refuse\n");
+}
+
 TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512), "avx512_fma");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx2), "avx2_fma");

@@ -19,6 +19,8 @@ namespace {
 constexpr int kNR = 16;   // columns per panel: 2 ymm
 constexpr int kMR = 6;    // rows per register tile
 constexpr int kKB = 256;  // rows of K per widened block: 256 x 16 fp32 = 16 KB
+static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit fma_scratch_bytes()");
+static_assert(kFmaKSpan % kKB == 0, "K blocks must not straddle spans");
 
 // Weights are prefetched into L2 this far ahead of the block being widened (measured on cold weights,
 // bench_matmul --fma: one block ahead left the down slice at 40% of its hot speed; 256 KB ahead, 85-90%).

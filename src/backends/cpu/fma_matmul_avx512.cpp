@@ -24,6 +24,8 @@ namespace {
 constexpr int kNR = 64;  // columns per panel: 4 zmm
 constexpr int kMR = 6;   // rows per register tile
 constexpr int kKB = 64;  // rows of K per widened block: 64 x 64 fp32 = 16 KB
+static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit fma_scratch_bytes()");
+static_assert(kFmaKSpan % kKB == 0, "K blocks must not straddle spans");
 
 // Weights are prefetched into L2 this far ahead of the block being widened (measured on cold weights,
 // bench_matmul --fma: one block ahead left the down slice at 40% of its hot speed; 256 KB ahead, 85-90%).
