@@ -169,6 +169,95 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
   EXPECT_THROW(bad.pack(FmaKernel::Portable, W.data(), 0, N), Error);
 }
 
+// int8 weights: s8 values, x as u8 = q + 128; y = sum_k q w exactly up to fp32 rounding of the sums.
+struct CaseS8 {
+  int M, K, N;
+  std::vector<uint8_t> x;
+  std::vector<int8_t> W;
+  std::vector<float> scales;
+};
+
+CaseS8 make_s8(int M, int K, int N, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> q(-127, 127);
+  CaseS8 c{M, K, N, std::vector<uint8_t>(size_t(M) * K), std::vector<int8_t>(size_t(N) * K), std::vector<float>(N)};
+  for (auto& v : c.x) v = static_cast<uint8_t>(q(rng) + 128);
+  for (auto& v : c.W) v = static_cast<int8_t>(q(rng));
+  for (int n = 0; n < N; ++n) c.scales[n] = 0.01f * float(n + 1);
+  return c;
+}
+
+std::vector<float> run_s8(FmaKernel k, const CaseS8& c, int n0, int n1, std::vector<float>& y, int ldy) {
+  FmaWeights w;
+  w.pack_s8(k, c.W.data() + size_t(n0) * c.K, c.scales.data() + n0, c.K, n1 - n0);
+  EXPECT_EQ(w.type(), FmaType::INT8);
+  AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+  fma_matmul(w, c.x.data(), c.M, c.K, y.data() + n0, ldy, scratch.data());
+  return std::vector<float>(w.col_correction(), w.col_correction() + (n1 - n0));
+}
+
+TEST(FmaMatmul, Int8KernelsMatchAnExactIntegerSumAndEachOther) {
+  const std::vector<FmaKernel> ks = runnable();
+  for (int M : {1, 3, 17, 64, 130})
+    for (int K : {1, 7, 64, 1000, 2100})
+      for (int N : {1, 15, 16, 33, 300}) {
+        const CaseS8 c = make_s8(M, K, N, uint32_t(M * 31 + K * 7 + N));
+        std::vector<float> ref(size_t(M) * N, std::nanf(""));
+        if (int64_t(M) * K * N <= 4000000) {
+          run_s8(FmaKernel::Portable, c, 0, N, ref, N);
+        } else {
+          run_s8(ks.front(), c, 0, N, ref, N);  // checked against the exact sums below, bitwise against the rest
+        }
+        for (int m = 0; m < M; ++m)
+          for (int n = 0; n < N; ++n) {
+            int64_t exact = 0, mag = 0;
+            for (int kk = 0; kk < K; ++kk) {
+              const int64_t p = int64_t(int(c.x[size_t(m) * K + kk]) - 128) * c.W[size_t(n) * K + kk];
+              exact += p;
+              mag += p < 0 ? -p : p;
+            }
+            ASSERT_LE(std::fabs(double(ref[size_t(m) * N + n]) - double(exact)), K * std::ldexp(double(mag), -24))
+                << "M=" << M << " K=" << K << " N=" << N;
+          }
+        for (FmaKernel k : ks) {
+          std::vector<float> y(size_t(M) * N, std::nanf(""));
+          const std::vector<float> corr = run_s8(k, c, 0, N, y, N);
+          EXPECT_EQ(y, ref) << fma_kernel_name(k) << " M=" << M << " K=" << K << " N=" << N;
+          EXPECT_EQ(corr, std::vector<float>(N, 0.f));
+          if (N == 300) {
+            std::vector<float> ys(size_t(M) * N, std::nanf(""));
+            for (auto [n0, n1] : {std::pair{0, 64}, std::pair{64, 77}, std::pair{77, 300}}) run_s8(k, c, n0, n1, ys, N);
+            EXPECT_EQ(ys, ref) << fma_kernel_name(k) << " sliced, M=" << M << " K=" << K;
+          }
+        }
+      }
+}
+
+TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  const int K = 300, N = 70;
+  std::vector<float> W(size_t(N) * K);
+  for (float& v : W) v = nd(rng);
+  for (int kk = 0; kk < K; ++kk) W[size_t(5) * K + kk] = 0.f;  // an all-zero row: scale 1
+  for (FmaKernel k : kAll) {
+    FmaWeights w;
+    w.pack_int8(k, W.data(), K, N);
+    const int pw = fma_panel_width(k);
+    for (int n = 0; n < N; ++n) {
+      float mx = 0.f;
+      for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
+      const float sc = mx > 0.f ? mx / 127.f : 1.f;
+      ASSERT_EQ(w.col_scale()[n], sc);
+      ASSERT_EQ(w.col_correction()[n], 0.f);
+      for (int kk = 0; kk < K; ++kk) {
+        const int q = static_cast<int>(std::lrintf(std::clamp(W[size_t(n) * K + kk] / sc, -127.f, 127.f)));
+        ASSERT_EQ(w.data_s8()[size_t(n / pw) * K * pw + size_t(kk) * pw + n % pw], q) << n << " " << kk;
+      }
+    }
+  }
+}
+
 // A kernel this process may not run (e.g. avx512_fma under ALPAMAYO_CPU_ISA=avx2: ctest conformance_avx2) is
 // refused with an error naming it, never run.
 TEST(FmaMatmul, UnrunnableKernelsAreRefused) {

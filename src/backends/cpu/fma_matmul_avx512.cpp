@@ -52,10 +52,34 @@ void widen_x(const uint16_t* x, int M, int ldx, int K, float* xf) {
   }
 }
 
+// int8 activations: xf[m][k] = x[m][k] - 128 (the quantized value q), exact.
+void widen_x(const uint8_t* x, int M, int ldx, int K, float* xf) {
+  const __m512i shift = _mm512_set1_epi32(128);
+  for (int m = 0; m < M; ++m) {
+    const uint8_t* src = x + int64_t(m) * ldx;
+    float* dst = xf + int64_t(m) * K;
+    int k = 0;
+    for (; k + 16 <= K; k += 16)
+      _mm512_storeu_ps(dst + k, _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                                    _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k))), shift)));
+    if (k < K) {
+      const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1);
+      _mm512_mask_storeu_ps(dst + k, mask,
+                            _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, src + k)), shift)));
+    }
+  }
+}
+
 // dst [kb][64] fp32 = src [kb][64] bf16.
 void widen_block(const uint16_t* src, int kb, float* dst) {
   for (int i = 0; i < kb * kNR; i += 16)
     _mm512_store_ps(dst + i, widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+}
+
+// dst [kb][64] fp32 = src [kb][64] s8.
+void widen_block(const int8_t* src, int kb, float* dst) {
+  for (int i = 0; i < kb * kNR; i += 16)
+    _mm512_store_ps(dst + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)))));
 }
 
 // y[r][0..64) (columns masked by mask[j]) (+)= sum over the block's kb rows, for R rows of xf.
@@ -98,18 +122,17 @@ void tile_rows(int R, const float* xf, int ldxf, const float* wb, int kb, float*
   }
 }
 
-}  // namespace
-
-void fma_matmul_avx512(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
-                       float* scratch) {
+// T: the weights' element (bf16 bits or s8), X: the activations' (bf16 bits or u8 = q + 128).
+template <class T, class X>
+void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy, float* scratch) {
   if (M <= 0 || N <= 0) return;
   float* xf = scratch;
   float* wb = scratch + (int64_t(M) * K + 15) / 16 * 16;  // 64-byte aligned (scratch is)
   widen_x(x, M, ldx, K, xf);
   const int panels = (N + kNR - 1) / kNR, tiles = (M + kMR - 1) / kMR;
-  constexpr int kLines = kKB * kNR * 2 / 64;  // cache lines of one bf16 block
+  constexpr int kLines = kKB * kNR * int(sizeof(T)) / 64;  // cache lines of one packed block
   const int per_tile = (kLines + tiles - 1) / tiles;
-  const uint16_t* src = w;  // the packed weights, read in order: spans, panels, rows
+  const T* src = w;  // the packed weights, read in order: spans, panels, rows
   for (int s0 = 0; s0 < K; s0 += kFmaKSpan) {
     const int s1 = imin(K, s0 + kFmaKSpan);
     for (int p = 0; p < panels; ++p) {
@@ -136,6 +159,18 @@ void fma_matmul_avx512(const uint16_t* w, int K, int N, const uint16_t* x, int M
       }
     }
   }
+}
+
+}  // namespace
+
+void fma_matmul_avx512(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                       float* scratch) {
+  run(w, K, N, x, M, ldx, y, ldy, scratch);
+}
+
+void fma_matmul_s8_avx512(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
+                          float* scratch) {
+  run(w, K, N, x, M, ldx, y, ldy, scratch);
 }
 
 }  // namespace alpamayo::cpu
