@@ -702,67 +702,71 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-// The cpu backend's bf16 weights on every matmul_bf16 kernel this machine runs (forced with ALPAMAYO_CPU_KERNELS),
-// against the reference with the bf16 tolerance; kernels that cannot run here are printed as skipped. The
-// fp32-FMA kernels compute the same FMA chain (fma_matmul.h), so their whole runs are bitwise identical.
-TEST(Conformance, CpuMatmulBf16KernelsMatchTheReference) {
-  std::map<int, std::vector<float>> fma_result;  // per shape: the first fp32-FMA kernel's x_N
-  for (const std::string kernel : {"onednn", "avx512_fma", "avx2_fma", "portable_fma"}) {
-    ScopedEnv env("ALPAMAYO_CPU_KERNELS", "matmul_bf16=" + kernel);
-    for (int si : {1, 2}) {
-      const Shape& sh = shapes()[si];
-      Problem p(sh);
-      BackendOptions o;
-      o.threads = 2;
-      o.weights = "bf16";
-      std::unique_ptr<BackendModel> bm;
-      try {
-        bm = load_cpu_backend(p.cfg, p.w, o);
-      } catch (const Error& e) {
-        const bool fma = kernel != "onednn";
-        // An fp32-FMA kernel must load wherever its instruction set is usable.
-        if (fma && kernel != "portable_fma") {
-          EXPECT_FALSE(cpu::fma_kernel_runnable(kernel == "avx512_fma" ? cpu::FmaKernel::Avx512 : cpu::FmaKernel::Avx2))
-              << kernel << ": " << e.what();
+// The cpu backend's bf16 and int8 weights on every matmul kernel this machine runs (forced with
+// ALPAMAYO_CPU_KERNELS=matmul_bf16=... / matmul_int8=...), against the reference with the format's tolerance;
+// kernels that cannot run here are printed as skipped. The fp32-FMA kernels compute the same FMA chain
+// (fma_matmul.h), so their whole runs are bitwise identical.
+TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
+  for (const std::string format : {"bf16", "int8"}) {
+    const std::string op = format == "bf16" ? "matmul_bf16" : "matmul_int8";
+    std::map<int, std::vector<float>> fma_result;  // per shape: the first fp32-FMA kernel's x_N
+    for (const std::string kernel : {"onednn", "avx512_fma", "avx2_fma", "portable_fma"}) {
+      ScopedEnv env("ALPAMAYO_CPU_KERNELS", op + "=" + kernel);
+      for (int si : {1, 2}) {
+        const Shape& sh = shapes()[si];
+        Problem p(sh);
+        BackendOptions o;
+        o.threads = 2;
+        o.weights = format;
+        std::unique_ptr<BackendModel> bm;
+        try {
+          bm = load_cpu_backend(p.cfg, p.w, o);
+        } catch (const Error& e) {
+          // An fp32-FMA kernel must load wherever its instruction set is usable.
+          if (kernel == "avx512_fma" || kernel == "avx2_fma") {
+            EXPECT_FALSE(cpu::fma_kernel_runnable(kernel == "avx512_fma" ? cpu::FmaKernel::Avx512 : cpu::FmaKernel::Avx2))
+                << kernel << ": " << e.what();
+          }
+          EXPECT_NE(kernel, "portable_fma") << e.what();
+          EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();
+          std::printf("  [skipped] %s=%s: %s\n", op.c_str(), kernel.c_str(), e.what());
+          break;
         }
-        EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();
-        std::printf("  [skipped] matmul_bf16=%s: %s\n", kernel.c_str(), e.what());
-        break;
-      }
-      EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bm).matmul_bf16_kernel(), kernel);
-      bool recorded = false;
-      for (const cpu::KernelChoice& c : cpu::kernel_choices())
-        if (c.op == "matmul_bf16") recorded = c.kernel == kernel && c.why == "forced";
-      EXPECT_TRUE(recorded) << kernel;
-      auto sess = bm->new_session();
-      Context ctx = p.context();
-      Binding b;
-      b.kv = ctx.kv();
-      std::vector<int64_t> offset(b.kv.B);
-      for (int i = 0; i < b.kv.B; ++i) offset[i] = b.kv.offset(i);
-      b.rope = make_rope_tables(offset, ctx.rope_delta(), p.cfg.T, p.cfg.d, p.cfg.rope_theta);
-      b.capture = {.step = 0, .layers = true};
-      sess->bind(b);
-      std::vector<float> x = gaussian_noise(11, int64_t(b.kv.B) * p.cfg.T * p.cfg.A);
-      const std::vector<float> times = euler_time_grid(sh.steps);
-      sess->denoise({.x = x.data(), .times = times.data(), .steps = sh.steps});
-      const RunOut ref = run(p.model("reference", "f32"), p.context(), 0);
-      const std::string at = sh.name + " matmul_bf16=" + kernel;
-      for (int l = 0; l < sh.L; ++l)
-        expect_layer_close(compare(sess->captures().layers[l], ref.cap.layers[l]), tolerance("bf16"),
-                           at + " layer " + std::to_string(l));
-      expect_sampler_close(compare(x, ref.r.action), tolerance("bf16"), at + " x_N");
-      if (kernel != "onednn") {
-        if (auto it = fma_result.find(si); it == fma_result.end())
-          fma_result[si] = x;
-        else
-          EXPECT_EQ(x, it->second) << at << ": fp32-FMA kernels differ";
+        EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bm).matmul_kernel(), kernel);
+        bool recorded = false;
+        for (const cpu::KernelChoice& c : cpu::kernel_choices())
+          if (c.op == op) recorded = c.kernel == kernel && c.why == "forced";
+        EXPECT_TRUE(recorded) << op << "=" << kernel;
+        auto sess = bm->new_session();
+        Context ctx = p.context();
+        Binding b;
+        b.kv = ctx.kv();
+        std::vector<int64_t> offset(b.kv.B);
+        for (int i = 0; i < b.kv.B; ++i) offset[i] = b.kv.offset(i);
+        b.rope = make_rope_tables(offset, ctx.rope_delta(), p.cfg.T, p.cfg.d, p.cfg.rope_theta);
+        b.capture = {.step = 0, .layers = true};
+        sess->bind(b);
+        std::vector<float> x = gaussian_noise(11, int64_t(b.kv.B) * p.cfg.T * p.cfg.A);
+        const std::vector<float> times = euler_time_grid(sh.steps);
+        sess->denoise({.x = x.data(), .times = times.data(), .steps = sh.steps});
+        const RunOut ref = run(p.model("reference", oracle_format(format)), p.context(), 0);
+        const std::string at = sh.name + " " + op + "=" + kernel;
+        for (int l = 0; l < sh.L; ++l)
+          expect_layer_close(compare(sess->captures().layers[l], ref.cap.layers[l]), tolerance(format),
+                             at + " layer " + std::to_string(l));
+        expect_sampler_close(compare(x, ref.r.action), tolerance(format), at + " x_N");
+        if (kernel != "onednn") {
+          if (auto it = fma_result.find(si); it == fma_result.end())
+            fma_result[si] = x;
+          else
+            EXPECT_EQ(x, it->second) << at << ": fp32-FMA kernels differ";
+        }
       }
     }
   }
 }
 
-TEST(Conformance, CpuMatmulBf16KernelChoiceErrors) {
+TEST(Conformance, CpuMatmulKernelChoiceAndErrors) {
   const Shape& sh = shapes()[1];
   Problem p(sh);
   BackendOptions o;
@@ -781,7 +785,7 @@ TEST(Conformance, CpuMatmulBf16KernelChoiceErrors) {
   }
   // Not forced: the fastest runnable kernel, recorded with the reason.
   auto bm = load_cpu_backend(p.cfg, p.w, o);
-  const std::string k = static_cast<const cpu::CpuModel&>(*bm).matmul_bf16_kernel();
+  const std::string k = static_cast<const cpu::CpuModel&>(*bm).matmul_kernel();
   bool recorded = false;
   for (const cpu::KernelChoice& c : cpu::kernel_choices())
     if (c.op == "matmul_bf16") {
@@ -797,12 +801,26 @@ TEST(Conformance, CpuMatmulBf16KernelChoiceErrors) {
   };
   const double first = gflops();
   auto again = load_cpu_backend(p.cfg, p.w, o);
-  EXPECT_EQ(static_cast<const cpu::CpuModel&>(*again).matmul_bf16_kernel(), k);
+  EXPECT_EQ(static_cast<const cpu::CpuModel&>(*again).matmul_kernel(), k);
   EXPECT_EQ(gflops(), first);
-  // The int8 format stays on oneDNN and makes no bf16 choice.
+  // int8: its own choice (op matmul_int8); oneDNN only with VNNI (without it its u8 x s8 kernel saturates).
   o.weights = "int8";
   auto bm8 = load_cpu_backend(p.cfg, p.w, o);
-  EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bm8).matmul_bf16_kernel(), "");
+  const std::string k8 = static_cast<const cpu::CpuModel&>(*bm8).matmul_kernel();
+  bool recorded8 = false;
+  for (const cpu::KernelChoice& c : cpu::kernel_choices())
+    if (c.op == "matmul_int8") {
+      recorded8 = c.kernel == k8;
+      std::printf("  matmul_int8: %s (%s, %.1f GFLOP/s)\n", c.kernel.c_str(), c.why.c_str(), c.gflops);
+    }
+  EXPECT_TRUE(recorded8) << k8;
+  if (!cpu::isa().has(cpu::kAvx512Vnni) && !cpu::isa().has(cpu::kAvxVnni)) {
+    EXPECT_NE(k8, "onednn");
+  }
+  // Block formats make no matmul choice.
+  o.weights = "bfp8_b";
+  auto bmb = load_cpu_backend(p.cfg, p.w, o);
+  EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bmb).matmul_kernel(), "");
 }
 #endif
 

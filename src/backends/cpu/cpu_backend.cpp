@@ -45,10 +45,10 @@ std::vector<Slice> split_cols(int N, int parts) {
 }
 
 
-// The kernel for bf16 weights' matmuls (op "matmul_bf16"): oneDNN (PackedLinear, vdpbf16ps where the CPU has
-// AVX512-BF16; absent under ALPAMAYO_CPU_ISA=avx2) or the fp32-FMA kernels (fma_matmul.h). Forced by
-// ALPAMAYO_CPU_KERNELS, else the fastest runnable one on an M x K x N slice (timed once per process and shape).
-struct Bf16Choice {
+// The kernel for the weights' matmuls, op "matmul_bf16" (bf16 weights) or "matmul_int8" (int8 weights): oneDNN
+// (PackedLinear) or the fp32-FMA kernels (fma_matmul.h). Forced by ALPAMAYO_CPU_KERNELS, else the fastest runnable
+// one on an M x K x N slice (timed once per process, op and shape).
+struct MatmulChoice {
   std::string name, why;
   double gflops = 0;
 };
@@ -57,14 +57,19 @@ constexpr const char* kOnednn = "onednn";
 const FmaKernel kFmaKernels[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable};
 
 // Empty when the candidate runs here, else why not.
-std::string bf16_unrunnable(const std::string& name, MatmulKernels& kernels, int M, int K, int N) {
+std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
   if (name == kOnednn) {
     try {
-      kernels.get(WeightType::BF16, M, K, N, N);
-      return "";
+      kernels.get(t, M, K, N, N);
     } catch (const Error& e) {
       return e.what();
     }
+    // Without VNNI oneDNN 2.6 multiplies u8 x s8 with vpmaddubsw, whose int16 pair sums saturate (gemm:jit under
+    // ALPAMAYO_CPU_ISA=avx2: conformance PCC 0.99 instead of >= 0.999).
+    if (t == WeightType::INT8 && !isa().has(kAvx512Vnni) && !isa().has(kAvxVnni))
+      return "oneDNN's u8 x s8 matmul without VNNI (vpmaddubsw) saturates int16 pair sums (usable here: " +
+             isa().describe() + ")";
+    return "";
   }
   for (FmaKernel k : kFmaKernels)
     if (name == fma_kernel_name(k))
@@ -75,13 +80,16 @@ std::string bf16_unrunnable(const std::string& name, MatmulKernels& kernels, int
 }
 
 // Seconds per call (the best of a few, after a warm-up) of candidate `name` on random M x K x N data.
-double time_bf16(const std::string& name, MatmulKernels& kernels, int M, int K, int N) {
+double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.f, 0.05f);
   std::vector<float> W(size_t(N) * K);
   for (float& v : W) v = nd(rng);
-  AlignedBuf<uint16_t> x(size_t(M) * K);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = f32_to_bf16(nd(rng));
+  AlignedBuf<uint16_t> xb(t == WeightType::BF16 ? size_t(M) * K : 0);
+  AlignedBuf<uint8_t> xq(t == WeightType::INT8 ? size_t(M) * K : 0);
+  for (size_t i = 0; i < xb.size(); ++i) xb[i] = f32_to_bf16(nd(rng));
+  for (size_t i = 0; i < xq.size(); ++i) xq[i] = static_cast<uint8_t>(rng() % 255 + 1);
+  const void* x = t == WeightType::BF16 ? static_cast<const void*>(xb.data()) : xq.data();
   AlignedBuf<float> y(size_t(M) * N);
   std::function<void()> fn;
   PackedLinear lin;
@@ -90,17 +98,20 @@ double time_bf16(const std::string& name, MatmulKernels& kernels, int M, int K, 
   AlignedBuf<uint8_t> scratch;
   dnnl::stream st(kernels.engine());
   if (name == kOnednn) {
-    lin.pack(kernels, WeightType::BF16, K, N, W.data(), M, N);
+    lin.pack(kernels, t, K, N, W.data(), M, N);
     plan = lin.plan(kernels, M, N);
     scratch.resize(plan.scratch_bytes() + 1);
-    fn = [&] { lin.run(st, plan, x.data(), y.data(), scratch.data()); };
+    fn = [&] { lin.run(st, plan, x, y.data(), scratch.data()); };
   } else {
     FmaKernel k = FmaKernel::Portable;
     for (FmaKernel c : kFmaKernels)
       if (name == fma_kernel_name(c)) k = c;
-    fw.pack(k, W.data(), K, N);
+    if (t == WeightType::INT8)
+      fw.pack_int8(k, W.data(), K, N);
+    else
+      fw.pack(k, W.data(), K, N);
     scratch.resize(fma_scratch_bytes(k, M, K));
-    fn = [&] { fma_matmul(fw, x.data(), M, K, y.data(), N, scratch.data()); };
+    fn = [&] { fma_matmul(fw, x, M, K, y.data(), N, scratch.data()); };
   }
   using Clock = std::chrono::steady_clock;
   fn();
@@ -108,40 +119,40 @@ double time_bf16(const std::string& name, MatmulKernels& kernels, int M, int K, 
   for (int r = 0; r < 10 && total < 0.05; ++r) {
     const auto t0 = Clock::now();
     fn();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    best = std::min(best, s);
-    total += s;
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::min(best, sec);
+    total += sec;
   }
   return best;
 }
 
-Bf16Choice choose_matmul_bf16(MatmulKernels& kernels, int M, int K, int N) {
+MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
   std::vector<std::string> names{kOnednn};
   for (FmaKernel k : kFmaKernels) names.push_back(fma_kernel_name(k));
-  const std::string forced = forced_kernel("matmul_bf16");
+  const std::string forced = forced_kernel(op);
   if (!forced.empty()) {
     const bool known = std::find(names.begin(), names.end(), forced) != names.end();
-    const std::string why = known ? bf16_unrunnable(forced, kernels, M, K, N) : "unknown kernel";
+    const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N) : "unknown kernel";
     if (!why.empty()) {
       std::string list;
       for (const std::string& n : names) {
-        const std::string w = bf16_unrunnable(n, kernels, M, K, N);
+        const std::string w = matmul_unrunnable(n, t, kernels, M, K, N);
         list += (list.empty() ? "" : "; ") + n + (w.empty() ? " (runs here)" : " (not here: " + w + ")");
       }
-      throw Error("ALPAMAYO_CPU_KERNELS: matmul_bf16=" + forced + " cannot be used: " + why + ". Candidates: " + list);
+      throw Error("ALPAMAYO_CPU_KERNELS: " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " + list);
     }
     return {forced, "forced", 0};
   }
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, Bf16Choice> cache;  // the ISA cap is fixed per process
+  static std::map<std::tuple<std::string, int, int, int>, MatmulChoice> cache;  // the ISA cap is fixed per process
   std::lock_guard<std::mutex> lk(mu);
-  const auto key = std::make_tuple(M, K, N);
+  const auto key = std::make_tuple(op, M, K, N);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   // The portable kernel only where nothing else runs.
   std::vector<std::string> run;
   for (const std::string& n : names)
-    if (n != "portable_fma" && bf16_unrunnable(n, kernels, M, K, N).empty()) run.push_back(n);
-  Bf16Choice c;
+    if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N).empty()) run.push_back(n);
+  MatmulChoice c;
   if (run.empty()) run.push_back("portable_fma");
   if (run.size() == 1) {
     c = {run[0], "only one", 0};
@@ -149,10 +160,10 @@ Bf16Choice choose_matmul_bf16(MatmulKernels& kernels, int M, int K, int N) {
     double best = 1e30;
     std::string list;
     for (const std::string& n : run) {
-      const double s = time_bf16(n, kernels, M, K, N);
+      const double sec = time_matmul(n, t, kernels, M, K, N);
       list += (list.empty() ? "" : ", ") + n;
-      if (s < best) {
-        best = s;
+      if (sec < best) {
+        best = sec;
         c.name = n;
       }
     }
@@ -191,7 +202,9 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   }
   // One thread's slice: oneDNN's layout, or the fp32-FMA kernel's panels (only the chosen kernel's copy).
   auto pack = [&](std::vector<PackedLinear>& lin, std::vector<FmaWeights>& fw, int t, int K, int n, const float* W) {
-    if (use_fma_)
+    if (use_fma_ && wtype_ == WeightType::INT8)
+      fw[t].pack_int8(fma_kernel_, W, K, n);
+    else if (use_fma_)
       fw[t].pack(fma_kernel_, W, K, n);
     else
       lin[t].pack(*kernels_, wtype_, K, n, W, Mhint, n);
@@ -271,16 +284,17 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
-  if (wtype_ == WeightType::BF16 && !wf_.is_block()) {
-    // Timed on thread 0's fused gate/up slice (at most 1024 columns, to keep it short) for M = T rows.
+  if (!wf_.is_block()) {
+    // bf16 or int8: timed on thread 0's fused gate/up slice (at most 1024 columns, to keep it short), M = T rows.
+    const std::string op = wtype_ == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
     const int Mhint = cfg.T > 0 ? cfg.T : 64;
     const int n = std::clamp(2 * (mlp_slices_[0].n1 - mlp_slices_[0].n0), 16, 1024);
-    const Bf16Choice c = choose_matmul_bf16(*kernels_, Mhint, D, n);
-    matmul_bf16_ = c.name;
+    const MatmulChoice c = choose_matmul(op, wtype_, *kernels_, Mhint, D, n);
+    matmul_kernel_ = c.name;
     use_fma_ = c.name != kOnednn;
     for (FmaKernel k : kFmaKernels)
       if (c.name == fma_kernel_name(k)) fma_kernel_ = k;
-    record_kernel_choice({"matmul_bf16", c.name, c.why, c.gflops});
+    record_kernel_choice({op, c.name, c.why, c.gflops});
   }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);
@@ -297,7 +311,7 @@ size_t CpuModel::weight_bytes() const {
     for (const auto* list : {&layer.bqkv, &layer.bo, &layer.bgate_up, &layer.bdown})
       for (const BlockLinear& b : *list) n += b.bytes();
     for (const auto* list : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
-      for (const FmaWeights& f : *list) n += f.bytes();
+      for (const FmaWeights& f : *list) n += f.bytes() + (f.col_scale() ? 2 * sizeof(float) * f.N() : 0);
   }
   return n;
 }

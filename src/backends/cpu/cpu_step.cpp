@@ -61,6 +61,14 @@ void CpuSession::layer_phases(int tid, int l) {
     }
   };
 
+  // The int8 epilogue's column correction and weight scales: from whichever packed copy this format runs on.
+  auto corr = [&](const PackedLinear& lin, const std::vector<FmaWeights>& fw) {
+    return m_.use_fma_ ? fw[tid].col_correction() : lin.col_correction();
+  };
+  auto cscale = [&](const PackedLinear& lin, const std::vector<FmaWeights>& fw) {
+    return m_.use_fma_ ? fw[tid].col_scale() : lin.col_scale();
+  };
+
   rms_norm_rows(h_.data(), w.input_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
                 i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm1);
@@ -70,7 +78,7 @@ void CpuSession::layer_phases(int tid, int l) {
     const PackedLinear& lin = w.qkv[tid];
     run_linear(tid, lin, plan.qkv, block ? w.bqkv[tid] : kNoBlocks, m_.use_fma_ ? w.fqkv[tid] : kNoFma, x_in, D);
     copy_rows(qkv_.data() + s.n0, Nqkv, pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr,
-              lin.col_correction(), lin.col_scale());
+              corr(lin, w.fqkv), cscale(lin, w.fqkv));
   }
   if (tid == 0) next_item_.store(0, std::memory_order_relaxed);
   sync(kQkv);
@@ -110,7 +118,7 @@ void CpuSession::layer_phases(int tid, int l) {
     if (s.n1 <= s.n0) return;
     run_linear(tid, lin, mp, block ? blk[tid] : kNoBlocks, m_.use_fma_ ? fw[tid] : kNoFma, y_in, K);
     add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
-             lin.col_correction(), lin.col_scale());
+             corr(lin, fw), cscale(lin, fw));
   };
   matmul_residual(w.o[tid], plan.o, w.bo, w.fo, m_.o_slices_[tid], Hq * d);
   sync(kOproj);
@@ -122,8 +130,8 @@ void CpuSession::layer_phases(int tid, int l) {
   if (const Slice s = m_.mlp_slices_[tid]; s.n1 > s.n0) {
     run_linear(tid, w.gate_up[tid], plan.gate_up, block ? w.bgate_up[tid] : kNoBlocks,
                m_.use_fma_ ? w.fgate_up[tid] : kNoFma, x_in, D);
-    silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, w.gate_up[tid].col_correction(),
-                  w.gate_up[tid].col_scale(), I,
+    silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, corr(w.gate_up[tid], w.fgate_up),
+                  cscale(w.gate_up[tid], w.fgate_up), I,
                   i8 ? nullptr : y_bf16_.data() + s.n0, i8 ? act_f32_.data() + s.n0 : nullptr);
   }
   if (i8) {
@@ -140,7 +148,7 @@ void CpuSession::run_linear(int tid, const PackedLinear& lin, const MatmulPlan& 
                             const FmaWeights& fw, const void* x, int K) {
   PerThread& pt = per_thread_[tid];
   if (m_.use_fma_)
-    fma_matmul(fw, static_cast<const uint16_t*>(x), M_, K, pt.tmp.data(), fw.N(), pt.scratch.data());
+    fma_matmul(fw, x, M_, K, pt.tmp.data(), fw.N(), pt.scratch.data());
   else if (m_.wf_.is_block())
     block_matmul(block_kernel_, blk, static_cast<const uint16_t*>(x), M_, K, pt.tmp.data(), blk.N(), pt.scratch.data());
   else
