@@ -6,7 +6,8 @@
 // --block: one thread's slices on the block-format kernels (bfp_matmul.h: bf16 pairs, bfp8_b, bfp4_b, AVX512-BF16
 // and portable) against oneDNN bf16, hot and cold weights.
 // --fma: one thread's slices: oneDNN bf16 vs the fp32-FMA kernels (fma_matmul.h: avx512_fma, avx2_fma), hot and cold
-// weights, with the single-thread fp32 FMA peak (a register-only vfmadd231ps loop) for scale.
+// weights, with the single-thread fp32 FMA peak (a register-only vfmadd231ps loop) for scale; then the same for int8
+// weights (oneDNN u8 x s8 vs the fp32-FMA kernels on s8 weights).
 #include <CLI/CLI.hpp>
 #include <immintrin.h>
 
@@ -247,7 +248,7 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
         cold += std::chrono::duration<double>(t1 - t0).count();
         hot = std::min(hot, std::chrono::duration<double>(t2 - t1).count());
       }
-      std::printf("%-14s K=%-5d N=%-5d %-12s M=%d: hot %7.3f ms %6.1f GFLOP/s, cold %7.3f ms %6.1f GFLOP/s\n", sh.name,
+      std::printf("%-14s K=%-5d N=%-5d %-15s M=%d: hot %7.3f ms %6.1f GFLOP/s, cold %7.3f ms %6.1f GFLOP/s\n", sh.name,
                   sh.K, sh.N, what, M, hot * 1e3, flop / hot / 1e9, cold / reps * 1e3, flop / (cold / reps) / 1e9);
     };
     try {
@@ -270,6 +271,27 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
       AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, sh.K));
       time(fma_kernel_name(k), [&] { fma_matmul(fw, x.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
       accuracy(fma_kernel_name(k));
+    }
+    // int8 weights (u8 activations; rates in GOP/s, same 2*M*K*N count): oneDNN's VNNI kernel vs the same
+    // fp32-FMA kernels on s8 weights.
+    AlignedBuf<uint8_t> xq(size_t(M) * sh.K);
+    for (size_t i = 0; i < xq.size(); ++i) xq[i] = static_cast<uint8_t>(rng() % 255 + 1);
+    try {
+      PackedLinear lin;
+      lin.pack(kernels, WeightType::INT8, sh.K, sh.N, W.data(), M, sh.N);
+      const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+      AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
+      time("int8 onednn", [&] { lin.run(st, plan, xq.data(), y.data(), scratch.data()); });
+    } catch (const std::exception& e) {
+      std::printf("%-14s int8 onednn: unavailable (%s)\n", sh.name, e.what());
+    }
+    for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
+      if (!fma_kernel_runnable(k)) continue;
+      FmaWeights fw;
+      fw.pack_int8(k, W.data(), sh.K, sh.N);
+      AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, sh.K));
+      const std::string what = std::string("int8 ") + fma_kernel_name(k);
+      time(what.c_str(), [&] { fma_matmul(fw, xq.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
     }
   }
   if (sink == 42) std::printf(" \n");
