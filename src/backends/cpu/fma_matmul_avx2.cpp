@@ -1,10 +1,10 @@
 // The AVX2 + FMA kernel of fma_matmul.h (compiled with -mavx2 -mfma and without AVX-512, CMakeLists.txt; called
-// only where isa().has(kAvx2Fma)). Panels of 16 columns; per panel and block of kKB rows of K the bf16 weights
-// are widened into an fp32 block in L1 (16 KB) and multiplied with every row of x (widened once per call) by a
-// register tile of up to 6 rows x 16 columns: 12 ymm accumulators, 2 weight vectors per k, one broadcast.
-// Accumulators start at 0 and go back to y between K blocks, so each output element is the single fp32 FMA
-// chain over k = 0..K-1 (fma_matmul.h): bitwise the AVX-512 kernel's result. The next weight block is
-// prefetched into L2 while the current one is multiplied.
+// only where isa().has(kAvx2Fma)). Panels of 16 columns; per span, panel and block of kKB rows of K the bf16 (or s8)
+// weights are widened into an fp32 block in L1 (16 KB) and multiplied with every row of x (widened once per call)
+// by a register tile of up to 6 rows x 16 columns: 12 ymm accumulators, 2 weight vectors per k, one broadcast.
+// Accumulators start at 0 and go back to y between K blocks, so each output element is the single fp32 FMA chain
+// over k = 0..K-1 (fma_matmul.h): bitwise the AVX-512 kernel's result. The weights are prefetched into L2 256 KB
+// ahead of the block being widened.
 //
 // Like fma_matmul_avx512.cpp: no inline or template function with external linkage may be instantiated here.
 #include <immintrin.h>

@@ -1,10 +1,10 @@
 // The AVX-512F kernel of fma_matmul.h (compiled with AVX-512 flags, CMakeLists.txt; called only where
-// isa().has(kAvx512)). Panels of 64 columns; per panel and block of kKB rows of K the bf16 weights are widened
-// into an fp32 block in L1 (16 KB) and multiplied with every row of x (widened once per call) by a register
-// tile of up to 6 rows x 64 columns: 24 zmm accumulators, 4 weight vectors per k, the activation broadcast
-// from memory into each FMA. Accumulators start at 0 and go back to y between K blocks, so each output element
-// is the single fp32 FMA chain over k = 0..K-1 (fma_matmul.h). The next weight block is prefetched into L2
-// while the current one is multiplied, spread over the row tiles.
+// isa().has(kAvx512)). Panels of 64 columns; per span, panel and block of kKB rows of K the bf16 (or s8) weights
+// are widened into an fp32 block in L1 (16 KB) and multiplied with every row of x (widened once per call) by a
+// register tile of up to 6 rows x 64 columns: 24 zmm accumulators, 4 weight vectors per k, one broadcast per row.
+// Accumulators start at 0 and go back to y between K blocks, so each output element is the single fp32 FMA chain
+// over k = 0..K-1 (fma_matmul.h). The weights are prefetched into L2 256 KB ahead of the block being widened,
+// spread over the row tiles.
 //
 // Nothing here may instantiate an inline or template function with external linkage (std::min, containers):
 // the linker could keep this AVX-512 copy for every other translation unit. Everything is in an anonymous
