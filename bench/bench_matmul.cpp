@@ -5,10 +5,15 @@
 // the attribute choices the backend avoids would get (--study), and what cold weights cost (--cold).
 // --block: one thread's slices on the block-format kernels (bfp_matmul.h: bf16 pairs, bfp8_b, bfp4_b, AVX512-BF16
 // and portable) against oneDNN bf16, hot and cold weights.
+// --fma: one thread's slices: oneDNN bf16 vs the fp32-FMA kernels (fma_matmul.h: avx512_fma, avx2_fma), hot and cold
+// weights, with the single-thread fp32 FMA peak (a register-only vfmadd231ps loop) for scale; then the same for int8
+// weights (oneDNN u8 x s8 vs the fp32-FMA kernels on s8 weights).
 #include <CLI/CLI.hpp>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <cstdio>
@@ -16,8 +21,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "alpamayo/tensor.h"
 #include "backends/cpu/aligned.h"
 #include "backends/cpu/bfp_matmul.h"
+#include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/isa.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
 
@@ -144,11 +152,156 @@ void block_kernels(const dnnl::engine& eng, int M, int reps) {
   if (sink == 42) std::printf(" \n");
 }
 
+
+// Single-thread fp32 FMA peak: 12 independent accumulator chains of vfmadd231ps (zmm or ymm), registers only.
+__attribute__((target("avx512f"), noinline)) double fma_peak_avx512(long iters) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(float(i));
+  const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-3f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  __m512 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, a[i]);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  volatile float sink = out[0];
+  (void)sink;
+  return 12.0 * 16 * 2 * iters / sec / 1e9;
+}
+__attribute__((target("avx2,fma"), noinline)) double fma_peak_avx2(long iters) {
+  __m256 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(float(i));
+  const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-3f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long it = 0; it < iters; ++it)
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  float out[8];
+  __m256 s = a[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_ps(s, a[i]);
+  _mm256_storeu_ps(out, s);
+  volatile float sink = out[0];
+  (void)sink;
+  return 12.0 * 8 * 2 * iters / sec / 1e9;
+}
+
+// One thread's slices of the seed on 2 threads: oneDNN bf16 vs the fp32-FMA kernels, hot and cold weights.
+void fma_kernels(const dnnl::engine& eng, int M, int reps) {
+  MatmulKernels kernels(eng);
+  dnnl::stream st(eng);
+  ScopedOmpThreads one(1);
+  std::printf("CPU features: %s\n", isa().describe().c_str());
+  // Best of 20 short runs: the machine may be shared.
+  double pz = 0, py = 0;
+  for (int r = 0; r < 20; ++r) {
+    if (isa().has(kAvx512)) pz = std::max(pz, fma_peak_avx512(2000000));
+    if (isa().has(kAvx2Fma)) py = std::max(py, fma_peak_avx2(2000000));
+  }
+  if (pz > 0) std::printf("fp32 FMA peak, 1 thread, zmm: %.1f GFLOP/s\n", pz);
+  if (py > 0) std::printf("fp32 FMA peak, 1 thread, ymm: %.1f GFLOP/s\n", py);
+  struct Shape { const char* name; int K, N; };
+  const Shape shapes[] = {{"qkv slice", 1536, 2048}, {"o slice", 2048, 768}, {"gate_up slice", 1536, 6144},
+                          {"down slice", 6144, 768}};
+  std::vector<char> sweep(size_t(256) << 20, 1);
+  long sink = 0;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  for (const Shape& sh : shapes) {
+    std::vector<float> W(size_t(sh.N) * sh.K);
+    for (auto& v : W) v = nd(rng);
+    AlignedBuf<uint16_t> x(size_t(M) * sh.K);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = alpamayo::f32_to_bf16(nd(rng));
+    AlignedBuf<float> y(size_t(M) * sh.N);
+    const double flop = 2.0 * M * sh.K * sh.N;
+    // Double-precision reference of columns [0, 64) (bf16 operands, exact products, double sums) for the
+    // accuracy line after each kernel.
+    const int nref = std::min(sh.N, 64);
+    std::vector<double> ref(size_t(M) * nref);
+    double ref_max = 0;
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < nref; ++n) {
+        double acc = 0;
+        for (int k = 0; k < sh.K; ++k)
+          acc += double(alpamayo::bf16_to_f32(x[size_t(m) * sh.K + k])) *
+                 alpamayo::bf16_to_f32(alpamayo::f32_to_bf16(W[size_t(n) * sh.K + k]));
+        ref[size_t(m) * nref + n] = acc;
+        ref_max = std::max(ref_max, std::fabs(acc));
+      }
+    auto accuracy = [&](const char* what) {
+      double err = 0;
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < nref; ++n) err = std::max(err, std::fabs(y[size_t(m) * sh.N + n] - ref[size_t(m) * nref + n]));
+      std::printf("%-14s K=%-5d %-12s max |y - double ref| = %.3g (max |ref| %.3g)\n", sh.name, sh.K, what, err, ref_max);
+    };
+    auto time = [&](const char* what, const std::function<void()>& fn) {
+      double cold = 0, hot = 1e30;
+      fn();
+      for (int r = 0; r < reps; ++r) {
+        for (size_t i = 0; i < sweep.size(); i += 64) sink += sweep[i]++;
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        const auto t1 = std::chrono::steady_clock::now();
+        fn();
+        const auto t2 = std::chrono::steady_clock::now();
+        cold += std::chrono::duration<double>(t1 - t0).count();
+        hot = std::min(hot, std::chrono::duration<double>(t2 - t1).count());
+      }
+      std::printf("%-14s K=%-5d N=%-5d %-15s M=%d: hot %7.3f ms %6.1f GFLOP/s, cold %7.3f ms %6.1f GFLOP/s\n", sh.name,
+                  sh.K, sh.N, what, M, hot * 1e3, flop / hot / 1e9, cold / reps * 1e3, flop / (cold / reps) / 1e9);
+    };
+    try {
+      PackedLinear lin;
+      lin.pack(kernels, WeightType::BF16, sh.K, sh.N, W.data(), M, sh.N);
+      const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+      AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
+      time("onednn", [&] { lin.run(st, plan, x.data(), y.data(), scratch.data()); });
+      accuracy("onednn");
+    } catch (const std::exception& e) {
+      std::printf("%-14s onednn: unavailable (%s)\n", sh.name, e.what());
+    }
+    for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
+      if (!fma_kernel_runnable(k)) {
+        std::printf("%-14s %s: not runnable here\n", sh.name, fma_kernel_name(k));
+        continue;
+      }
+      FmaWeights fw;
+      fw.pack(k, W.data(), sh.K, sh.N);
+      AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, sh.K));
+      time(fma_kernel_name(k), [&] { fma_matmul(fw, x.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
+      accuracy(fma_kernel_name(k));
+    }
+    // int8 weights (u8 activations; rates in GOP/s, same 2*M*K*N count): oneDNN's VNNI kernel vs the same
+    // fp32-FMA kernels on s8 weights.
+    AlignedBuf<uint8_t> xq(size_t(M) * sh.K);
+    for (size_t i = 0; i < xq.size(); ++i) xq[i] = static_cast<uint8_t>(rng() % 255 + 1);
+    try {
+      PackedLinear lin;
+      lin.pack(kernels, WeightType::INT8, sh.K, sh.N, W.data(), M, sh.N);
+      const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+      AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
+      time("int8 onednn", [&] { lin.run(st, plan, xq.data(), y.data(), scratch.data()); });
+    } catch (const std::exception& e) {
+      std::printf("%-14s int8 onednn: unavailable (%s)\n", sh.name, e.what());
+    }
+    for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
+      if (!fma_kernel_runnable(k)) continue;
+      FmaWeights fw;
+      fw.pack_int8(k, W.data(), sh.K, sh.N);
+      AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, sh.K));
+      const std::string what = std::string("int8 ") + fma_kernel_name(k);
+      time(what.c_str(), [&] { fma_matmul(fw, xq.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
+    }
+  }
+  if (sink == 42) std::printf(" \n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int M = 64, threads = 2, reps = 20;
-  bool study = false, cold = false, block = false;
+  bool study = false, cold = false, block = false, fma = false;
   CLI::App app{"oneDNN matmul throughput for the expert's shapes"};
   app.add_option("--M", M, "rows (B*T)");
   app.add_option("--threads", threads, "threads");
@@ -156,11 +309,16 @@ int main(int argc, char** argv) {
   app.add_flag("--study", study, "only the single-thread oneDNN attribute study");
   app.add_flag("--cold", cold, "only single-thread slices with cold versus hot weights");
   app.add_flag("--block", block, "only single-thread slices: oneDNN bf16 vs the block-format kernels");
+  app.add_flag("--fma", fma, "only single-thread slices: oneDNN bf16 vs the fp32-FMA kernels (avx512_fma, avx2_fma)");
   CLI11_PARSE(app, argc, argv);
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
                           {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  if (fma) {
+    fma_kernels(eng, M, reps < 5 ? reps : 5);
+    return 0;
+  }
   if (block) {
     block_kernels(eng, M, reps < 5 ? reps : 5);
     return 0;
@@ -230,12 +388,34 @@ int main(int argc, char** argv) {
         ScopedOmpThreads n(threads);
         whole.run(streams[0], wplan, x.data(), y.data(), wscratch.data());
       };
-      for (auto [mode, fn] : {std::pair<const char*, std::function<void()>>{"pool", run_pool}, {"omp", run_omp}}) {
+      // bf16: the same pool slices on the fp32-FMA kernels (fma_matmul.h), where they run.
+      std::vector<std::pair<const char*, std::function<void()>>> modes{{"pool", run_pool}, {"omp", run_omp}};
+      std::vector<std::vector<FmaWeights>> fma_slices;
+      std::vector<AlignedBuf<uint8_t>> fma_scratch(threads);
+      for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
+        if (wt != WeightType::BF16 || !fma_kernel_runnable(k)) continue;
+        std::vector<FmaWeights>& fs = fma_slices.emplace_back(threads);
+        for (int t = 0; t < threads; ++t) {
+          const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
+          fs[t].pack(k, W.data() + size_t(n0) * s.K, s.K, n1 - n0);
+          if (fma_scratch[t].size() < fma_scratch_bytes(k, M, s.K)) fma_scratch[t].resize(fma_scratch_bytes(k, M, s.K));
+        }
+      }
+      for (size_t i = 0; i < fma_slices.size(); ++i) {
+        const std::vector<FmaWeights>* fs = &fma_slices[i];
+        modes.emplace_back(fma_kernel_name(fma_slices[i][0].kernel()), [&, fs] {
+          pool.run([&](int t) {
+            const int n0 = s.N * t / threads;
+            fma_matmul((*fs)[t], x.data(), M, s.K, y.data() + size_t(M) * n0, (*fs)[t].N(), fma_scratch[t].data());
+          });
+        });
+      }
+      for (auto& [mode, fn] : modes) {
         fn();
         const auto t0 = std::chrono::steady_clock::now();
         for (int r = 0; r < reps; ++r) fn();
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-        std::printf("%-5s %-20s %-4s M=%d threads=%d: %8.3f ms  %7.1f G%s/s\n", wt == WeightType::BF16 ? "bf16" : "int8",
+        std::printf("%-5s %-20s %-10s M=%d threads=%d: %8.3f ms  %7.1f G%s/s\n", wt == WeightType::BF16 ? "bf16" : "int8",
                     s.name, mode, M, threads, sec * 1e3, flop / sec / 1e9, wt == WeightType::BF16 ? "FLOP" : "OP");
       }
     }

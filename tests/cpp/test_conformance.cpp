@@ -29,6 +29,7 @@
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_backend_impl.h"
+#include "backends/cpu/isa.h"
 #endif
 
 namespace alpamayo {
@@ -391,6 +392,147 @@ TEST(Conformance, CpuPortableAttentionMatchesTheReference) {
                          sh.name + " portable attention layer " + std::to_string(l));
     expect_sampler_close(compare(x, ref.r.action), tolerance("bf16"), sh.name + " portable attention x_N");
   }
+}
+
+// Sets an environment variable for a scope, restoring the old value (or its absence) on exit.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// The cpu backend's bf16 and int8 weights on every matmul kernel this machine runs (forced with
+// ALPAMAYO_CPU_KERNELS=matmul_bf16=... / matmul_int8=...), against the reference with the format's tolerance;
+// kernels that cannot run here are printed as skipped. The fp32-FMA kernels compute the same FMA chain
+// (fma_matmul.h), so their whole runs are bitwise identical.
+TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
+  for (const std::string format : {"bf16", "int8"}) {
+    const std::string op = format == "bf16" ? "matmul_bf16" : "matmul_int8";
+    std::map<int, std::vector<float>> fma_result;  // per shape: the first fp32-FMA kernel's x_N
+    for (const std::string kernel : {"onednn", "avx512_fma", "avx2_fma", "portable_fma"}) {
+      ScopedEnv env("ALPAMAYO_CPU_KERNELS", op + "=" + kernel);
+      for (int si : {1, 2}) {
+        const Shape& sh = shapes()[si];
+        Problem p(sh);
+        BackendOptions o;
+        o.threads = 2;
+        o.weights = format;
+        std::unique_ptr<BackendModel> bm;
+        try {
+          bm = load_cpu_backend(p.cfg, p.w, o);
+        } catch (const Error& e) {
+          // An fp32-FMA kernel must load wherever its instruction set is usable.
+          if (kernel == "avx512_fma" || kernel == "avx2_fma") {
+            EXPECT_FALSE(cpu::fma_kernel_runnable(kernel == "avx512_fma" ? cpu::FmaKernel::Avx512 : cpu::FmaKernel::Avx2))
+                << kernel << ": " << e.what();
+          }
+          EXPECT_NE(kernel, "portable_fma") << e.what();
+          EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();
+          std::printf("  [skipped] %s=%s: %s\n", op.c_str(), kernel.c_str(), e.what());
+          break;
+        }
+        EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bm).matmul_kernel(), kernel);
+        bool recorded = false;
+        for (const cpu::KernelChoice& c : cpu::kernel_choices())
+          if (c.op == op) recorded = c.kernel == kernel && c.why == "forced";
+        EXPECT_TRUE(recorded) << op << "=" << kernel;
+        auto sess = bm->new_session();
+        Context ctx = p.context();
+        Binding b;
+        b.kv = ctx.kv();
+        std::vector<int64_t> offset(b.kv.B);
+        for (int i = 0; i < b.kv.B; ++i) offset[i] = b.kv.offset(i);
+        b.rope = make_rope_tables(offset, ctx.rope_delta(), p.cfg.T, p.cfg.d, p.cfg.rope_theta);
+        b.capture = {.step = 0, .layers = true};
+        sess->bind(b);
+        std::vector<float> x = gaussian_noise(11, int64_t(b.kv.B) * p.cfg.T * p.cfg.A);
+        const std::vector<float> times = euler_time_grid(sh.steps);
+        sess->denoise({.x = x.data(), .times = times.data(), .steps = sh.steps});
+        const RunOut ref = run(p.model("reference", oracle_format(format)), p.context(), 0);
+        const std::string at = sh.name + " " + op + "=" + kernel;
+        for (int l = 0; l < sh.L; ++l)
+          expect_layer_close(compare(sess->captures().layers[l], ref.cap.layers[l]), tolerance(format),
+                             at + " layer " + std::to_string(l));
+        expect_sampler_close(compare(x, ref.r.action), tolerance(format), at + " x_N");
+        if (kernel != "onednn") {
+          if (auto it = fma_result.find(si); it == fma_result.end())
+            fma_result[si] = x;
+          else
+            EXPECT_EQ(x, it->second) << at << ": fp32-FMA kernels differ";
+        }
+      }
+    }
+  }
+}
+
+TEST(Conformance, CpuMatmulKernelChoiceAndErrors) {
+  const Shape& sh = shapes()[1];
+  Problem p(sh);
+  BackendOptions o;
+  o.threads = 2;
+  o.weights = "bf16";
+  {
+    ScopedEnv env("ALPAMAYO_CPU_KERNELS", "matmul_bf16=fastest_ever");
+    try {
+      load_cpu_backend(p.cfg, p.w, o);
+      ADD_FAILURE() << "an unknown matmul_bf16 kernel was accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      for (const char* want : {"fastest_ever", "unknown kernel", "onednn", "avx512_fma", "avx2_fma", "portable_fma"})
+        EXPECT_NE(m.find(want), std::string::npos) << want << " not in: " << m;
+    }
+  }
+  // Not forced: the fastest runnable kernel, recorded with the reason.
+  auto bm = load_cpu_backend(p.cfg, p.w, o);
+  const std::string k = static_cast<const cpu::CpuModel&>(*bm).matmul_kernel();
+  bool recorded = false;
+  for (const cpu::KernelChoice& c : cpu::kernel_choices())
+    if (c.op == "matmul_bf16") {
+      recorded = c.kernel == k && (c.why.rfind("fastest of ", 0) == 0 || c.why == "only one");
+      std::printf("  matmul_bf16: %s (%s, %.1f GFLOP/s)\n", c.kernel.c_str(), c.why.c_str(), c.gflops);
+    }
+  EXPECT_TRUE(recorded) << k;
+  // A second load of the same shapes reuses the timing (cached per process): the same kernel, the same figure.
+  auto gflops = [] {
+    for (const cpu::KernelChoice& c : cpu::kernel_choices())
+      if (c.op == "matmul_bf16") return c.gflops;
+    return -1.0;
+  };
+  const double first = gflops();
+  auto again = load_cpu_backend(p.cfg, p.w, o);
+  EXPECT_EQ(static_cast<const cpu::CpuModel&>(*again).matmul_kernel(), k);
+  EXPECT_EQ(gflops(), first);
+  // int8: its own choice (op matmul_int8); oneDNN only with VNNI (without it its u8 x s8 kernel saturates).
+  o.weights = "int8";
+  auto bm8 = load_cpu_backend(p.cfg, p.w, o);
+  const std::string k8 = static_cast<const cpu::CpuModel&>(*bm8).matmul_kernel();
+  bool recorded8 = false;
+  for (const cpu::KernelChoice& c : cpu::kernel_choices())
+    if (c.op == "matmul_int8") {
+      recorded8 = c.kernel == k8;
+      std::printf("  matmul_int8: %s (%s, %.1f GFLOP/s)\n", c.kernel.c_str(), c.why.c_str(), c.gflops);
+    }
+  EXPECT_TRUE(recorded8) << k8;
+  if (!cpu::isa().has(cpu::kAvx512Vnni) && !cpu::isa().has(cpu::kAvxVnni)) {
+    EXPECT_NE(k8, "onednn");
+  }
+  // Block formats make no matmul choice.
+  o.weights = "bfp8_b";
+  auto bmb = load_cpu_backend(p.cfg, p.w, o);
+  EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bmb).matmul_kernel(), "");
 }
 #endif
 

@@ -2,9 +2,16 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
 #include <thread>
+#include <tuple>
 
 #include "alpamayo/error.h"
+#include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/isa.h"
 
@@ -37,6 +44,136 @@ std::vector<Slice> split_cols(int N, int parts) {
   return s;
 }
 
+
+// The kernel for the weights' matmuls, op "matmul_bf16" (bf16 weights) or "matmul_int8" (int8 weights): oneDNN
+// (PackedLinear) or the fp32-FMA kernels (fma_matmul.h). Forced by ALPAMAYO_CPU_KERNELS, else the fastest runnable
+// one on an M x K x N slice (timed once per process, op and shape).
+struct MatmulChoice {
+  std::string name, why;
+  double gflops = 0;
+};
+
+constexpr const char* kOnednn = "onednn";
+const FmaKernel kFmaKernels[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable};
+
+// Empty when the candidate runs here, else why not.
+std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
+  if (name == kOnednn) {
+    try {
+      kernels.get(t, M, K, N, N);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    // Without VNNI oneDNN 2.6 multiplies u8 x s8 with vpmaddubsw, whose int16 pair sums saturate (gemm:jit under
+    // ALPAMAYO_CPU_ISA=avx2: conformance PCC 0.99 instead of >= 0.999).
+    if (t == WeightType::INT8 && !isa().has(kAvx512Vnni) && !isa().has(kAvxVnni))
+      return "oneDNN's u8 x s8 matmul without VNNI (vpmaddubsw) saturates int16 pair sums (usable here: " +
+             isa().describe() + ")";
+    return "";
+  }
+  for (FmaKernel k : kFmaKernels)
+    if (name == fma_kernel_name(k))
+      return fma_kernel_runnable(k) ? ""
+                                    : std::string(k == FmaKernel::Avx512 ? "needs AVX-512" : "needs AVX2 + FMA") +
+                                          " (usable here: " + isa().describe() + ")";
+  return "unknown kernel";
+}
+
+// Seconds per call (the best of a few, after a warm-up) of candidate `name` on random M x K x N data.
+double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  std::vector<float> W(size_t(N) * K);
+  for (float& v : W) v = nd(rng);
+  AlignedBuf<uint16_t> xb(t == WeightType::BF16 ? size_t(M) * K : 0);
+  AlignedBuf<uint8_t> xq(t == WeightType::INT8 ? size_t(M) * K : 0);
+  for (size_t i = 0; i < xb.size(); ++i) xb[i] = f32_to_bf16(nd(rng));
+  for (size_t i = 0; i < xq.size(); ++i) xq[i] = static_cast<uint8_t>(rng() % 255 + 1);
+  const void* x = t == WeightType::BF16 ? static_cast<const void*>(xb.data()) : xq.data();
+  AlignedBuf<float> y(size_t(M) * N);
+  std::function<void()> fn;
+  PackedLinear lin;
+  MatmulPlan plan;
+  FmaWeights fw;
+  AlignedBuf<uint8_t> scratch;
+  dnnl::stream st(kernels.engine());
+  if (name == kOnednn) {
+    lin.pack(kernels, t, K, N, W.data(), M, N);
+    plan = lin.plan(kernels, M, N);
+    scratch.resize(plan.scratch_bytes() + 1);
+    fn = [&] { lin.run(st, plan, x, y.data(), scratch.data()); };
+  } else {
+    FmaKernel k = FmaKernel::Portable;
+    for (FmaKernel c : kFmaKernels)
+      if (name == fma_kernel_name(c)) k = c;
+    if (t == WeightType::INT8)
+      fw.pack_int8(k, W.data(), K, N);
+    else
+      fw.pack(k, W.data(), K, N);
+    scratch.resize(fma_scratch_bytes(k, M, K));
+    fn = [&] { fma_matmul(fw, x, M, K, y.data(), N, scratch.data()); };
+  }
+  using Clock = std::chrono::steady_clock;
+  fn();
+  double best = 1e30, total = 0;
+  for (int r = 0; r < 10 && total < 0.05; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::min(best, sec);
+    total += sec;
+  }
+  return best;
+}
+
+MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
+  std::vector<std::string> names{kOnednn};
+  for (FmaKernel k : kFmaKernels) names.push_back(fma_kernel_name(k));
+  const std::string forced = forced_kernel(op);
+  if (!forced.empty()) {
+    const bool known = std::find(names.begin(), names.end(), forced) != names.end();
+    const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N) : "unknown kernel";
+    if (!why.empty()) {
+      std::string list;
+      for (const std::string& n : names) {
+        const std::string w = matmul_unrunnable(n, t, kernels, M, K, N);
+        list += (list.empty() ? "" : "; ") + n + (w.empty() ? " (runs here)" : " (not here: " + w + ")");
+      }
+      throw Error("ALPAMAYO_CPU_KERNELS: " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " + list);
+    }
+    return {forced, "forced", 0};
+  }
+  static std::mutex mu;
+  static std::map<std::tuple<std::string, int, int, int>, MatmulChoice> cache;  // the ISA cap is fixed per process
+  std::lock_guard<std::mutex> lk(mu);
+  const auto key = std::make_tuple(op, M, K, N);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  // The portable kernel only where nothing else runs.
+  std::vector<std::string> run;
+  for (const std::string& n : names)
+    if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N).empty()) run.push_back(n);
+  MatmulChoice c;
+  if (run.empty()) run.push_back("portable_fma");
+  if (run.size() == 1) {
+    c = {run[0], "only one", 0};
+  } else {
+    double best = 1e30;
+    std::string list;
+    for (const std::string& n : run) {
+      const double sec = time_matmul(n, t, kernels, M, K, N);
+      list += (list.empty() ? "" : ", ") + n;
+      if (sec < best) {
+        best = sec;
+        c.name = n;
+      }
+    }
+    c.why = "fastest of " + list;
+    c.gflops = 2.0 * M * K * N / best / 1e9;
+  }
+  cache[key] = c;
+  return c;
+}
+
 }  // namespace
 
 void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
@@ -50,6 +187,10 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   out.o.resize(nthreads_);
   out.gate_up.resize(nthreads_);
   out.down.resize(nthreads_);
+  out.fqkv.resize(nthreads_);
+  out.fo.resize(nthreads_);
+  out.fgate_up.resize(nthreads_);
+  out.fdown.resize(nthreads_);
 
   std::vector<float> qkv(size_t(Nqkv) * D);
   convert_to_f32(lw.q, qkv.data());
@@ -59,16 +200,25 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
     pack_layer_blocks(qkv, lw, out);
     return;
   }
+  // One thread's slice: oneDNN's layout, or the fp32-FMA kernel's panels (only the chosen kernel's copy).
+  auto pack = [&](std::vector<PackedLinear>& lin, std::vector<FmaWeights>& fw, int t, int K, int n, const float* W) {
+    if (use_fma_ && wtype_ == WeightType::INT8)
+      fw[t].pack_int8(fma_kernel_, W, K, n);
+    else if (use_fma_)
+      fw[t].pack(fma_kernel_, W, K, n);
+    else
+      lin[t].pack(*kernels_, wtype_, K, n, W, Mhint, n);
+  };
   for (int t = 0; t < nthreads_; ++t) {
     const Slice s = qkv_slices_[t];
-    if (s.n1 > s.n0) out.qkv[t].pack(*kernels_, wtype_, D, s.n1 - s.n0, qkv.data() + size_t(s.n0) * D, Mhint, s.n1 - s.n0);
+    if (s.n1 > s.n0) pack(out.qkv, out.fqkv, t, D, s.n1 - s.n0, qkv.data() + size_t(s.n0) * D);
   }
   qkv = {};
   const std::vector<float> o = to_f32(lw.o);
   for (int t = 0; t < nthreads_; ++t) {
     const Slice s = o_slices_[t];
     const int n = s.n1 - s.n0;
-    if (n > 0) out.o[t].pack(*kernels_, wtype_, Hq * d, n, o.data() + size_t(s.n0) * Hq * d, Mhint, n);
+    if (n > 0) pack(out.o, out.fo, t, Hq * d, n, o.data() + size_t(s.n0) * Hq * d);
   }
   {
     // Each thread's slice holds gate rows [n0, n1) then up rows [n0, n1): SiLU*up stays thread-local.
@@ -80,14 +230,14 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
       std::vector<float> gu(size_t(2) * n * D);
       std::copy(gate.begin() + size_t(s.n0) * D, gate.begin() + size_t(s.n1) * D, gu.begin());
       std::copy(up.begin() + size_t(s.n0) * D, up.begin() + size_t(s.n1) * D, gu.begin() + size_t(n) * D);
-      out.gate_up[t].pack(*kernels_, wtype_, D, 2 * n, gu.data(), Mhint, 2 * n);
+      pack(out.gate_up, out.fgate_up, t, D, 2 * n, gu.data());
     }
   }
   const std::vector<float> down = to_f32(lw.down);
   for (int t = 0; t < nthreads_; ++t) {
     const Slice s = down_slices_[t];
     const int n = s.n1 - s.n0;
-    if (n > 0) out.down[t].pack(*kernels_, wtype_, I, n, down.data() + size_t(s.n0) * I, Mhint, n);
+    if (n > 0) pack(out.down, out.fdown, t, I, n, down.data() + size_t(s.n0) * I);
   }
 }
 
@@ -134,6 +284,18 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
+  if (!wf_.is_block()) {
+    // bf16 or int8: timed on thread 0's fused gate/up slice (at most 1024 columns, to keep it short), M = T rows.
+    const std::string op = wtype_ == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
+    const int Mhint = cfg.T > 0 ? cfg.T : 64;
+    const int n = std::clamp(2 * (mlp_slices_[0].n1 - mlp_slices_[0].n0), 16, 1024);
+    const MatmulChoice c = choose_matmul(op, wtype_, *kernels_, Mhint, D, n);
+    matmul_kernel_ = c.name;
+    use_fma_ = c.name != kOnednn;
+    for (FmaKernel k : kFmaKernels)
+      if (c.name == fma_kernel_name(k)) fma_kernel_ = k;
+    record_kernel_choice({op, c.name, c.why, c.gflops});
+  }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);
     for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.expert.layers[l], layers_[l]);
@@ -148,6 +310,8 @@ size_t CpuModel::weight_bytes() const {
       for (const PackedLinear& p : *list) n += p.packed_bytes() + (p.col_scale() ? 2 * sizeof(float) * p.N() : 0);
     for (const auto* list : {&layer.bqkv, &layer.bo, &layer.bgate_up, &layer.bdown})
       for (const BlockLinear& b : *list) n += b.bytes();
+    for (const auto* list : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
+      for (const FmaWeights& f : *list) n += f.bytes() + (f.col_scale() ? 2 * sizeof(float) * f.N() : 0);
   }
   return n;
 }
@@ -260,6 +424,13 @@ void CpuSession::bind_step(const Binding& bnd) {
       for (const PackedLinear* lin : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]})
         tmp = std::max(tmp, size_t(M_) * lin->N());
       for (const MatmulPlan* mp : {&p.qkv, &p.o, &p.gate_up, &p.down}) scratch = std::max(scratch, mp->scratch_bytes());
+      if (m_.use_fma_) {
+        for (const FmaWeights* fw : {&layer.fqkv[t], &layer.fo[t], &layer.fgate_up[t], &layer.fdown[t]})
+          if (fw->N()) {
+            tmp = std::max(tmp, size_t(M_) * fw->N());
+            scratch = std::max(scratch, fma_scratch_bytes(fw->kernel(), M_, fw->K()));
+          }
+      }
       if (m_.wf_.is_block()) {
         for (const BlockLinear* lin : {&layer.bqkv[t], &layer.bo[t], &layer.bgate_up[t], &layer.bdown[t]})
           tmp = std::max(tmp, size_t(M_) * lin->N());

@@ -13,6 +13,7 @@
 #include "backends/cpu/aligned.h"
 #include "backends/cpu/attention.h"
 #include "backends/cpu/bfp_matmul.h"
+#include "backends/cpu/fma_matmul.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
 #include "backends/weight_formats.h"
@@ -29,6 +30,7 @@ struct CpuLayer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
   std::vector<PackedLinear> qkv, o, gate_up, down;  // one per thread (bf16, int8: oneDNN)
   std::vector<BlockLinear> bqkv, bo, bgate_up, bdown;  // one per thread (block formats: bfp_matmul.h)
+  std::vector<FmaWeights> fqkv, fo, fgate_up, fdown;   // one per thread (bf16, int8 on the fp32-FMA kernels: fma_matmul.h)
 };
 
 // One attention work item for KV head g, writing partial slot `slot` (a [Rp][dp] block, or `count`
@@ -52,6 +54,9 @@ class CpuModel final : public BackendModel {
   std::string weights() const override { return opts_.weights; }
   size_t weight_bytes() const override;
   std::unique_ptr<BackendSession> new_session() const override;
+  // The kernel running the bf16 or int8 weights' matmuls ("onednn", "avx512_fma", "avx2_fma", "portable_fma");
+  // "" for the block formats.
+  const std::string& matmul_kernel() const { return matmul_kernel_; }
 
  private:
   friend class CpuSession;
@@ -68,6 +73,9 @@ class CpuModel final : public BackendModel {
   std::vector<CpuLayer> layers_;
   std::vector<float> final_norm_;
   std::vector<Slice> qkv_slices_, o_slices_, mlp_slices_, down_slices_;
+  std::string matmul_kernel_;  // see matmul_kernel()
+  bool use_fma_ = false;       // bf16 / int8 weights on fma_kernel_ (FmaWeights) instead of oneDNN (PackedLinear)
+  FmaKernel fma_kernel_ = FmaKernel::Portable;
   HostProjections proj_;
 };
 
@@ -94,9 +102,10 @@ class CpuSession final : public HostLoopSession {
   void run_step(int tid, const float* emb, float* hidden, float* const* layers);
   void layer_phases(int tid, int l);
   void attention_phase(int tid, int l);
-  // This thread's slice of a linear layer, x [M, K] -> pt.tmp [M, slice width]: oneDNN or the block kernels.
-  void run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk, const void* x,
-                  int K);
+  // This thread's slice of a linear layer, x [M, K] -> pt.tmp [M, slice width]: oneDNN, the fp32-FMA kernels
+  // (bf16 or int8 weights, use_fma_) or the block kernels.
+  void run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk,
+                  const FmaWeights& fw, const void* x, int K);
   void print_profile(double step_ms) const;
 
   const CpuModel& m_;

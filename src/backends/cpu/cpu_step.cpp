@@ -12,6 +12,7 @@
 namespace alpamayo::cpu {
 namespace {
 const BlockLinear kNoBlocks;  // the block argument of run_linear() for the oneDNN formats
+const FmaWeights kNoFma;      // its fp32-FMA argument where oneDNN or the block kernels run
 }  // namespace
 
 void CpuSession::step(const float* emb, float* hidden, float* const* layers) {
@@ -60,6 +61,14 @@ void CpuSession::layer_phases(int tid, int l) {
     }
   };
 
+  // The int8 epilogue's column correction and weight scales: from whichever packed copy this format runs on.
+  auto corr = [&](const PackedLinear& lin, const std::vector<FmaWeights>& fw) {
+    return m_.use_fma_ ? fw[tid].col_correction() : lin.col_correction();
+  };
+  auto cscale = [&](const PackedLinear& lin, const std::vector<FmaWeights>& fw) {
+    return m_.use_fma_ ? fw[tid].col_scale() : lin.col_scale();
+  };
+
   rms_norm_rows(h_.data(), w.input_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
                 i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm1);
@@ -67,9 +76,9 @@ void CpuSession::layer_phases(int tid, int l) {
   if (const Slice s = m_.qkv_slices_[tid]; s.n1 > s.n0) {
     // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
     const PackedLinear& lin = w.qkv[tid];
-    run_linear(tid, lin, plan.qkv, block ? w.bqkv[tid] : kNoBlocks, x_in, D);
+    run_linear(tid, lin, plan.qkv, block ? w.bqkv[tid] : kNoBlocks, m_.use_fma_ ? w.fqkv[tid] : kNoFma, x_in, D);
     copy_rows(qkv_.data() + s.n0, Nqkv, pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr,
-              lin.col_correction(), lin.col_scale());
+              corr(lin, w.fqkv), cscale(lin, w.fqkv));
   }
   if (tid == 0) next_item_.store(0, std::memory_order_relaxed);
   sync(kQkv);
@@ -105,13 +114,13 @@ void CpuSession::layer_phases(int tid, int l) {
 
   // This thread's column slice of a projection of y_in, added to the residual stream.
   auto matmul_residual = [&](const PackedLinear& lin, const MatmulPlan& mp, const std::vector<BlockLinear>& blk,
-                             Slice s, int K) {
+                             const std::vector<FmaWeights>& fw, Slice s, int K) {
     if (s.n1 <= s.n0) return;
-    run_linear(tid, lin, mp, block ? blk[tid] : kNoBlocks, y_in, K);
+    run_linear(tid, lin, mp, block ? blk[tid] : kNoBlocks, m_.use_fma_ ? fw[tid] : kNoFma, y_in, K);
     add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
-             lin.col_correction(), lin.col_scale());
+             corr(lin, fw), cscale(lin, fw));
   };
-  matmul_residual(w.o[tid], plan.o, w.bo, m_.o_slices_[tid], Hq * d);
+  matmul_residual(w.o[tid], plan.o, w.bo, w.fo, m_.o_slices_[tid], Hq * d);
   sync(kOproj);
 
   rms_norm_rows(h_.data(), w.post_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
@@ -119,9 +128,10 @@ void CpuSession::layer_phases(int tid, int l) {
   sync(kNorm2);
 
   if (const Slice s = m_.mlp_slices_[tid]; s.n1 > s.n0) {
-    run_linear(tid, w.gate_up[tid], plan.gate_up, block ? w.bgate_up[tid] : kNoBlocks, x_in, D);
-    silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, w.gate_up[tid].col_correction(),
-                  w.gate_up[tid].col_scale(), I,
+    run_linear(tid, w.gate_up[tid], plan.gate_up, block ? w.bgate_up[tid] : kNoBlocks,
+               m_.use_fma_ ? w.fgate_up[tid] : kNoFma, x_in, D);
+    silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, corr(w.gate_up[tid], w.fgate_up),
+                  cscale(w.gate_up[tid], w.fgate_up), I,
                   i8 ? nullptr : y_bf16_.data() + s.n0, i8 ? act_f32_.data() + s.n0 : nullptr);
   }
   if (i8) {
@@ -130,14 +140,16 @@ void CpuSession::layer_phases(int tid, int l) {
   }
   sync(kGateUp);
 
-  matmul_residual(w.down[tid], plan.down, w.bdown, m_.down_slices_[tid], I);
+  matmul_residual(w.down[tid], plan.down, w.bdown, w.fdown, m_.down_slices_[tid], I);
   sync(kDown);
 }
 
 void CpuSession::run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk,
-                            const void* x, int K) {
+                            const FmaWeights& fw, const void* x, int K) {
   PerThread& pt = per_thread_[tid];
-  if (m_.wf_.is_block())
+  if (m_.use_fma_)
+    fma_matmul(fw, x, M_, K, pt.tmp.data(), fw.N(), pt.scratch.data());
+  else if (m_.wf_.is_block())
     block_matmul(block_kernel_, blk, static_cast<const uint16_t*>(x), M_, K, pt.tmp.data(), blk.N(), pt.scratch.data());
   else
     lin.run(streams_[tid], plan, x, pt.tmp.data(), pt.scratch.data());
@@ -189,6 +201,11 @@ void CpuSession::attention_phase(int tid, int l) {
     const MatmulPlan& op = plans_[l][tid].o;
     kv.prefetch = op.own_weights ? static_cast<const char*>(op.own_weights.get_data_handle()) : o.packed_data();
     kv.prefetch_bytes = op.own_weights ? op.own_bytes() : o.packed_bytes();
+    if (m_.use_fma_) {
+      const FmaWeights& fo = m_.layers_[l].fo[tid];
+      kv.prefetch = reinterpret_cast<const char*>(fo.data());
+      kv.prefetch_bytes = fo.bytes();
+    }
     if (m_.wf_.is_block() && !m_.layers_[l].bo[tid].parts.empty()) {
       const BlockWeights& bo = m_.layers_[l].bo[tid].parts.front();
       kv.prefetch = reinterpret_cast<const char*>(bo.data());

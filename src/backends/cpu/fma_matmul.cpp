@@ -1,0 +1,183 @@
+// fma_matmul.h: packing, dispatch, and the portable kernel (plain C++, std::fma: the same FMA chain as the ISA
+// kernels, so the same bits; the fallback where neither AVX2 nor AVX-512 runs, and the tests' oracle).
+#include "backends/cpu/fma_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "alpamayo/error.h"
+#include "alpamayo/tensor.h"
+#include "backends/cpu/isa.h"
+
+namespace alpamayo::cpu {
+namespace {
+
+float widen(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+}  // namespace
+
+const char* fma_kernel_name(FmaKernel k) {
+  switch (k) {
+    case FmaKernel::Avx512: return "avx512_fma";
+    case FmaKernel::Avx2: return "avx2_fma";
+    case FmaKernel::Portable: return "portable_fma";
+  }
+  return "?";
+}
+
+bool fma_kernel_runnable(FmaKernel k) {
+  switch (k) {
+    case FmaKernel::Avx512: return isa().has(kAvx512);
+    case FmaKernel::Avx2: return isa().has(kAvx2Fma);
+    case FmaKernel::Portable: return true;
+  }
+  return false;
+}
+
+int fma_panel_width(FmaKernel k) { return k == FmaKernel::Avx512 ? 64 : 16; }
+
+template <class T, class Get>
+void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
+  if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
+  kernel_ = k;
+  K_ = K;
+  N_ = N;
+  const int w = fma_panel_width(k), panels = (N + w - 1) / w;
+  bytes_ = size_t(panels) * K * w * sizeof(T);
+  buf_.reset();
+  if (bytes_ == 0) return;
+  auto buf = std::make_shared<HugeBuf>(bytes_);
+  auto* dst = static_cast<T*>(buf->data());
+  for (int k0 = 0; k0 < K; k0 += kFmaKSpan) {
+    const int ks = std::min(kFmaKSpan, K - k0);
+    for (int p = 0; p < panels; ++p) {
+      T* panel = dst + size_t(k0) * panels * w + size_t(p) * ks * w;
+      for (int j = 0; j < w; ++j) {
+        const int n = p * w + j;
+        for (int kk = 0; kk < ks; ++kk) panel[size_t(kk) * w + j] = n < N ? get(n, k0 + kk) : T(0);
+      }
+    }
+  }
+  buf_ = std::move(buf);
+}
+
+void FmaWeights::pack(FmaKernel k, const float* W, int K, int N) {
+  pack_with<uint16_t>(k, K, N, [&](int n, int kk) { return f32_to_bf16(W[size_t(n) * K + kk]); });
+  type_ = FmaType::BF16;
+  corr_.clear();
+  scale_.clear();
+}
+
+void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N) {
+  pack_with<uint16_t>(k, K, N, [&](int n, int kk) { return W[size_t(n) * K + kk]; });
+  type_ = FmaType::BF16;
+  corr_.clear();
+  scale_.clear();
+}
+
+void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N) {
+  pack_with<int8_t>(k, K, N, [&](int n, int kk) { return Wq[size_t(n) * K + kk]; });
+  type_ = FmaType::INT8;
+  corr_.assign(N, 0.f);
+  scale_.assign(scales, scales + N);
+}
+
+void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N) {
+  // The quantization of PackedLinear::pack (packed_matmul.cpp), so that both int8 paths multiply the same values.
+  std::vector<int8_t> q(size_t(std::max(N, 0)) * std::max(K, 0));
+  std::vector<float> scales(std::max(N, 0));
+  for (int n = 0; n < N; ++n) {
+    const float* w = W + size_t(n) * K;
+    float mx = 0.f;
+    for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(w[kk]));
+    const float sc = mx > 0.f ? mx / 127.f : 1.f;
+    scales[n] = sc;
+    for (int kk = 0; kk < K; ++kk)
+      q[size_t(n) * K + kk] = static_cast<int8_t>(static_cast<int>(std::lrintf(std::clamp(w[kk] / sc, -127.f, 127.f))));
+  }
+  pack_s8(k, q.data(), scales.data(), K, N);
+}
+
+size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
+  const size_t xf = (size_t(std::max(M, 0)) * std::max(K, 0) + 15) / 16 * 16;
+  return (xf + size_t(kFmaKBlock) * 64) * sizeof(float);
+}
+
+namespace {
+
+template <class T, class X>
+void portable(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy, float* scratch) {
+  constexpr int kW = 16;
+  auto wv = [](T v) { return std::is_same_v<T, int8_t> ? float(v) : widen(uint16_t(v)); };
+  float* xf = scratch;
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k) {
+      const X v = x[size_t(m) * ldx + k];
+      xf[size_t(m) * K + k] = std::is_same_v<X, uint8_t> ? float(int(v) - 128) : widen(uint16_t(v));
+    }
+  const int panels = (N + kW - 1) / kW;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) y[size_t(m) * ldy + n] = 0.f;
+  for (int k0 = 0; k0 < K; k0 += kFmaKSpan) {
+    const int ks = std::min(kFmaKSpan, K - k0);
+    for (int p = 0; p < panels; ++p) {
+      const T* panel = w + size_t(k0) * panels * kW + size_t(p) * ks * kW;
+      const int valid = std::min(kW, N - p * kW);
+      for (int m = 0; m < M; ++m) {
+        float acc[kW];
+        float* yr = y + size_t(m) * ldy + size_t(p) * kW;
+        for (int j = 0; j < kW; ++j) acc[j] = j < valid ? yr[j] : 0.f;
+        const float* xr = xf + size_t(m) * K + k0;
+        for (int k = 0; k < ks; ++k) {
+          const T* wr = panel + size_t(k) * kW;
+          for (int j = 0; j < kW; ++j) acc[j] = std::fma(xr[k], wv(wr[j]), acc[j]);
+        }
+        std::copy(acc, acc + valid, yr);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void fma_matmul_portable(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                         float* scratch) {
+  portable(w, K, N, x, M, ldx, y, ldy, scratch);
+}
+
+void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
+                            float* scratch) {
+  portable(w, K, N, x, M, ldx, y, ldy, scratch);
+}
+
+void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch) {
+  if (M <= 0 || w.N() == 0) return;
+  if (!fma_kernel_runnable(w.kernel()))
+    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(w.kernel()) + " cannot run on this CPU (" +
+                isa().describe() + ")");
+  auto* s = static_cast<float*>(scratch);
+  if (w.type() == FmaType::INT8) {
+    const auto* xq = static_cast<const uint8_t*>(x);
+    switch (w.kernel()) {
+      case FmaKernel::Avx512: fma_matmul_s8_avx512(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s); break;
+      case FmaKernel::Avx2: fma_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s); break;
+      case FmaKernel::Portable: fma_matmul_s8_portable(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s); break;
+    }
+    return;
+  }
+  const auto* xb = static_cast<const uint16_t*>(x);
+  switch (w.kernel()) {
+    case FmaKernel::Avx512: fma_matmul_avx512(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
+    case FmaKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
+    case FmaKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
+  }
+}
+
+}  // namespace alpamayo::cpu

@@ -1,0 +1,107 @@
+// bf16-weight matmuls on fp32 FMAs: y[M, ldy] (first N columns) = x[M, K] (bf16) * W[N, K]^T (bf16), the
+// product oneDNN's bf16 matmul computes, without `vdpbf16ps`. Both operands are widened to fp32 in registers
+// (exact: a bf16 is the top half of an fp32) and multiplied with `vfmadd231ps`. Why: on Intel Xeon (Sapphire /
+// Emerald Rapids) `vdpbf16ps` runs at half the rate of fp32 FMA, and on AVX2-only CPUs oneDNN 2.6 has no bf16
+// matmul at all (docs/CPU_BACKEND.md, "bf16 matmuls on fp32 FMAs").
+//
+// Layout: W is packed once (bf16, RNE from fp32) into panels of `fma_panel_width(kernel)` output columns (64 for
+// AVX-512, 16 for AVX2 and the portable kernel), the last one zero-padded, and K into spans of kFmaKSpan rows
+// (the last one shorter): span by span, panel by panel, each [span rows][width]. A kernel walks spans, panels,
+// rows in that order, so it streams its weights strictly sequentially while its fp32 copy of x for one span
+// (M x 1024 x 4 bytes) stays in L2 whatever K is.
+//
+// int8 weights (the cpu backend's int8 format) run on the same kernels: s8 weights and u8 - 128 activations are
+// widened to fp32 (exact) instead of bf16 ones; ALPAMAYO_CPU_KERNELS op matmul_int8.
+//
+// Summation order: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k], acc) for
+// k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. All kernels (AVX-512,
+// AVX2, portable) therefore give bitwise identical results, and so does any split of the columns over threads.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/huge_buf.h"
+
+namespace alpamayo::cpu {
+
+enum class FmaKernel { Avx512, Avx2, Portable };
+
+// "avx512_fma", "avx2_fma", "portable_fma": the names ALPAMAYO_CPU_KERNELS uses for matmul_bf16.
+const char* fma_kernel_name(FmaKernel k);
+// Whether this process may run the kernel (isa(), capped by ALPAMAYO_CPU_ISA); the portable one always.
+bool fma_kernel_runnable(FmaKernel k);
+// Output columns per packed panel.
+int fma_panel_width(FmaKernel k);
+
+// The weights' element type: bf16 (x bf16), or int8 (x u8 = q + 128, the cpu backend's int8 activations).
+enum class FmaType { BF16, INT8 };
+
+// One packed weight matrix (a thread's column slice) for one kernel. Immutable once packed; copies share it.
+class FmaWeights {
+ public:
+  // Packs W [N, K] (fp32 rows, rounded to bf16 to nearest even) for kernel k.
+  void pack(FmaKernel k, const float* W, int K, int N);
+  // Packs W [N, K] already in bf16.
+  void pack_bf16(FmaKernel k, const uint16_t* W, int K, int N);
+  // int8: W [N, K] quantized per output row exactly as the oneDNN int8 path does (packed_matmul.h: scale
+  // max|w| / 127, q = round(w / scale) in [-127, 127]). The kernel widens x (u8 = q + 128) to q itself, so y is
+  // sum_k q_x w_q (products exact in fp32) and col_correction() is all zeros; col_scale() the row scales.
+  void pack_int8(FmaKernel k, const float* W, int K, int N);
+  // int8 with given values and scales (tests).
+  void pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N);
+
+  FmaKernel kernel() const { return kernel_; }
+  FmaType type() const { return type_; }
+  int K() const { return K_; }
+  int N() const { return N_; }
+  const uint16_t* data() const { return buf_ ? static_cast<const uint16_t*>(buf_->data()) : nullptr; }  // bf16
+  const int8_t* data_s8() const { return buf_ ? static_cast<const int8_t*>(buf_->data()) : nullptr; }   // int8
+  size_t bytes() const { return bytes_; }
+  // int8: the epilogue's inputs (as PackedLinear's): zeros and the weight scales; nullptr for bf16.
+  const float* col_correction() const { return corr_.empty() ? nullptr : corr_.data(); }
+  const float* col_scale() const { return scale_.empty() ? nullptr : scale_.data(); }
+
+ private:
+  template <class T, class Get>
+  void pack_with(FmaKernel k, int K, int N, Get get);
+  FmaKernel kernel_ = FmaKernel::Portable;
+  FmaType type_ = FmaType::BF16;
+  int K_ = 0, N_ = 0;
+  size_t bytes_ = 0;
+  std::shared_ptr<const HugeBuf> buf_;  // huge pages: the weights stream cold from DRAM every step
+  std::vector<float> corr_, scale_;
+};
+
+// Scratch bytes (64-byte aligned memory) fma_matmul needs for M rows of K: x widened to fp32 and one
+// widened weight block.
+size_t fma_scratch_bytes(FmaKernel k, int M, int K);
+
+// y[m][n] = sum_k x[m][k] w[n][k] (the fixed order above) for m < M, n < w.N(): x [M, ldx] bf16 (bf16 weights)
+// or u8 = q + 128 (int8 weights; the sum is over q), y fp32 [M, ldy]. Runs w.kernel(), which must be runnable
+// here; M == 0 or N == 0 does nothing.
+void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch);
+
+// Internal: the kernels on raw packed panels (fma_matmul_avx512.cpp, fma_matmul_avx2.cpp, fma_matmul.cpp).
+// scratch: fma_scratch_bytes(kernel, M, K).
+void fma_matmul_avx512(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                       float* scratch);
+void fma_matmul_avx2(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                     float* scratch);
+void fma_matmul_portable(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                         float* scratch);
+void fma_matmul_s8_avx512(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
+                          float* scratch);
+void fma_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
+                        float* scratch);
+void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
+                            float* scratch);
+
+// K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
+inline constexpr int kFmaKBlock = 128;
+// K rows per span of the packed layout (a multiple of every kernel's K block: 64, 256).
+inline constexpr int kFmaKSpan = 1024;
+
+}  // namespace alpamayo::cpu

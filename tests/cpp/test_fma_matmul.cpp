@@ -1,0 +1,295 @@
+// The bf16-weight matmul kernels on fp32 FMAs (src/backends/cpu/fma_matmul.h): every kernel this machine runs
+// against a double-precision reference on odd shapes, bitwise equality between column slicings and between the
+// kernels (all compute the same fp32 FMA chain over k), packing layout and errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "alpamayo/error.h"
+#include "alpamayo/tensor.h"
+#include "backends/cpu/aligned.h"
+#include "backends/cpu/fma_matmul.h"
+
+namespace alpamayo::cpu {
+namespace {
+
+const FmaKernel kAll[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable};
+
+float bf(uint16_t h) { return bf16_to_f32(h); }
+
+struct Case {
+  int M, K, N;
+  std::vector<uint16_t> x, W;  // x [M, K], W [N, K], bf16
+};
+
+Case make_case(int M, int K, int N, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Case c{M, K, N, std::vector<uint16_t>(size_t(M) * K), std::vector<uint16_t>(size_t(N) * K)};
+  for (auto& v : c.x) v = f32_to_bf16(nd(rng));
+  for (auto& v : c.W) v = f32_to_bf16(0.05f * nd(rng));
+  return c;
+}
+
+// y[M, ldy] for columns [0, N) with kernel k; the rest of y keeps its NaN fill (written-columns check).
+std::vector<float> run(FmaKernel k, const Case& c, int ldy) {
+  FmaWeights w;
+  w.pack_bf16(k, c.W.data(), c.K, c.N);
+  AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+  std::vector<float> y(size_t(c.M) * ldy, std::nanf(""));
+  fma_matmul(w, c.x.data(), c.M, c.K, y.data(), ldy, scratch.data());
+  return y;
+}
+
+std::vector<FmaKernel> runnable() {
+  std::vector<FmaKernel> r;
+  for (FmaKernel k : kAll) {
+    if (fma_kernel_runnable(k))
+      r.push_back(k);
+    else
+      std::printf("  [skipped] %s: not supported by this CPU / ALPAMAYO_CPU_ISA\n", fma_kernel_name(k));
+  }
+  return r;
+}
+
+TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
+  double worst = 0;
+  for (FmaKernel k : runnable())
+    for (int M : {1, 3, 17, 64, 130})
+      for (int K : {1, 7, 64, 1000, 2100})  // 2100: three spans of the packed layout
+        for (int N : {1, 15, 16, 33, 300}) {
+          if (k == FmaKernel::Portable && M * K * N > 4000000) continue;  // slow; bitwise-checked below
+          const Case c = make_case(M, K, N, uint32_t(M * 1000003 + K * 1009 + N));
+          const int ldy = N + 5;
+          const std::vector<float> y = run(k, c, ldy);
+          for (int m = 0; m < M; ++m)
+            for (int n = 0; n < ldy; ++n) {
+              const float got = y[size_t(m) * ldy + n];
+              if (n >= N) {
+                ASSERT_TRUE(std::isnan(got)) << "column " << n << " past N written";
+                continue;
+              }
+              double ref = 0, mag = 0;
+              for (int kk = 0; kk < K; ++kk) {
+                const double p = double(bf(c.x[size_t(m) * K + kk])) * bf(c.W[size_t(n) * K + kk]);
+                ref += p;
+                mag += std::fabs(p);
+              }
+              // fp32 sequential accumulation: |error| <= K * 2^-24 * sum |products| (loose, 2x).
+              const double bound = 2.0 * K * std::ldexp(1.0, -24) * mag + 1e-30;
+              ASSERT_LE(std::fabs(got - ref), bound)
+                  << fma_kernel_name(k) << " M=" << M << " K=" << K << " N=" << N << " m=" << m << " n=" << n;
+              if (mag > 0) worst = std::max(worst, std::fabs(got - ref) / mag);
+            }
+        }
+  std::printf("  worst |y - ref| / sum|x w|: %.3g\n", worst);
+}
+
+TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
+  const std::vector<FmaKernel> ks = runnable();
+  for (int M : {1, 17, 64, 130})
+    for (int K : {7, 200, 1000, 2100}) {
+      const int N = 300;
+      const Case c = make_case(M, K, N, uint32_t(7 * M + K));
+      // The portable kernel is the oracle: the same fp32 FMA chain over k, in C++.
+      const std::vector<float> ref = run(FmaKernel::Portable, c, N);
+      for (FmaKernel k : ks) {
+        EXPECT_EQ(run(k, c, N), ref) << fma_kernel_name(k) << " vs portable_fma, M=" << M << " K=" << K;
+        // Column ranges as the backend's thread slices (multiples of 64) and odd ones, each packed on its own.
+        for (const std::vector<int>& cuts : {std::vector<int>{0, 64, 192, 300}, std::vector<int>{0, 1, 17, 150, 299, 300}}) {
+          std::vector<float> y(size_t(M) * N, std::nanf(""));
+          for (size_t s = 0; s + 1 < cuts.size(); ++s) {
+            const int n0 = cuts[s], n1 = cuts[s + 1];
+            FmaWeights w;
+            w.pack_bf16(k, c.W.data() + size_t(n0) * K, K, n1 - n0);
+            AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, K));
+            fma_matmul(w, c.x.data(), M, K, y.data() + n0, N, scratch.data());
+          }
+          EXPECT_EQ(y, ref) << fma_kernel_name(k) << " sliced, M=" << M << " K=" << K;
+        }
+      }
+    }
+}
+
+TEST(FmaMatmul, StridedActivationsAndRowSubsets) {
+  // x with a row stride larger than K (a view into a wider buffer): the same result as dense rows.
+  for (FmaKernel k : runnable()) {
+    const Case c = make_case(9, 70, 40, 5);
+    const int ldx = 101;
+    std::vector<uint16_t> xs(size_t(c.M) * ldx, 0x7fc0);  // NaN outside the rows' first K
+    for (int m = 0; m < c.M; ++m) std::copy(c.x.begin() + size_t(m) * c.K, c.x.begin() + size_t(m + 1) * c.K, xs.begin() + size_t(m) * ldx);
+    FmaWeights w;
+    w.pack_bf16(k, c.W.data(), c.K, c.N);
+    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+    std::vector<float> y(size_t(c.M) * c.N);
+    fma_matmul(w, xs.data(), c.M, ldx, y.data(), c.N, scratch.data());
+    EXPECT_EQ(y, run(FmaKernel::Portable, c, c.N)) << fma_kernel_name(k);
+  }
+}
+
+TEST(FmaMatmul, PackingLayoutAndRounding) {
+  // W [N, K] fp32 -> panels [K][width] of bf16 (RNE), zero-padded past N (K within one span).
+  const int K = 3, N = 20;
+  std::vector<float> W(size_t(N) * K);
+  for (size_t i = 0; i < W.size(); ++i) W[i] = 1.f + float(i) / 256.f + 1.f / 1024.f;
+  for (FmaKernel k : kAll) {
+    FmaWeights w;
+    w.pack(k, W.data(), K, N);
+    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw;
+    ASSERT_EQ(w.bytes(), size_t(panels) * K * pw * 2) << fma_kernel_name(k);
+    for (int p = 0; p < panels; ++p)
+      for (int kk = 0; kk < K; ++kk)
+        for (int j = 0; j < pw; ++j) {
+          const int n = p * pw + j;
+          const uint16_t got = w.data()[(size_t(p) * K + kk) * pw + j];
+          EXPECT_EQ(got, n < N ? f32_to_bf16(W[size_t(n) * K + kk]) : uint16_t(0)) << fma_kernel_name(k);
+        }
+  }
+  // K over one span: spans of kFmaKSpan rows, each holding every panel.
+  const int K2 = kFmaKSpan + 5, N2 = 70;
+  std::vector<float> W2(size_t(N2) * K2);
+  for (size_t i = 0; i < W2.size(); ++i) W2[i] = float(i % 251) - 125.f;
+  for (FmaKernel k : kAll) {
+    FmaWeights w;
+    w.pack(k, W2.data(), K2, N2);
+    const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw;
+    for (int n = 0; n < N2; ++n)
+      for (int kk = 0; kk < K2; ++kk) {
+        const int k0 = kk / kFmaKSpan * kFmaKSpan, ks = std::min(kFmaKSpan, K2 - k0);
+        const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ks * pw + size_t(kk - k0) * pw + n % pw;
+        ASSERT_EQ(w.data()[at], f32_to_bf16(W2[size_t(n) * K2 + kk])) << fma_kernel_name(k) << " n=" << n << " k=" << kk;
+      }
+  }
+  FmaWeights bad;
+  EXPECT_THROW(bad.pack(FmaKernel::Portable, W.data(), 0, N), Error);
+}
+
+// int8 weights: s8 values, x as u8 = q + 128; y = sum_k q w exactly up to fp32 rounding of the sums.
+struct CaseS8 {
+  int M, K, N;
+  std::vector<uint8_t> x;
+  std::vector<int8_t> W;
+  std::vector<float> scales;
+};
+
+CaseS8 make_s8(int M, int K, int N, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> q(-127, 127);
+  CaseS8 c{M, K, N, std::vector<uint8_t>(size_t(M) * K), std::vector<int8_t>(size_t(N) * K), std::vector<float>(N)};
+  for (auto& v : c.x) v = static_cast<uint8_t>(q(rng) + 128);
+  for (auto& v : c.W) v = static_cast<int8_t>(q(rng));
+  for (int n = 0; n < N; ++n) c.scales[n] = 0.01f * float(n + 1);
+  return c;
+}
+
+std::vector<float> run_s8(FmaKernel k, const CaseS8& c, int n0, int n1, std::vector<float>& y, int ldy) {
+  FmaWeights w;
+  w.pack_s8(k, c.W.data() + size_t(n0) * c.K, c.scales.data() + n0, c.K, n1 - n0);
+  EXPECT_EQ(w.type(), FmaType::INT8);
+  AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+  fma_matmul(w, c.x.data(), c.M, c.K, y.data() + n0, ldy, scratch.data());
+  return std::vector<float>(w.col_correction(), w.col_correction() + (n1 - n0));
+}
+
+TEST(FmaMatmul, Int8KernelsMatchAnExactIntegerSumAndEachOther) {
+  const std::vector<FmaKernel> ks = runnable();
+  for (int M : {1, 3, 17, 64, 130})
+    for (int K : {1, 7, 64, 1000, 2100})
+      for (int N : {1, 15, 16, 33, 300}) {
+        const CaseS8 c = make_s8(M, K, N, uint32_t(M * 31 + K * 7 + N));
+        std::vector<float> ref(size_t(M) * N, std::nanf(""));
+        if (int64_t(M) * K * N <= 4000000) {
+          run_s8(FmaKernel::Portable, c, 0, N, ref, N);
+        } else {
+          run_s8(ks.front(), c, 0, N, ref, N);  // checked against the exact sums below, bitwise against the rest
+        }
+        for (int m = 0; m < M; ++m)
+          for (int n = 0; n < N; ++n) {
+            int64_t exact = 0, mag = 0;
+            for (int kk = 0; kk < K; ++kk) {
+              const int64_t p = int64_t(int(c.x[size_t(m) * K + kk]) - 128) * c.W[size_t(n) * K + kk];
+              exact += p;
+              mag += p < 0 ? -p : p;
+            }
+            ASSERT_LE(std::fabs(double(ref[size_t(m) * N + n]) - double(exact)), K * std::ldexp(double(mag), -24))
+                << "M=" << M << " K=" << K << " N=" << N;
+          }
+        for (FmaKernel k : ks) {
+          std::vector<float> y(size_t(M) * N, std::nanf(""));
+          const std::vector<float> corr = run_s8(k, c, 0, N, y, N);
+          EXPECT_EQ(y, ref) << fma_kernel_name(k) << " M=" << M << " K=" << K << " N=" << N;
+          EXPECT_EQ(corr, std::vector<float>(N, 0.f));
+          if (N == 300) {
+            std::vector<float> ys(size_t(M) * N, std::nanf(""));
+            for (auto [n0, n1] : {std::pair{0, 64}, std::pair{64, 77}, std::pair{77, 300}}) run_s8(k, c, n0, n1, ys, N);
+            EXPECT_EQ(ys, ref) << fma_kernel_name(k) << " sliced, M=" << M << " K=" << K;
+          }
+        }
+      }
+}
+
+TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  const int K = 300, N = 70;
+  std::vector<float> W(size_t(N) * K);
+  for (float& v : W) v = nd(rng);
+  for (int kk = 0; kk < K; ++kk) W[size_t(5) * K + kk] = 0.f;  // an all-zero row: scale 1
+  for (FmaKernel k : kAll) {
+    FmaWeights w;
+    w.pack_int8(k, W.data(), K, N);
+    const int pw = fma_panel_width(k);
+    for (int n = 0; n < N; ++n) {
+      float mx = 0.f;
+      for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
+      const float sc = mx > 0.f ? mx / 127.f : 1.f;
+      ASSERT_EQ(w.col_scale()[n], sc);
+      ASSERT_EQ(w.col_correction()[n], 0.f);
+      for (int kk = 0; kk < K; ++kk) {
+        const int q = static_cast<int>(std::lrintf(std::clamp(W[size_t(n) * K + kk] / sc, -127.f, 127.f)));
+        ASSERT_EQ(w.data_s8()[size_t(n / pw) * K * pw + size_t(kk) * pw + n % pw], q) << n << " " << kk;
+      }
+    }
+  }
+}
+
+// A kernel this process may not run (e.g. avx512_fma under ALPAMAYO_CPU_ISA=avx2: ctest conformance_avx2) is
+// refused with an error naming it, never run.
+TEST(FmaMatmul, UnrunnableKernelsAreRefused) {
+  const Case c = make_case(2, 8, 16, 3);
+  int refused = 0;
+  for (FmaKernel k : kAll) {
+    if (fma_kernel_runnable(k)) continue;
+    FmaWeights w;
+    w.pack_bf16(k, c.W.data(), c.K, c.N);
+    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+    std::vector<float> y(size_t(c.M) * c.N);
+    try {
+      fma_matmul(w, c.x.data(), c.M, c.K, y.data(), c.N, scratch.data());
+      ADD_FAILURE() << fma_kernel_name(k) << " ran although not runnable";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fma_kernel_name(k)), std::string::npos) << e.what();
+      ++refused;
+    }
+  }
+  if (refused == 0) std::printf("  every kernel runs here: nothing to refuse\n");
+}
+
+TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
+  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512), "avx512_fma");
+  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx2), "avx2_fma");
+  EXPECT_STREQ(fma_kernel_name(FmaKernel::Portable), "portable_fma");
+  EXPECT_TRUE(fma_kernel_runnable(FmaKernel::Portable));
+  FmaWeights empty;  // N == 0: nothing happens
+  float y = 7.f;
+  fma_matmul(empty, nullptr, 4, 4, &y, 1, nullptr);
+  EXPECT_EQ(y, 7.f);
+}
+
+}  // namespace
+}  // namespace alpamayo::cpu
