@@ -6,15 +6,23 @@ scripts/setup.sh --python
 VENV="${ALPAMAYO_VENV:-$HOME/.cache/alpamayo-expert/venv}"
 echo "== ctest"
 ctest --test-dir build --output-on-failure -j"$(nproc)"
-echo "== reference-only build (no oneDNN, no CUDA) under ThreadSanitizer: the whole C++ suite"
-# Proves the engine builds without the cpu and cuda backends, and that sessions sharing a model race on nothing.
-cmake -S . -B build-ref-tsan -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_C_FLAGS="-fsanitize=thread" \
-  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-cmake --build build-ref-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
-TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/alpamayo_tests --gtest_brief=1
-echo "== the C API test under ThreadSanitizer (threads sharing one model through the C API)"
-TSAN_OPTIONS="halt_on_error=1" build-ref-tsan/test_capi build-ref-tsan/alpamayo-expert
+echo "== reference-only build (no oneDNN, no CUDA): the whole C++ suite"
+# Proves the engine builds and passes without the cpu and cuda backends.
+cmake -S . -B build-ref -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF \
+  -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-ref -j"$(nproc)" --target alpamayo_tests
+build-ref/alpamayo_tests --gtest_brief=1
+echo "== ThreadSanitizer build with the cpu backend: the concurrency tests"
+# Sessions sharing a model from several threads (reference and cpu backends), the cpu backend's thread pool and
+# its results for 1 to 5 threads, and threads sharing one model through the C API.
+TSAN="-fsanitize=thread"
+cmake -S . -B build-tsan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS="$TSAN" -DCMAKE_C_FLAGS="$TSAN" -DCMAKE_EXE_LINKER_FLAGS="$TSAN" \
+  -DCMAKE_SHARED_LINKER_FLAGS="$TSAN" >/dev/null
+cmake --build build-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
+TSAN_OPTIONS="halt_on_error=1" build-tsan/alpamayo_tests --gtest_brief=1 \
+  --gtest_filter='*Deterministic*:*ThreadCount*:*ThreadPool*:Api.*'
+TSAN_OPTIONS="halt_on_error=1" build-tsan/test_capi build-tsan/alpamayo-expert
 echo "== ASan + UBSan (with float-cast-overflow) build of the engine with the cpu backend: C++ suite, C API, CLI tests"
 # Every finding aborts (-fno-sanitize-recover). The CLI tests (hostile inputs and error paths) run against
 # this build's CLI; tests/python/cli.py fails a test whose run printed a sanitizer report.
@@ -26,7 +34,8 @@ cmake --build build-asan -j"$(nproc)" --target alpamayo_tests alpamayo-expert te
 build-asan/alpamayo_tests --gtest_brief=1
 build-asan/test_capi build-asan/alpamayo-expert
 ALPAMAYO_CLI="$PWD/build-asan/alpamayo-expert" PYTHONPATH="$PWD/python" \
-  "$VENV/bin/python" -m pytest tests/python/test_cli_errors.py tests/python/test_hostile.py -q
+  "$VENV/bin/python" -m pytest tests/python/test_cli_errors.py tests/python/test_hostile.py \
+  tests/python/test_hostile_numbers.py -q
 echo "== the Python module: pip install . into $VENV"
 # scikit-build-core with the pinned nanobind of requirements.txt; the build directory build/python-<tag> is kept,
 # so a rerun compiles only what changed. The tests then import the installed module.
