@@ -131,6 +131,8 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   down_slices_ = o_slices_;
   layers_.assign(cfg.L, {});
   final_norm_ = to_f32(w.expert.final_norm);
+  // Attention: timed on the model's shape (one sample's query rows per KV head, a few thousand keys).
+  attn_kernel_ = select_attention_kernel(d, Hq / Hkv, cfg.T > 0 ? cfg.T : 64);
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
@@ -158,7 +160,7 @@ CpuSession::CpuSession(const CpuModel& m)
     : HostLoopSession(m.cfg_, m.proj_),
       m_(m),
       nthreads_(m.nthreads_),
-      use_bf16_attn_(cpu_has_avx512_bf16()),
+      attn_kernel_(m.attn_kernel_),
       block_kernel_(default_block_kernel()),
       pool_(nthreads_) {
   for (int t = 0; t < nthreads_; ++t) streams_.emplace_back(m.eng_);
@@ -248,7 +250,8 @@ void CpuSession::bind_step(const Binding& bnd) {
   part_o_.resize(slots * geo_.Rp * geo_.dp);
   part_m_.resize(slots * geo_.Rp);
   part_l_.resize(slots * geo_.Rp);
-  AttnGeometry widest = geo_;
+  AttnGeometry& widest = attn_widest_;
+  widest = geo_;
   widest.R = widest.Rp = widest.qld = static_cast<int>(max_rows);
 
   for (int t = 0; t < nthreads_; ++t) {
@@ -269,8 +272,16 @@ void CpuSession::bind_step(const Binding& bnd) {
     pt.tmp.resize(tmp);
     pt.scratch.resize(scratch);
     pt.row.resize(std::max({D, I, d}));
-    pt.attn.resize(widest);
+    pt.attn.resize(widest, attn_kernel_is_fp32(attn_kernel_));
   }
+}
+
+void CpuSession::set_attention_kernel(AttnKernel k) {
+  if (const std::string why = attn_kernel_unavailable(k); !why.empty())
+    throw Error(std::string("cpu backend: attention kernel ") + attn_kernel_name(k) + " cannot run here: " + why);
+  attn_kernel_ = k;
+  if (attn_widest_.d > 0)  // already bound: the scratch of the new kernel
+    for (PerThread& pt : per_thread_) pt.attn.resize(attn_widest_, attn_kernel_is_fp32(k));
 }
 
 uint32_t* CpuSession::qptr(int b, int g) {

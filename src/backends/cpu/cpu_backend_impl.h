@@ -68,6 +68,7 @@ class CpuModel final : public BackendModel {
   std::vector<CpuLayer> layers_;
   std::vector<float> final_norm_;
   std::vector<Slice> qkv_slices_, o_slices_, mlp_slices_, down_slices_;
+  AttnKernel attn_kernel_;  // chosen at load (select_attention_kernel)
   HostProjections proj_;
 };
 
@@ -75,8 +76,10 @@ class CpuSession final : public HostLoopSession {
  public:
   explicit CpuSession(const CpuModel& m);
 
-  // For tests: force the portable attention path, the portable block-format matmul.
-  void set_portable_attention(bool on) { use_bf16_attn_ = !on && cpu_has_avx512_bf16(); }
+  // For tests: force an attention kernel (throws alpamayo::Error if it cannot run here), the portable
+  // block-format matmul.
+  void set_attention_kernel(AttnKernel k);
+  AttnKernel attention_kernel() const { return attn_kernel_; }
   void set_portable_block_kernel(bool on) { block_kernel_ = on ? BlockKernel::Portable : default_block_kernel(); }
 
  protected:
@@ -101,7 +104,7 @@ class CpuSession final : public HostLoopSession {
 
   const CpuModel& m_;
   const int nthreads_;
-  bool use_bf16_attn_;
+  AttnKernel attn_kernel_;
   BlockKernel block_kernel_;
   ThreadPool pool_;
   std::vector<dnnl::stream> streams_;
@@ -115,6 +118,7 @@ class CpuSession final : public HostLoopSession {
   std::vector<AlignedBuf<uint16_t>> owned_cache_;   // converted F32/F16 caches
   std::vector<float> cos_, sin_;
   AttnGeometry geo_;
+  AttnGeometry attn_widest_;                         // the widest item's geometry (scratch size)
   // Samples grouped by prompt: members_[p] in sample order; member_[b] = b's index in its prompt's list.
   // Queries of prompt p's samples lie side by side (qld = n_p * Rp) so a cascade item reads them at once.
   std::vector<std::vector<int>> members_;

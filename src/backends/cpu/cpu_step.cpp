@@ -196,7 +196,7 @@ void CpuSession::attention_phase(int tid, int l) {
     }
     uint32_t* q = it.prompt >= 0 ? qptr(members_[p][0], it.g) : qptr(b, it.g);
     init_partial(geo, O, m, lsum);
-    attend_chunk(use_bf16_attn_, geo, q, kv, it.j0, it.j1, O, m, lsum, per_thread_[tid].attn);
+    attend_chunk(attn_kernel_, geo, q, kv, it.j0, it.j1, O, m, lsum, per_thread_[tid].attn);
     if (single_chunk_)
       merge_partials(geo_, 1, O, m, lsum, T_, group, it.g * group, ld, out_f32 ? out_f32 + out_off(b) : nullptr,
                      out_bf16 ? out_bf16 + out_off(b) : nullptr);
