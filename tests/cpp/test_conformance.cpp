@@ -28,6 +28,7 @@
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_backend_impl.h"
+#include "backends/cpu/isa.h"
 #endif
 
 namespace alpamayo {

@@ -40,3 +40,29 @@ float peak_loop_fma_ymm(long iters, float seed, double* ops_per_iter);
 float peak_loop_dpbusd_ymm_vex(long iters, float seed, double* ops_per_iter);   // AVX-VNNI
 
 }  // namespace alpamayo::cpu
+
+namespace alpamayo::cpu {
+
+// The floor of one denoising step: the weight matmuls and the attention at the measured peak of the
+// instruction their chosen kernel multiplies with (kernel_choices(), isa.h). Weight matmuls without a
+// recorded instruction (oneDNN, the block kernels) are held to the fastest unit for their operands: bf16 ->
+// max(vdpbf16ps, fp32 FMA), int8 -> vpdpbusd.
+struct OpFloor {
+  std::string op, kernel, instruction;
+  double gflop = 0;     // per step
+  double peak = 0;      // GFLOP/s (GOP/s), all threads
+  double floor_ms = 0;  // gflop / peak
+  double actual_ms = 0; // measured, when known (0 otherwise)
+};
+struct StepWork {
+  double matmul_gflop = 0;     // 2 * M * (weights of the layers' linears), all layers
+  double attention_gflop = 0;  // 4 * T * Hq * d * (keys attended), all samples and layers
+};
+// Per step of B samples of T tokens; attended[b]: keys sample b attends to (prompt + suffix + own rows).
+StepWork step_work(int L, int D, int Hq, int Hkv, int d, int I, int T, const std::vector<long long>& attended);
+// weights: the weight format ("bf16", "int8", "bfp8_b", ...).
+std::vector<OpFloor> step_floors(const StepWork& w, const std::string& weights, int threads);
+// A table (one line per op, then the total), each line starting with `indent`.
+std::string format_floors(const std::vector<OpFloor>& f, int threads, const std::string& indent);
+
+}  // namespace alpamayo::cpu
