@@ -7,6 +7,7 @@
 #include "alpamayo/error.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/peaks.h"
 
 namespace alpamayo {
 
@@ -242,6 +243,8 @@ void CpuSession::bind_step(const Binding& bnd) {
   qbase_.assign(kv.G, 0);
   for (int p = 1; p < kv.G; ++p) qbase_[p] = qbase_[p - 1] + members_[p - 1].size() * Hkv * (d / 2) * geo_.Rp;
   plan_attention();
+  // The profile's floors need the instruction peaks: measured here (once per process), not inside a step.
+  if (m_.opts_.profile) measured_peaks(nthreads_);
   size_t slots = 0, max_rows = geo_.Rp;
   for (const AttnItem& it : items_) {
     slots = std::max(slots, size_t(it.slot + it.count));
