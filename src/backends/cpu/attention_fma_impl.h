@@ -9,7 +9,9 @@
 // per block) and multiplied with fp32 FMAs, the probabilities stay fp32: where vdpbf16ps issues at half the
 // rate of an fp32 FMA (Intel Sapphire / Emerald Rapids) this is the faster unit, and it runs on every AVX2 CPU.
 //
-// V provides: F (the register type), W (lanes), kQkVecs (query vectors per QK register tile, times 4 keys),
+// V provides: F (the register type), W (lanes), kQkVecs and kQkKeys (query vectors times keys of a QK register
+// tile; kQkKeys divides kKeyBlock), kPvRows and kPvVecs (rows times column vectors of a PV tile; kPvRows
+// divides 16),
 // kPvVecs (column vectors per PV tile, times 4 rows), load/loadu/store/storeu, set1, zero, add, sub, mul,
 // max, fmadd (a * b + c), fmsub (a * b - c), and exp2 (2^x, 0 below -126, relative error ~1e-7).
 #pragma once
@@ -24,8 +26,6 @@
 namespace alpamayo::cpu {
 namespace {
 
-constexpr int kFmaQkKeys = 4;  // keys per QK register tile
-constexpr int kFmaPvRows = 4;  // query rows per PV register tile
 
 inline float bf16_bits_f32(uint32_t bits_in_high_half) {
   float f;
@@ -52,9 +52,10 @@ inline void widen_row(const uint16_t* src, int n, int npad, float* dst) {
   for (int c = n; c < npad; ++c) dst[c] = 0.f;
 }
 
-// S[k][row] = sum_c qf[c][row] * kf[k][c] for NQV vectors of query rows and kFmaQkKeys keys.
+// S[k][row] = sum_c qf[c][row] * kf[k][c] for NQV vectors of query rows and V::kQkKeys keys.
 template <class V, int NQV>
 inline void fma_qk_tile(const float* qf, int Rp, int d, const float* kf, float* S) {
+  constexpr int kFmaQkKeys = V::kQkKeys;
   typename V::F acc[NQV][kFmaQkKeys];
 #pragma GCC unroll 16
   for (int v = 0; v < NQV; ++v)
@@ -103,9 +104,10 @@ inline void fma_softmax_block(const AttnGeometry& g, int n, int npad, float* S, 
   }
 }
 
-// O[row][c] = O[row][c] * alpha[row] + sum_k P[k][row] * vf[k][c] for kFmaPvRows rows and NCV column vectors.
+// O[row][c] = O[row][c] * alpha[row] + sum_k P[k][row] * vf[k][c] for V::kPvRows rows and NCV column vectors.
 template <class V, int NCV>
 inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npad, const float* alpha, float* O) {
+  constexpr int kFmaPvRows = V::kPvRows;
   typename V::F acc[kFmaPvRows][NCV];
 #pragma GCC unroll 16
   for (int r = 0; r < kFmaPvRows; ++r) {
@@ -132,13 +134,14 @@ inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npa
 
 template <class V, int NQV>
 inline void fma_qk_rows(const AttnGeometry& g, const float* qf, const float* kf, int npad, float* S) {
-  for (int k = 0; k < npad; k += kFmaQkKeys)
+  for (int k = 0; k < npad; k += V::kQkKeys)
     fma_qk_tile<V, NQV>(qf, g.Rp, g.d, kf + size_t(k) * g.d, S + size_t(k) * g.Rp);
 }
 
 template <class V>
 void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O, float* m,
                 float* l, const AttnWork& w) {
+  constexpr int kFmaQkKeys = V::kQkKeys;
   static_assert(kKeyBlock % kFmaQkKeys == 0);
   const uint16_t** kptr = w.kptr;
   const uint16_t** vptr = w.vptr;
@@ -190,6 +193,8 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
     const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
     const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
     const char* pf_v = reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
+    constexpr int kFmaPvRows = V::kPvRows;
+    static_assert(16 % kFmaPvRows == 0);
     const int tiles = g.Rp / kFmaPvRows;
     const size_t pf_step = (pf_bytes / 64 + tiles - 1) / tiles * 64;
     size_t pf_off = 0;
