@@ -1,19 +1,25 @@
-// Single-thread throughput of the attention kernel (one KV head: group*T query rows against S+T keys)
-// next to a oneDNN bf16 matmul of similar size, timed alternately so that a noisy machine affects both:
-// the ratio is the kernel's efficiency relative to oneDNN's.
+// Single-thread throughput of every attention kernel this machine can run (one KV head: group*T query rows
+// against S+T keys), each next to a oneDNN bf16 matmul of similar size, timed alternately so that a noisy
+// machine affects both: the ratio is the kernel's efficiency relative to oneDNN's. Also prints the
+// single-thread peak of the instruction each kernel multiplies with, and which kernel the backend's
+// selection (select_attention_kernel) takes for this shape. --kernel NAME runs one kernel only.
 #include <CLI/CLI.hpp>
 
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "alpamayo/tensor.h"
 #include "backends/cpu/attention.h"
+#include "backends/cpu/isa.h"
 #include "backends/cpu/packed_matmul.h"
+#include "backends/cpu/peaks.h"
 #include "backends/cpu/thread_pool.h"
 
 using namespace alpamayo;
@@ -21,14 +27,14 @@ using namespace alpamayo::cpu;
 
 int main(int argc, char** argv) {
   int S = 4700, T = 64, group = 2, d = 128, reps = 10;
-  bool portable = false;
+  std::string only;
   CLI::App app{"attention kernel throughput"};
   app.add_option("--S", S);
   app.add_option("--T", T);
   app.add_option("--group", group);
   app.add_option("--d", d);
   app.add_option("--reps", reps);
-  app.add_flag("--portable", portable);
+  app.add_option("--kernel", only, "one kernel: avx512_bf16 | avx512_fma | avx2_fma | portable");
   CLI11_PARSE(app, argc, argv);
   ScopedOmpThreads one(1);
   const AttnGeometry g = AttnGeometry::make(d, group, T);
@@ -43,8 +49,23 @@ int main(int argc, char** argv) {
   AlignedBuf<uint32_t> qp(size_t(d / 2) * g.Rp);
   for (size_t i = 0; i < qp.size(); ++i) qp[i] = f32_to_bf16(nd(rng)) | (uint32_t(f32_to_bf16(nd(rng))) << 16);
   AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
-  AttnScratch sc;
-  sc.resize(g);
+  std::printf("isa: %s\n", isa().describe().c_str());
+  std::vector<AttnKernel> kernels_run;
+  if (!only.empty()) {
+    try {
+      kernels_run.push_back(attn_kernel_from_name(only, "--kernel"));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_attention: %s\n", e.what());
+      return 1;
+    }
+  } else {
+    for (AttnKernel k : kAttnKernels) {
+      if (const std::string why = attn_kernel_unavailable(k); !why.empty())
+        std::printf("%-12s skipped: %s\n", attn_kernel_name(k), why.c_str());
+      else
+        kernels_run.push_back(k);
+    }
+  }
   const KeyRows kv{kc.data(), vc.data(), S, ko.data(), vo.data()};
   const double attn_flop = 4.0 * g.R * (S + T) * d;
 
@@ -62,28 +83,46 @@ int main(int argc, char** argv) {
   AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
   const double mm_flop = 2.0 * M * K * N;
 
-  double ta = 0, tm = 0;
   auto now = [] {
     timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
   };
-  for (int r = 0; r <= reps; ++r) {
-    const double t0 = now();
-    init_partial(g, O.data(), m.data(), l.data());
-    attend_chunk(!portable && cpu_has_avx512_bf16(), g, qp.data(), kv, 0, S + T, O.data(), m.data(), l.data(), sc);
-    const double t1 = now();
-    lin.run(st, plan, x.data(), y.data(), scratch.data());
-    const double t2 = now();
-    if (r == 0) continue;  // warm-up
-    ta += t1 - t0;
-    tm += t2 - t1;
+  const Peaks& peaks = measured_peaks(1);
+  for (AttnKernel k : kernels_run) {
+    AttnScratch sc;
+    sc.resize(g, attn_kernel_is_fp32(k));
+    const int kreps = k == AttnKernel::Portable ? std::max(1, reps / 5) : reps;
+    double ta = 0, tm = 0;
+    for (int r = 0; r <= kreps; ++r) {
+      const double t0 = now();
+      init_partial(g, O.data(), m.data(), l.data());
+      attend_chunk(k, g, qp.data(), kv, 0, S + T, O.data(), m.data(), l.data(), sc);
+      const double t1 = now();
+      lin.run(st, plan, x.data(), y.data(), scratch.data());
+      const double t2 = now();
+      if (r == 0) continue;  // warm-up
+      ta += t1 - t0;
+      tm += t2 - t1;
+    }
+    ta /= kreps;
+    tm /= kreps;
+    const double peak = peaks.of(attn_kernel_instruction(k));
+    std::printf("%-12s attention R=%d d=%d keys=%d: %8.3f ms, %6.1f GFLOP/s", attn_kernel_name(k), g.R, d, S + T,
+                ta * 1e3, attn_flop / ta / 1e9);
+    if (peak > 0)
+      std::printf(" = %4.1f%% of %s peak %.1f", 100.0 * attn_flop / ta / 1e9 / peak, attn_kernel_instruction(k), peak);
+    std::printf(" | oneDNN bf16 matmul %dx%dx%d: %.3f ms, %.1f GFLOP/s | attention/matmul %.2f\n", M, K, N, tm * 1e3,
+                mm_flop / tm / 1e9, (attn_flop / ta) / (mm_flop / tm));
   }
-  ta /= reps;
-  tm /= reps;
-  std::printf("attention R=%d d=%d keys=%d: %.3f ms, %.1f GFLOP/s | oneDNN bf16 matmul %dx%dx%d: %.3f ms, %.1f GFLOP/s"
-              " | attention/matmul efficiency %.2f\n",
-              g.R, d, S + T, ta * 1e3, attn_flop / ta / 1e9, M, K, N, tm * 1e3, mm_flop / tm / 1e9,
-              (attn_flop / ta) / (mm_flop / tm));
+  std::printf("peaks (1 thread):");
+  for (const PeakEntry& e : peaks.entries)
+    if (e.rate > 0) std::printf("  %s %.1f %s", e.instruction.c_str(), e.rate, e.unit.c_str());
+  std::printf("\n");
+  if (only.empty()) {
+    const AttnKernel chosen = select_attention_kernel(d, group, T);
+    for (const KernelChoice& c : kernel_choices())
+      if (c.op == "attention") std::printf("selected: %s (%s)\n", attn_kernel_name(chosen), c.why.c_str());
+  }
   return 0;
 }

@@ -2,7 +2,10 @@
 // with random weights and a random bf16 VLM cache built in memory. Every layer gets its own packed copy of
 // one random layer's weights (so the weight traffic is real) and its own cache rows.
 // Prints the per-op table (backend profile, stderr), time per step, 10-step estimate, the memory of the
-// model and of one session, and a final JSON line for scripts (bench/bench_vs_torch.py).
+// model and of one session, and a final JSON line for scripts (bench/bench_vs_torch.py). For the cpu
+// backend also the kernel chosen per op and this machine's floor for the step: the GFLOP of the weight
+// matmuls (2 * M * the layers' weights) and of attention (4 * T * Hq * d * keys, per sample and layer), each
+// at the measured peak of the instruction its kernel uses, and the fraction of it the best step achieves.
 // --sessions 2 also binds a second session on the same model and runs both at once: it reports what the
 // second session costs and checks that each gives bitwise the result it gives alone.
 #include <CLI/CLI.hpp>
@@ -19,6 +22,10 @@
 
 #include "alpamayo/engine.h"
 #include "alpamayo/tensor.h"
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+#include "backends/cpu/isa.h"
+#include "backends/cpu/peaks.h"
+#endif
 
 namespace {
 
@@ -198,6 +205,29 @@ int main(int argc, char** argv) {
                 "%.1f MiB after the first bind, %.1f MiB now\n",
                 model->backend().weight_bytes() / 1048576.0, session.buffer_bytes() / 1048576.0, hwm_model / 1024.0,
                 hwm_one / 1024.0, vm_hwm_kb() / 1024.0);
+    double floor_s = 0;
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+    if (backend == "cpu") {
+      std::vector<long long> keys;
+      for (int b = 0; b < B; ++b)
+        keys.push_back((shared ? S + sfx[b] : kv.valid_len[b]) + T);
+      const int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      const cpu::StepWork work = cpu::step_work(L, D, Hq, Hkv, d, I, T, keys);
+      const std::vector<cpu::OpFloor> floors = cpu::step_floors(work, model->weights(), nt);
+      std::printf("isa: %s\n", cpu::isa().describe().c_str());
+      for (const cpu::KernelChoice& c : cpu::kernel_choices())
+        std::printf("kernel %-12s %-12s %7.1f GFLOP/s  %s; %s\n", c.op.c_str(), c.kernel.c_str(), c.gflops,
+                    c.instruction.empty() ? "-" : c.instruction.c_str(), c.why.c_str());
+      std::printf("peaks (%d threads):", nt);
+      for (const cpu::PeakEntry& e : cpu::measured_peaks(nt).entries)
+        std::printf("  %s %.1f", e.instruction.c_str(), e.rate);
+      std::printf("  GFLOP/s (int8: GOP/s)\n");
+      std::printf("%s", cpu::format_floors(floors, nt, "").c_str());
+      for (const cpu::OpFloor& f : floors) floor_s += f.floor_ms * 1e-3;
+      std::printf("step floor %.4f s; best step %.4f s = %.1f%% of the floor-bound speed\n", floor_s, best,
+                  100.0 * floor_s / best);
+    }
+#endif
     if (sessions == 2) {
       // A second session on the same model: only its own buffers. Then both at once, each compared bitwise
       // with its result alone (the same context and seed, so also with each other).
@@ -220,8 +250,8 @@ int main(int argc, char** argv) {
       if (!same) return 1;
     }
     std::printf("{\"backend\":\"%s\",\"weights\":\"%s\",\"threads\":%d,\"S\":%d,\"step_s_mean\":%.5f,"
-                "\"step_s_min\":%.5f,\"vmhwm_mib\":%.1f}\n",
-                backend.c_str(), model->weights().c_str(), threads, S, mean, best, vm_hwm_kb() / 1024.0);
+                "\"step_s_min\":%.5f,\"vmhwm_mib\":%.1f,\"floor_s\":%.5f}\n",
+                backend.c_str(), model->weights().c_str(), threads, S, mean, best, vm_hwm_kb() / 1024.0, floor_s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_step: %s\n", e.what());
     return 1;

@@ -5,6 +5,11 @@
 #include "alpamayo/checkpoint.h"
 #include "alpamayo/error.h"
 #include "commands.h"
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+#include "backends/cpu/attention.h"
+#include "backends/cpu/isa.h"
+#include "backends/cpu/peaks.h"
+#endif
 
 namespace alpamayo::cli {
 
@@ -24,9 +29,15 @@ CheckpointOptions checkpoint_options(const std::string& vlm_config, const std::s
 Run add_inspect(CLI::App& app) {
   struct Args {
     std::string dir, vlm, release;
+    bool kernels = false;
+    int threads = 0;
   };
   auto a = std::make_shared<Args>();
   app.add_option("checkpoint", a->dir, "checkpoint directory")->required();
+  app.add_flag("--kernels", a->kernels,
+               "cpu backend: time the kernels for this checkpoint's shapes (as loading it does), print the choice "
+               "per op and the instruction peaks (~0.5 s)");
+  app.add_option("--threads", a->threads, "with --kernels: threads the peaks are measured on (0: all cores)");
   app.add_option("--vlm-config", a->vlm, "the VLM's config.json (or its text_config)");
   add_release_option(app, a->release);
   return [a] {
@@ -51,6 +62,23 @@ Run add_inspect(CLI::App& app) {
     for (const auto& n : ck->notes()) std::printf("note         %s\n", n.c_str());
     for (const auto& f : ck->files()) std::printf("file         %s\n", f.c_str());
     std::printf("skipped      %lld vlm.* tensors (never read)\n", static_cast<long long>(ck->vlm_tensors_skipped()));
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+    // The instruction sets the cpu backend may use here (after ALPAMAYO_CPU_ISA).
+    std::printf("cpu isa      %s\n", cpu::isa().describe().c_str());
+    if (a->kernels) {
+      cpu::select_attention_kernel(c.d, c.Hq / c.Hkv, c.T > 0 ? c.T : 64);
+      for (const cpu::KernelChoice& k : cpu::kernel_choices())
+        std::printf("cpu kernel   %-12s %-12s %7.1f GFLOP/s  %s; %s\n", k.op.c_str(), k.kernel.c_str(), k.gflops,
+                    k.instruction.empty() ? "-" : k.instruction.c_str(), k.why.c_str());
+      const cpu::Peaks& p = cpu::measured_peaks(a->threads);
+      for (const cpu::PeakEntry& e : p.entries)
+        if (e.rate > 0)
+          std::printf("cpu peak     %-16s %8.1f %s on %d threads\n", e.instruction.c_str(), e.rate, e.unit.c_str(),
+                      p.threads);
+        else
+          std::printf("cpu peak     %-16s %8s (%s)\n", e.instruction.c_str(), "-", e.why_not.c_str());
+    }
+#endif
   };
 }
 

@@ -363,9 +363,15 @@ TEST(Conformance, CpuPortableBlockKernelMatchesTheReference) {
     }
 }
 
-// The cpu backend's attention without AVX512-BF16 (forced here), on the shapes with one and several key
-// chunks per sample.
-TEST(Conformance, CpuPortableAttentionMatchesTheReference) {
+// Every attention kernel of the cpu backend (forced here) on the shapes with one and several key chunks per
+// sample and with shared prompts, against the fp32 reference; the kernels this machine (or ALPAMAYO_CPU_ISA)
+// cannot run are listed as skipped with the reason.
+class CpuAttentionKernels : public ::testing::TestWithParam<cpu::AttnKernel> {};
+
+TEST_P(CpuAttentionKernels, MatchTheReference) {
+  const cpu::AttnKernel kernel = GetParam();
+  if (const std::string why = cpu::attn_kernel_unavailable(kernel); !why.empty())
+    GTEST_SKIP() << "attention kernel " << cpu::attn_kernel_name(kernel) << " skipped: " << why;
   for (int si : {1, 2, 6}) {
     const Shape& sh = shapes()[si];
     Problem p(sh);
@@ -374,7 +380,7 @@ TEST(Conformance, CpuPortableAttentionMatchesTheReference) {
     o.weights = "bf16";
     auto bm = load_cpu_backend(p.cfg, p.w, o);
     auto sess = bm->new_session();
-    static_cast<cpu::CpuSession*>(sess.get())->set_portable_attention(true);
+    static_cast<cpu::CpuSession*>(sess.get())->set_attention_kernel(kernel);
     Context ctx = p.context();
     Binding b;
     b.kv = ctx.kv();
@@ -383,36 +389,18 @@ TEST(Conformance, CpuPortableAttentionMatchesTheReference) {
     b.rope = make_rope_tables(offset, ctx.rope_delta(), p.cfg.T, p.cfg.d, p.cfg.rope_theta);
     b.capture = {.step = 0, .layers = true};
     sess->bind(b);
+    EXPECT_EQ(static_cast<cpu::CpuSession*>(sess.get())->attention_kernel(), kernel);
     std::vector<float> x = gaussian_noise(11, int64_t(b.kv.B) * p.cfg.T * p.cfg.A);
     const std::vector<float> times = euler_time_grid(sh.steps);
     sess->denoise({.x = x.data(), .times = times.data(), .steps = sh.steps});
     const RunOut ref = run(p.model("reference", "f32"), p.context(), 0);
+    const std::string at = sh.name + " attention " + cpu::attn_kernel_name(kernel);
     for (int l = 0; l < sh.L; ++l)
       expect_layer_close(compare(sess->captures().layers[l], ref.cap.layers[l]), tolerance("bf16"),
-                         sh.name + " portable attention layer " + std::to_string(l));
-    expect_sampler_close(compare(x, ref.r.action), tolerance("bf16"), sh.name + " portable attention x_N");
+                         at + " layer " + std::to_string(l));
+    expect_sampler_close(compare(x, ref.r.action), tolerance("bf16"), at + " x_N");
   }
 }
-
-// Sets an environment variable for a scope, restoring the old value (or its absence) on exit.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* v = std::getenv(name)) old_ = v, had_ = true;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 // The cpu backend's bf16 and int8 weights on every matmul kernel this machine runs (forced with
 // ALPAMAYO_CPU_KERNELS=matmul_bf16=... / matmul_int8=...), against the reference with the format's tolerance;
@@ -423,7 +411,7 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
     const std::string op = format == "bf16" ? "matmul_bf16" : "matmul_int8";
     std::map<int, std::vector<float>> fma_result;  // per shape: the first fp32-FMA kernel's x_N
     for (const std::string kernel : {"onednn", "avx512_fma", "avx2_fma", "portable_fma"}) {
-      ScopedEnv env("ALPAMAYO_CPU_KERNELS", op + "=" + kernel);
+      test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", op + "=" + kernel);
       for (int si : {1, 2}) {
         const Shape& sh = shapes()[si];
         Problem p(sh);
@@ -485,7 +473,7 @@ TEST(Conformance, CpuMatmulKernelChoiceAndErrors) {
   o.threads = 2;
   o.weights = "bf16";
   {
-    ScopedEnv env("ALPAMAYO_CPU_KERNELS", "matmul_bf16=fastest_ever");
+    test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "matmul_bf16=fastest_ever");
     try {
       load_cpu_backend(p.cfg, p.w, o);
       ADD_FAILURE() << "an unknown matmul_bf16 kernel was accepted";
@@ -533,6 +521,45 @@ TEST(Conformance, CpuMatmulKernelChoiceAndErrors) {
   o.weights = "bfp8_b";
   auto bmb = load_cpu_backend(p.cfg, p.w, o);
   EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bmb).matmul_kernel(), "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CpuAttentionKernels, ::testing::ValuesIn(cpu::kAttnKernels),
+                         [](const auto& info) { return std::string(cpu::attn_kernel_name(info.param)); });
+
+// ALPAMAYO_CPU_KERNELS forces the attention kernel at load; a name that is unknown or cannot run here is an
+// error naming the candidates.
+TEST(Conformance, CpuForcedAttentionKernel) {
+  const Shape& sh = shapes()[1];
+  Problem p(sh);
+  BackendOptions o;
+  o.threads = 1;
+  o.weights = "int8";
+  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "attention=portable");
+  {
+    auto bm = load_cpu_backend(p.cfg, p.w, o);
+    auto sess = bm->new_session();
+    EXPECT_EQ(static_cast<cpu::CpuSession*>(sess.get())->attention_kernel(), cpu::AttnKernel::Portable);
+    bool found = false;
+    for (const cpu::KernelChoice& c : cpu::kernel_choices())
+      if (c.op == "attention") {
+        found = true;
+        EXPECT_EQ(c.kernel, "portable");
+        EXPECT_NE(c.why.find("forced"), std::string::npos) << c.why;
+      }
+    EXPECT_TRUE(found);
+  }
+  env.set("attention=avx9000");
+  test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); },
+                     {"ALPAMAYO_CPU_KERNELS", "unknown attention kernel \"avx9000\"", "avx512_bf16", "avx512_fma",
+                      "avx2_fma", "portable"});
+  for (cpu::AttnKernel k : cpu::kAttnKernels)
+    if (const std::string why = cpu::attn_kernel_unavailable(k); !why.empty()) {
+      env.set(std::string("attention=") + cpu::attn_kernel_name(k));
+      test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); },
+                         {"ALPAMAYO_CPU_KERNELS", "cannot run here", why, "runnable here", "portable"});
+    }
+  env.set("attention=avx2_fma,matmul_fp8=x");
+  test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); }, {"ALPAMAYO_CPU_KERNELS", "unknown op \"matmul_fp8\""});
 }
 #endif
 

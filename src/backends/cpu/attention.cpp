@@ -1,9 +1,15 @@
 #include "backends/cpu/attention.h"
 
 #include <algorithm>
+#include <time.h>
+#include <cstdio>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
+#include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/isa.h"
@@ -21,7 +27,10 @@ AttnGeometry AttnGeometry::make(int d, int group, int T) {
   return g;
 }
 
-void AttnScratch::resize(const AttnGeometry& g) {
+void AttnScratch::resize(const AttnGeometry& g, bool fp32) {
+  qf.resize(fp32 ? size_t(g.dp) * g.Rp : 0);
+  kf.resize(fp32 ? size_t(kKeyBlock) * g.d : 0);
+  vf.resize(fp32 ? size_t(kKeyBlock) * g.dp : 0);
   kptr.resize(kKeyBlock);
   vptr.resize(kKeyBlock);
   s.resize(size_t(kKeyBlock) * g.Rp);
@@ -40,12 +49,169 @@ void init_partial(const AttnGeometry& g, float* O, float* m, float* l) {
 
 bool cpu_has_avx512_bf16() { return isa().has(kAvx512 | kAvx512Bf16); }
 
-void attend_chunk(bool use_avx512_bf16, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0,
-                  int j1, float* O, float* m, float* l, AttnScratch& scratch) {
-  if (use_avx512_bf16)
-    attend_chunk_avx512bf16(g, qp, kv, j0, j1, O, m, l, scratch);
-  else
-    attend_chunk_portable(g, qp, kv, j0, j1, O, m, l);
+const char* attn_kernel_name(AttnKernel k) {
+  switch (k) {
+    case AttnKernel::Avx512Bf16: return "avx512_bf16";
+    case AttnKernel::Avx512Fma: return "avx512_fma";
+    case AttnKernel::Avx2Fma: return "avx2_fma";
+    case AttnKernel::Portable: return "portable";
+  }
+  return "?";
+}
+
+const char* attn_kernel_instruction(AttnKernel k) {
+  switch (k) {
+    case AttnKernel::Avx512Bf16: return "vdpbf16ps zmm";
+    case AttnKernel::Avx512Fma: return "vfmadd231ps zmm";
+    case AttnKernel::Avx2Fma: return "vfmadd231ps ymm";
+    case AttnKernel::Portable: return "scalar";
+  }
+  return "?";
+}
+
+bool attn_kernel_is_fp32(AttnKernel k) { return k == AttnKernel::Avx512Fma || k == AttnKernel::Avx2Fma; }
+
+std::string attn_kernel_unavailable(AttnKernel k) {
+  uint32_t need = 0;
+  switch (k) {
+    case AttnKernel::Avx512Bf16: need = kAvx512 | kAvx512Bf16; break;
+    case AttnKernel::Avx512Fma: need = kAvx512; break;
+    case AttnKernel::Avx2Fma: need = kAvx2Fma; break;
+    case AttnKernel::Portable: return "";
+  }
+  const IsaInfo& i = isa();
+  if (i.has(need)) return "";
+  std::string why = "needs " + isa_names(need & ~i.usable);
+  if ((i.detected & need) == need) why += " (switched off by ALPAMAYO_CPU_ISA=" + i.cap + ")";
+  else why += " (not offered by this CPU and OS)";
+  return why;
+}
+
+AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what) {
+  std::string all, runnable;
+  for (AttnKernel k : kAttnKernels) {
+    all += std::string(all.empty() ? "" : ", ") + attn_kernel_name(k);
+    if (attn_kernel_unavailable(k).empty()) runnable += std::string(runnable.empty() ? "" : ", ") + attn_kernel_name(k);
+  }
+  for (AttnKernel k : kAttnKernels)
+    if (name == attn_kernel_name(k)) {
+      if (const std::string why = attn_kernel_unavailable(k); !why.empty())
+        throw Error(what + ": attention kernel \"" + name + "\" cannot run here: " + why + "; runnable here: " +
+                    runnable);
+      return k;
+    }
+  throw Error(what + ": unknown attention kernel \"" + name + "\"; the attention kernels are " + all +
+              " (runnable here: " + runnable + ")");
+}
+
+void attend_chunk(AttnKernel kernel, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
+                  float* O, float* m, float* l, AttnScratch& sc) {
+  const AttnWork w{sc.kptr.data(), sc.vptr.data(), sc.s.data(), sc.p.data(), sc.v.data(), sc.alpha.data(),
+                   sc.lblk.data(), sc.zero.data(), sc.qf.data(), sc.kf.data(), sc.vf.data()};
+  switch (kernel) {
+    case AttnKernel::Avx512Bf16: attend_chunk_avx512bf16(g, qp, kv, j0, j1, O, m, l, w); break;
+    case AttnKernel::Avx512Fma: attend_chunk_avx512fma(g, qp, kv, j0, j1, O, m, l, w); break;
+    case AttnKernel::Avx2Fma: attend_chunk_avx2fma(g, qp, kv, j0, j1, O, m, l, w); break;
+    case AttnKernel::Portable: attend_chunk_portable(g, qp, kv, j0, j1, O, m, l); break;
+  }
+}
+
+double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds) {
+  const AttnGeometry g = AttnGeometry::make(d, group, T);
+  // Random bf16 queries, keys and values of unit scale (scores of a few units, like a trained model's).
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto rnd = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return f32_to_bf16((static_cast<float>(state >> 40) / float(1 << 24) - 0.5f) * 3.f);
+  };
+  AlignedBuf<uint32_t> qp(size_t(g.d / 2) * g.qld);
+  for (int i = 0; i < g.d / 2; ++i)
+    for (int r = 0; r < g.Rp; ++r)
+      qp[size_t(i) * g.qld + r] = r < g.R ? uint32_t(rnd()) | uint32_t(rnd()) << 16 : 0u;
+  AlignedBuf<uint16_t> kc(size_t(keys) * d), vc(size_t(keys) * d), kown(size_t(T) * d), vown(size_t(T) * d);
+  for (size_t i = 0; i < kc.size(); ++i) kc[i] = rnd(), vc[i] = rnd();
+  for (size_t i = 0; i < kown.size(); ++i) kown[i] = rnd(), vown[i] = rnd();
+  KeyRows kv;
+  kv.k_cache = kc.data();
+  kv.v_cache = vc.data();
+  kv.S = keys;
+  kv.k_own = kown.data();
+  kv.v_own = vown.data();
+  AttnScratch sc;
+  sc.resize(g, attn_kernel_is_fp32(k));
+  AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
+  const int n = keys + T;
+  // The thread's own CPU time: other processes taking turns on a shared core do not count.
+  auto now = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+  };
+  double best = 1e30, total = 0;
+  for (int rep = 0; rep < 1000 && (rep < 2 || total < min_seconds); ++rep) {
+    init_partial(g, O.data(), m.data(), l.data());
+    const double t0 = now();
+    attend_chunk(k, g, qp.data(), kv, 0, n, O.data(), m.data(), l.data(), sc);
+    const double s = now() - t0;
+    if (rep > 0) best = std::min(best, s);  // the first run warms the caches
+    total += s;
+  }
+  return 4.0 * g.R * n * d / best * 1e-9;
+}
+
+AttnKernel select_attention_kernel(int d, int group, int T, int keys) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int, std::string>, std::pair<AttnKernel, KernelChoice>> cache;
+  const std::string forced = forced_kernel("attention");
+  std::lock_guard<std::mutex> lk(mu);
+  const auto key = std::make_tuple(d, group, T, keys, forced);
+  if (auto it = cache.find(key); it != cache.end()) {
+    record_kernel_choice(it->second.second);
+    return it->second.first;
+  }
+  if (!forced.empty()) {
+    const AttnKernel k = attn_kernel_from_name(forced, "ALPAMAYO_CPU_KERNELS");
+    // Timed too (briefly; the portable kernel on fewer keys), so that reports show what it achieves.
+    const double gf = time_attention_kernel(k, d, group, T, k == AttnKernel::Portable ? 128 : keys, 0.02);
+    const KernelChoice c{"attention", attn_kernel_name(k), "forced by ALPAMAYO_CPU_KERNELS", gf,
+                         attn_kernel_instruction(k)};
+    cache[key] = {k, c};
+    record_kernel_choice(c);
+    return k;
+  }
+  // The vectorised kernels that can run here; the portable one only where none can (it is never faster).
+  std::vector<AttnKernel> cand;
+  for (AttnKernel k : kAttnKernels)
+    if (k != AttnKernel::Portable && attn_kernel_unavailable(k).empty()) cand.push_back(k);
+  AttnKernel best = AttnKernel::Portable;
+  KernelChoice c{"attention", "portable", "the only kernel this CPU can run (no AVX2 + FMA)", 0.0, "scalar"};
+  if (cand.size() == 1) {
+    best = cand[0];
+    c = {"attention", attn_kernel_name(best), "the only vectorised kernel runnable here",
+         time_attention_kernel(best, d, group, T, keys, 0.02), attn_kernel_instruction(best)};
+  } else if (cand.size() > 1) {
+    // About 40 ms per kernel on one thread: the ratios between kernels are those of the full pool.
+    std::string why = "fastest of";
+    double best_gf = -1;
+    for (AttnKernel k : cand) {
+      const double gf = time_attention_kernel(k, d, group, T, keys, 0.04);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " %s %.1f,", attn_kernel_name(k), gf);
+      why += buf;
+      // In the order of kAttnKernels; a later one must be more than 5% faster, so that two kernels within
+      // noise of each other do not flip between processes (their results differ in rounding).
+      if (best_gf < 0 || gf > 1.05 * best_gf) best_gf = gf, best = k;
+    }
+    why.back() = ' ';
+    why += "GFLOP/s (1 thread, d=" + std::to_string(d) + ", " + std::to_string(group * T) + " rows, " +
+           std::to_string(keys + T) + " keys)";
+    c = {"attention", attn_kernel_name(best), why, best_gf, attn_kernel_instruction(best)};
+  }
+  cache[key] = {best, c};
+  record_kernel_choice(c);
+  return best;
 }
 
 // Same math as the AVX-512 path (bf16 operands, fp32 accumulation, base-2 online softmax with bf16

@@ -5,8 +5,15 @@
 // an unnormalised partial (O, m, l); chunks of one (b, g) are merged by log-sum-exp. Samples that share a
 // prompt attend to its rows together (cascade): one item's query rows are all those samples' rows, so
 // the prompt is read once; its partial rows are merged with each sample's suffix-and-own partial.
+//
+// Kernels (AttnKernel, chosen at run time: select_attention_kernel): avx512_bf16 (vdpbf16ps on bf16 pairs, bf16
+// probabilities), avx512_fma and avx2_fma (q, k, v widened to fp32 in scratch, fp32 FMAs, fp32 probabilities)
+// and portable (plain C++, one key at a time). All compute the same partials: base-2 online softmax, fp32
+// accumulation; they differ only in rounding.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "backends/cpu/aligned.h"
 
@@ -43,6 +50,9 @@ struct KeyRows {
 
 // Per-thread scratch for one key block.
 struct AttnScratch {
+  // The fp32 kernels' widened operands: queries [dp][qld] (only the chunk's rows), keys [kKeyBlock][d],
+  // values [kKeyBlock][dp]. Empty unless resize(g, true).
+  AlignedBuf<float> qf, kf, vf;
   AlignedBuf<const uint16_t*> kptr, vptr;
   AlignedBuf<float> s;       // scores / probabilities [kKeyBlock][Rp]
   AlignedBuf<uint32_t> p;    // probability pairs (bf16 x 2) [kKeyBlock/2][Rp]
@@ -50,22 +60,62 @@ struct AttnScratch {
   AlignedBuf<float> alpha;   // per-row rescale of O for the current block [Rp]
   AlignedBuf<float> lblk;    // per-row probability sums of the current block [Rp]
   AlignedBuf<uint16_t> zero; // a zero key/value row [dp]
-  void resize(const AttnGeometry& g);
+  void resize(const AttnGeometry& g, bool fp32 = false);
   size_t bytes() const {
-    return (kptr.size() + vptr.size()) * sizeof(void*) + (s.size() + alpha.size() + lblk.size()) * sizeof(float) +
+    return (kptr.size() + vptr.size()) * sizeof(void*) +
+           (s.size() + alpha.size() + lblk.size() + qf.size() + kf.size() + vf.size()) * sizeof(float) +
            (p.size() + v.size()) * sizeof(uint32_t) + zero.size() * sizeof(uint16_t);
   }
 };
 
+// The scratch as plain pointers, for the ISA translation units (which must call no inline function of a
+// header: an out-of-line copy compiled for their ISA could be the one the linker keeps for everyone).
+struct AttnWork {
+  const uint16_t** kptr;
+  const uint16_t** vptr;
+  float* s;
+  uint32_t* p;
+  uint32_t* v;
+  float* alpha;
+  float* lblk;
+  const uint16_t* zero;
+  float *qf, *kf, *vf;
+};
+
+enum class AttnKernel { Avx512Bf16, Avx512Fma, Avx2Fma, Portable };
+inline constexpr AttnKernel kAttnKernels[] = {AttnKernel::Avx512Bf16, AttnKernel::Avx512Fma, AttnKernel::Avx2Fma,
+                                              AttnKernel::Portable};
+const char* attn_kernel_name(AttnKernel k);   // "avx512_bf16", "avx512_fma", "avx2_fma", "portable"
+const char* attn_kernel_instruction(AttnKernel k);  // what does the multiply-adds: "vdpbf16ps zmm", ...
+// Empty when the kernel can run here (isa(), after ALPAMAYO_CPU_ISA), else why not ("needs avx512_bf16").
+std::string attn_kernel_unavailable(AttnKernel k);
+// The kernel by name; throws alpamayo::Error naming the candidates for an unknown one or one that cannot run.
+AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what);
+
+// The kernel for the model's attention shape (head dim d, group * T query rows per KV head): the one forced
+// by ALPAMAYO_CPU_KERNELS=attention=NAME, else the fastest runnable one, timed once per process and shape on
+// `keys` random keys (about 0.1 s in all). Records the choice (isa.h, kernel_choices()).
+AttnKernel select_attention_kernel(int d, int group, int T, int keys = 2048);
+// GFLOP/s of one kernel on one thread for that shape (4 * R * keys * d flops per run): for the benchmarks.
+double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds);
+
 // Queries of one (b, g) as bf16 pairs: qp[i * qld + r] holds (q[r][2i], q[r][2i+1]); rows >= R zero.
 // O [Rp][dp], m, l [Rp] hold the running partial; init_partial() sets the empty state.
 void init_partial(const AttnGeometry& g, float* O, float* m, float* l);
-void attend_chunk(bool use_avx512_bf16, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv,
-                  int j0, int j1, float* O, float* m, float* l, AttnScratch& scratch);
+// The chunk [j0, j1) of kv, added to the partial (O, m, l). The scratch must have been resized for g (with
+// fp32 = true for the fp32 kernels); the kernel must be runnable here (attn_kernel_unavailable).
+void attend_chunk(AttnKernel kernel, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
+                  float* O, float* m, float* l, AttnScratch& scratch);
+bool attn_kernel_is_fp32(AttnKernel k);
 void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                            float* O, float* m, float* l);
+// The ISA kernels (attention_avx512.cpp, attention_avx512_fma.cpp, attention_avx2.cpp).
 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
-                             float* O, float* m, float* l, AttnScratch& scratch);
+                             float* O, float* m, float* l, const AttnWork& w);
+void attend_chunk_avx512fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
+                            float* O, float* m, float* l, const AttnWork& w);
+void attend_chunk_avx2fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O,
+                          float* m, float* l, const AttnWork& w);
 
 // Merges n partials (O, m, l at stride Rp*dp / Rp) and writes query row r = hh*T + t (hh < group) of
 // head g*group + hh to out[t * ld + (g*group + hh) * d + c], as fp32 and/or bf16 (either may be null).

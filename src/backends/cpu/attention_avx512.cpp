@@ -1,7 +1,6 @@
-// The AVX512-BF16 attention block kernels (vdpbf16ps, fp32 accumulation). Compiled for that ISA with a
-// target pragma so the build does not need -march=native; callers check cpu_has_avx512_bf16() first.
-// The attribute (not a file-wide pragma) keeps inline library code used here compiled for the baseline
-// ISA, so no AVX-512 copy of it can be picked by the linker for other files.
+// The AVX512-BF16 attention block kernels (vdpbf16ps, fp32 accumulation). An ISA translation unit (compiled
+// with the AVX-512 flags, CMakeLists.txt): it defines no weak symbol and calls no inline function of a
+// header (scripts/check-isa-objects.sh); callers check attn_kernel_unavailable() first.
 // GCC 12 warns falsely about _mm512_undefined_ps inside the max/roundscale/scalef intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
@@ -185,16 +184,16 @@ ALP_BF16 inline void pack_values(const AttnGeometry& g, const uint16_t* const* v
 }  // namespace
 
 ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
-                             float* O, float* m, float* l, AttnScratch& sc) {
+                             float* O, float* m, float* l, const AttnWork& sc) {
   const int half = g.d / 2;
-  const uint16_t** kptr = sc.kptr.data();
-  const uint16_t** vptr = sc.vptr.data();
-  const uint16_t* zero = sc.zero.data();
-  float* S = sc.s.data();
-  uint32_t* P = sc.p.data();
-  uint32_t* V = sc.v.data();
-  float* alpha = sc.alpha.data();
-  float* lblk = sc.lblk.data();
+  const uint16_t** kptr = sc.kptr;
+  const uint16_t** vptr = sc.vptr;
+  const uint16_t* zero = sc.zero;
+  float* S = sc.s;
+  uint32_t* P = sc.p;
+  uint32_t* V = sc.v;
+  float* alpha = sc.alpha;
+  float* lblk = sc.lblk;
   const __m512 scale = _mm512_set1_ps(g.scale_log2);
   bool first = true;
   size_t ex_off = 0;  // progress through kv.prefetch

@@ -153,7 +153,8 @@ void block_matmul(BlockKernel kernel, const BlockWeights& w, const uint16_t* x, 
                   void* scratch) {
   if (M <= 0 || w.N() == 0) return;
   if (kernel == BlockKernel::Avx512Bf16)
-    block_matmul_avx512(w, x, M, ldx, y, ldy, scratch);
+    block_matmul_avx512({w.data(), w.store(), w.K(), w.N(), w.tile_rows(), w.panel_offset(1)}, x, M, ldx, y, ldy,
+                        scratch);
   else
     block_matmul_portable(w, x, M, ldx, y, ldy, scratch);
 }

@@ -75,7 +75,14 @@ void block_matmul(BlockKernel kernel, const BlockLinear& lin, const uint16_t* x,
 void block_matmul(BlockKernel kernel, const BlockWeights& w, const uint16_t* x, int M, int ldx, float* y, int ldy,
                   void* scratch);
 
-// Internal: the AVX512-BF16 kernel of one part (bfp_matmul_avx512.cpp).
-void block_matmul_avx512(const BlockWeights& w, const uint16_t* x, int M, int ldx, float* y, int ldy, void* scratch);
+// Internal: the AVX512-BF16 kernel of one part (bfp_matmul_avx512.cpp, an ISA file: it gets the part as plain
+// values, so that it calls no inline member function of BlockWeights; docs/CPU_BACKEND.md, the COMDAT rule).
+struct BlockPart {
+  const uint8_t* data;
+  BlockStore store;
+  int K, N, tile_rows;
+  size_t panel_bytes;  // panel p starts at data + p * panel_bytes
+};
+void block_matmul_avx512(const BlockPart& w, const uint16_t* x, int M, int ldx, float* y, int ldy, void* scratch);
 
 }  // namespace alpamayo::cpu

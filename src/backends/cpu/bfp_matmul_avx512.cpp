@@ -1,9 +1,9 @@
-// The AVX512-BF16 block-format matmul (see bfp_matmul.h). Compiled with a target attribute like the attention
-// kernel, so the build does not need -march=native; callers check block_kernel_avx512_available() first.
+// The AVX512-BF16 block-format matmul (see bfp_matmul.h). An ISA file (AVX-512 flags, CMakeLists.txt): it
+// defines no weak symbol and calls no inline function of a header (scripts/check-isa-objects.sh); callers
+// check block_kernel_avx512_available() first.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "backends/cpu/bfp_matmul.h"
@@ -12,6 +12,10 @@
 
 namespace alpamayo::cpu {
 namespace {
+
+// Local min/max: std::min/std::clamp are inline templates (weak symbols if not inlined, e.g. at -O0).
+inline int imin(int a, int b) { return a < b ? a : b; }
+inline int imax(int a, int b) { return a > b ? a : b; }
 
 constexpr int kMaxRows = 6;  // rows of x per register tile (x 4 vectors of 16 columns: 24 accumulators)
 
@@ -100,7 +104,7 @@ ALP_BFP void micro(const uint32_t* wb, int ldw, const uint16_t* x, int ldx, int 
   __mmask16 mk[C];
 #pragma GCC unroll 4
   for (int c = 0; c < C; ++c) {
-    const int valid = std::clamp(nc - 16 * c, 0, 16);
+    const int valid = imin(imax(nc - 16 * c, 0), 16);
     mk[c] = static_cast<__mmask16>((1u << valid) - 1u);
   }
   __m512 acc[R][C];
@@ -158,17 +162,18 @@ ALP_BFP void rows(const uint32_t* wb, int ldw, const uint16_t* x, int M, int ldx
 
 }  // namespace
 
-ALP_BFP void block_matmul_avx512(const BlockWeights& w, const uint16_t* x, int M, int ldx, float* y, int ldy,
+ALP_BFP void block_matmul_avx512(const BlockPart& w, const uint16_t* x, int M, int ldx, float* y, int ldy,
                                  void* scratch) {
   uint32_t* wbuf = static_cast<uint32_t*>(scratch);
-  const int K = w.K(), n = w.N(), TR = w.tile_rows();
-  for (int p = 0; p * kPanel < n; ++p) {
-    const int c0 = p * kPanel, nc = std::min(kPanel, n - c0), tiles = nc > 32 ? 2 : 1, ldw = 32 * tiles;
-    const uint8_t* base = w.data() + w.panel_offset(p);
-    for (int tr0 = 0; tr0 < TR; tr0 += kKBlock / 32) {
-      const int ntr = std::min(kKBlock / 32, TR - tr0), k0 = tr0 * 32, kv = std::min(K - k0, ntr * 32);
+  const int K = w.K, n = w.N, TR = w.tile_rows;
+  constexpr int panel = kPanel, kb = kKBlock / 32;  // by value: no odr-use of the header's inline variables
+  for (int p = 0; p * panel < n; ++p) {
+    const int c0 = p * panel, nc = imin(panel, n - c0), tiles = nc > 32 ? 2 : 1, ldw = 32 * tiles;
+    const uint8_t* base = w.data + size_t(p) * w.panel_bytes;
+    for (int tr0 = 0; tr0 < TR; tr0 += kb) {
+      const int ntr = imin(kb, TR - tr0), k0 = tr0 * 32, kv = imin(K - k0, ntr * 32);
       const uint32_t* wb;
-      switch (w.store()) {
+      switch (w.store) {
         case BlockStore::BF16: wb = reinterpret_cast<const uint32_t*>(base) + size_t(k0 / 2) * ldw; break;
         case BlockStore::BFP8_B: decode_panel<BlockStore::BFP8_B>(base, tiles, tr0, ntr, wbuf); wb = wbuf; break;
         default: decode_panel<BlockStore::BFP4_B>(base, tiles, tr0, ntr, wbuf); wb = wbuf; break;

@@ -14,6 +14,7 @@
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/peaks.h"
 
 namespace alpamayo {
 
@@ -281,6 +282,8 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   down_slices_ = o_slices_;
   layers_.assign(cfg.L, {});
   final_norm_ = to_f32(w.expert.final_norm);
+  // Attention: timed on the model's shape (one sample's query rows per KV head, a few thousand keys).
+  attn_kernel_ = select_attention_kernel(d, Hq / Hkv, cfg.T > 0 ? cfg.T : 64);
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
@@ -294,7 +297,9 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
     use_fma_ = c.name != kOnednn;
     for (FmaKernel k : kFmaKernels)
       if (c.name == fma_kernel_name(k)) fma_kernel_ = k;
-    record_kernel_choice({op, c.name, c.why, c.gflops});
+    // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands.
+    const std::string instr = c.name == "avx512_fma" ? "vfmadd231ps zmm" : c.name == "avx2_fma" ? "vfmadd231ps ymm" : "";
+    record_kernel_choice({op, c.name, c.why, c.gflops, instr});
   }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);
@@ -322,7 +327,7 @@ CpuSession::CpuSession(const CpuModel& m)
     : HostLoopSession(m.cfg_, m.proj_),
       m_(m),
       nthreads_(m.nthreads_),
-      use_bf16_attn_(cpu_has_avx512_bf16()),
+      attn_kernel_(m.attn_kernel_),
       block_kernel_(default_block_kernel()),
       pool_(nthreads_) {
   for (int t = 0; t < nthreads_; ++t) streams_.emplace_back(m.eng_);
@@ -404,6 +409,8 @@ void CpuSession::bind_step(const Binding& bnd) {
   qbase_.assign(kv.G, 0);
   for (int p = 1; p < kv.G; ++p) qbase_[p] = qbase_[p - 1] + members_[p - 1].size() * Hkv * (d / 2) * geo_.Rp;
   plan_attention();
+  // The profile's floors need the instruction peaks: measured here (once per process), not inside a step.
+  if (m_.opts_.profile) measured_peaks(nthreads_);
   size_t slots = 0, max_rows = geo_.Rp;
   for (const AttnItem& it : items_) {
     slots = std::max(slots, size_t(it.slot + it.count));
@@ -412,7 +419,8 @@ void CpuSession::bind_step(const Binding& bnd) {
   part_o_.resize(slots * geo_.Rp * geo_.dp);
   part_m_.resize(slots * geo_.Rp);
   part_l_.resize(slots * geo_.Rp);
-  AttnGeometry widest = geo_;
+  AttnGeometry& widest = attn_widest_;
+  widest = geo_;
   widest.R = widest.Rp = widest.qld = static_cast<int>(max_rows);
 
   for (int t = 0; t < nthreads_; ++t) {
@@ -440,8 +448,16 @@ void CpuSession::bind_step(const Binding& bnd) {
     pt.tmp.resize(tmp);
     pt.scratch.resize(scratch);
     pt.row.resize(std::max({D, I, d}));
-    pt.attn.resize(widest);
+    pt.attn.resize(widest, attn_kernel_is_fp32(attn_kernel_));
   }
+}
+
+void CpuSession::set_attention_kernel(AttnKernel k) {
+  if (const std::string why = attn_kernel_unavailable(k); !why.empty())
+    throw Error(std::string("cpu backend: attention kernel ") + attn_kernel_name(k) + " cannot run here: " + why);
+  attn_kernel_ = k;
+  if (attn_widest_.d > 0)  // already bound: the scratch of the new kernel
+    for (PerThread& pt : per_thread_) pt.attn.resize(attn_widest_, attn_kernel_is_fp32(k));
 }
 
 uint32_t* CpuSession::qptr(int b, int g) {

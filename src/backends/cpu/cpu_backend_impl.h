@@ -76,6 +76,7 @@ class CpuModel final : public BackendModel {
   std::string matmul_kernel_;  // see matmul_kernel()
   bool use_fma_ = false;       // bf16 / int8 weights on fma_kernel_ (FmaWeights) instead of oneDNN (PackedLinear)
   FmaKernel fma_kernel_ = FmaKernel::Portable;
+  AttnKernel attn_kernel_;  // chosen at load (select_attention_kernel)
   HostProjections proj_;
 };
 
@@ -83,8 +84,10 @@ class CpuSession final : public HostLoopSession {
  public:
   explicit CpuSession(const CpuModel& m);
 
-  // For tests: force the portable attention path, the portable block-format matmul.
-  void set_portable_attention(bool on) { use_bf16_attn_ = !on && cpu_has_avx512_bf16(); }
+  // For tests: force an attention kernel (throws alpamayo::Error if it cannot run here), the portable
+  // block-format matmul.
+  void set_attention_kernel(AttnKernel k);
+  AttnKernel attention_kernel() const { return attn_kernel_; }
   void set_portable_block_kernel(bool on) { block_kernel_ = on ? BlockKernel::Portable : default_block_kernel(); }
 
  protected:
@@ -110,7 +113,7 @@ class CpuSession final : public HostLoopSession {
 
   const CpuModel& m_;
   const int nthreads_;
-  bool use_bf16_attn_;
+  AttnKernel attn_kernel_;
   BlockKernel block_kernel_;
   ThreadPool pool_;
   std::vector<dnnl::stream> streams_;
@@ -124,6 +127,7 @@ class CpuSession final : public HostLoopSession {
   std::vector<AlignedBuf<uint16_t>> owned_cache_;   // converted F32/F16 caches
   std::vector<float> cos_, sin_;
   AttnGeometry geo_;
+  AttnGeometry attn_widest_;                         // the widest item's geometry (scratch size)
   // Samples grouped by prompt: members_[p] in sample order; member_[b] = b's index in its prompt's list.
   // Queries of prompt p's samples lie side by side (qld = n_p * Rp) so a cascade item reads them at once.
   std::vector<std::vector<int>> members_;

@@ -8,6 +8,8 @@
 #include "alpamayo/error.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/isa.h"
+#include "backends/cpu/peaks.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -213,7 +215,7 @@ void CpuSession::attention_phase(int tid, int l) {
     }
     uint32_t* q = it.prompt >= 0 ? qptr(members_[p][0], it.g) : qptr(b, it.g);
     init_partial(geo, O, m, lsum);
-    attend_chunk(use_bf16_attn_, geo, q, kv, it.j0, it.j1, O, m, lsum, per_thread_[tid].attn);
+    attend_chunk(attn_kernel_, geo, q, kv, it.j0, it.j1, O, m, lsum, per_thread_[tid].attn);
     if (single_chunk_)
       merge_partials(geo_, 1, O, m, lsum, T_, group, it.g * group, ld, out_f32 ? out_f32 + out_off(b) : nullptr,
                      out_bf16 ? out_bf16 + out_off(b) : nullptr);
@@ -257,6 +259,19 @@ void CpuSession::print_profile(double step_ms) const {
                  sum > 0 ? 100.0 * phase_s_[p] / sum : 0.0);
   std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", "total (layers)", 1e3 * sum / L, 1e3 * sum, 100.0);
   std::fprintf(stderr, "  %-20s %12s %12.2f\n", "step (wall)", "", step_ms);
+  // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per
+  // process, ~0.3 s, on this session's thread count) against the phases above.
+  std::fprintf(stderr, "  isa: %s\n", isa().describe().c_str());
+  for (const KernelChoice& c : kernel_choices())
+    std::fprintf(stderr, "  kernel %-12s %-12s %7.1f GFLOP/s  %s; %s\n", c.op.c_str(), c.kernel.c_str(), c.gflops,
+                 c.instruction.empty() ? "-" : c.instruction.c_str(), c.why.c_str());
+  std::vector<long long> keys(B_);
+  for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
+  const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);
+  std::vector<OpFloor> floors = step_floors(work, m_.opts_.weights, nthreads_);
+  floors[0].actual_ms = 1e3 * (phase_s_[kQkv] + phase_s_[kOproj] + phase_s_[kGateUp] + phase_s_[kDown]);
+  floors[1].actual_ms = 1e3 * phase_s_[kAttn];
+  std::fprintf(stderr, "%s", format_floors(floors, nthreads_, "  ").c_str());
 }
 
 }  // namespace alpamayo::cpu

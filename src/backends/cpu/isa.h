@@ -52,10 +52,12 @@ inline constexpr const char* kKernelOps[] = {"attention", "matmul_bf16", "matmul
 std::string forced_kernel(const std::string& op);
 
 // What was chosen, for inspect, --profile and the benchmarks: per op the kernel, why ("forced",
-// "fastest of ...", "only one"), and the throughput it was measured at (GFLOP/s; 0 if not measured).
+// "fastest of ...", "only one"), the throughput it was measured at (GFLOP/s; 0 if not measured) and the
+// instruction doing its multiply-adds ("vdpbf16ps zmm", "vfmadd231ps ymm", ...; peaks.h measures its peak).
 struct KernelChoice {
   std::string op, kernel, why;
   double gflops = 0;
+  std::string instruction;
 };
 void record_kernel_choice(const KernelChoice& c);  // replaces an earlier choice for the same op
 std::vector<KernelChoice> kernel_choices();

@@ -1,0 +1,233 @@
+// The fp32-FMA attention kernel, written once over a vector type V and included by the ISA translation units
+// attention_avx512_fma.cpp (V = 16 fp32 lanes, zmm) and attention_avx2.cpp (V = 8 lanes, ymm), each of which
+// defines V first. Everything here is in an anonymous namespace: each includer gets its own local copy,
+// compiled for its own ISA, and no weak symbol (scripts/check-isa-objects.sh).
+//
+// Same partials as the vdpbf16ps kernel (attention_avx512.cpp): per key block of kKeyBlock keys, scores
+// S = Q K^T, a base-2 online-softmax update of (m, l) with the rescale factors alpha, O = O * alpha + P V. The
+// bf16 queries, keys and values are widened to fp32 in scratch (queries once per chunk, keys and values once
+// per block) and multiplied with fp32 FMAs, the probabilities stay fp32: where vdpbf16ps issues at half the
+// rate of an fp32 FMA (Intel Sapphire / Emerald Rapids) this is the faster unit, and it runs on every AVX2 CPU.
+//
+// V provides: F (the register type), W (lanes), kQkVecs and kQkKeys (query vectors times keys of a QK register
+// tile; kQkKeys divides kKeyBlock), kPvRows and kPvVecs (rows times column vectors of a PV tile; kPvRows
+// divides 16),
+// kPvVecs (column vectors per PV tile, times 4 rows), load/loadu/store/storeu, set1, zero, add, sub, mul,
+// max, fmadd (a * b + c), fmsub (a * b - c), and exp2 (2^x, 0 below -126, relative error ~1e-7).
+#pragma once
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/attention.h"
+
+namespace alpamayo::cpu {
+namespace {
+
+
+inline float bf16_bits_f32(uint32_t bits_in_high_half) {
+  float f;
+  std::memcpy(&f, &bits_in_high_half, 4);
+  return f;
+}
+
+// qf[c][r] (row stride Rp) from the bf16 pairs qp[i][r] (row stride qld): c = 2i, 2i + 1.
+inline void widen_queries(const AttnGeometry& g, const uint32_t* qp, float* qf) {
+  for (int i = 0; i < g.d / 2; ++i) {
+    const uint32_t* src = qp + size_t(i) * g.qld;
+    float* even = qf + size_t(2 * i) * g.Rp;
+    float* odd = even + g.Rp;
+    for (int r = 0; r < g.Rp; ++r) {
+      even[r] = bf16_bits_f32(src[r] << 16);
+      odd[r] = bf16_bits_f32(src[r] & 0xffff0000u);
+    }
+  }
+}
+
+// dst[c] for c < n from bf16 src; dst[c] = 0 for n <= c < npad.
+inline void widen_row(const uint16_t* src, int n, int npad, float* dst) {
+  for (int c = 0; c < n; ++c) dst[c] = bf16_bits_f32(uint32_t(src[c]) << 16);
+  for (int c = n; c < npad; ++c) dst[c] = 0.f;
+}
+
+// S[k][row] = sum_c qf[c][row] * kf[k][c] for NQV vectors of query rows and V::kQkKeys keys.
+template <class V, int NQV>
+inline void fma_qk_tile(const float* qf, int Rp, int d, const float* kf, float* S) {
+  constexpr int kFmaQkKeys = V::kQkKeys;
+  typename V::F acc[NQV][kFmaQkKeys];
+#pragma GCC unroll 16
+  for (int v = 0; v < NQV; ++v)
+#pragma GCC unroll 16
+    for (int k = 0; k < kFmaQkKeys; ++k) acc[v][k] = V::zero();
+  for (int c = 0; c < d; ++c) {
+    typename V::F q[NQV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NQV; ++v) q[v] = V::load(qf + size_t(c) * Rp + v * V::W);
+#pragma GCC unroll 16
+    for (int k = 0; k < kFmaQkKeys; ++k) {
+      const typename V::F kb = V::set1(kf[size_t(k) * d + c]);
+#pragma GCC unroll 16
+      for (int v = 0; v < NQV; ++v) acc[v][k] = V::fmadd(q[v], kb, acc[v][k]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int k = 0; k < kFmaQkKeys; ++k)
+#pragma GCC unroll 16
+    for (int v = 0; v < NQV; ++v) V::store(S + size_t(k) * Rp + v * V::W, acc[v][k]);
+}
+
+// Online-softmax update for one block of n valid keys (npad >= n): scores -> fp32 probabilities in place
+// (keys >= n get 0), m and l updated, O's rescale factors left in alpha.
+template <class V>
+inline void fma_softmax_block(const AttnGeometry& g, int n, int npad, float* S, float* m, float* l, float* alpha) {
+  const typename V::F scale = V::set1(g.scale_log2);
+  for (int r = 0; r < g.Rp; r += V::W) {
+    typename V::F mx = V::set1(-INFINITY);
+    for (int k = 0; k < n; ++k) mx = V::max(mx, V::load(S + size_t(k) * g.Rp + r));
+    const typename V::F m_old = V::loadu(m + r);
+    const typename V::F m_new = V::max(m_old, V::mul(mx, scale));
+    // m_old is -inf before the first block: clamp so that alpha is 0 rather than NaN.
+    const typename V::F a = V::exp2(V::max(V::sub(m_old, m_new), V::set1(-200.f)));
+    typename V::F sum = V::zero();
+    for (int k = 0; k < n; ++k) {
+      float* s = S + size_t(k) * g.Rp + r;
+      const typename V::F p = V::exp2(V::fmsub(V::load(s), scale, m_new));
+      V::store(s, p);
+      sum = V::add(sum, p);
+    }
+    for (int k = n; k < npad; ++k) V::store(S + size_t(k) * g.Rp + r, V::zero());
+    V::storeu(l + r, V::fmadd(V::loadu(l + r), a, sum));
+    V::storeu(m + r, m_new);
+    V::storeu(alpha + r, a);
+  }
+}
+
+// O[row][c] = O[row][c] * alpha[row] + sum_k P[k][row] * vf[k][c] for V::kPvRows rows and NCV column vectors.
+template <class V, int NCV>
+inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npad, const float* alpha, float* O) {
+  constexpr int kFmaPvRows = V::kPvRows;
+  typename V::F acc[kFmaPvRows][NCV];
+#pragma GCC unroll 16
+  for (int r = 0; r < kFmaPvRows; ++r) {
+    const typename V::F a = V::set1(alpha[r]);
+#pragma GCC unroll 16
+    for (int c = 0; c < NCV; ++c) acc[r][c] = V::mul(V::loadu(O + size_t(r) * dp + c * V::W), a);
+  }
+  for (int k = 0; k < npad; ++k) {
+    typename V::F vv[NCV];
+#pragma GCC unroll 16
+    for (int c = 0; c < NCV; ++c) vv[c] = V::load(vf + size_t(k) * dp + c * V::W);
+#pragma GCC unroll 16
+    for (int r = 0; r < kFmaPvRows; ++r) {
+      const typename V::F pb = V::set1(P[size_t(k) * Rp + r]);
+#pragma GCC unroll 16
+      for (int c = 0; c < NCV; ++c) acc[r][c] = V::fmadd(pb, vv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < kFmaPvRows; ++r)
+#pragma GCC unroll 16
+    for (int c = 0; c < NCV; ++c) V::storeu(O + size_t(r) * dp + c * V::W, acc[r][c]);
+}
+
+template <class V, int NQV>
+inline void fma_qk_rows(const AttnGeometry& g, const float* qf, const float* kf, int npad, float* S) {
+  for (int k = 0; k < npad; k += V::kQkKeys)
+    fma_qk_tile<V, NQV>(qf, g.Rp, g.d, kf + size_t(k) * g.d, S + size_t(k) * g.Rp);
+}
+
+template <class V>
+void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O, float* m,
+                float* l, const AttnWork& w) {
+  constexpr int kFmaQkKeys = V::kQkKeys;
+  static_assert(kKeyBlock % kFmaQkKeys == 0);
+  const uint16_t** kptr = w.kptr;
+  const uint16_t** vptr = w.vptr;
+  float* S = w.s;
+  widen_queries(g, qp, w.qf);
+  size_t ex_off = 0;  // progress through kv.prefetch
+  for (int jb = j0, n = 0; jb < j1; jb += n) {
+    n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
+    const int npad = (n + kFmaQkKeys - 1) / kFmaQkKeys * kFmaQkKeys;
+    for (int k = 0; k < npad; ++k) {
+      const int j = jb + k;
+      if (k >= n) {
+        kptr[k] = vptr[k] = w.zero;
+      } else if (j < kv.S) {
+        kptr[k] = kv.k_cache + size_t(j) * g.d;
+        vptr[k] = kv.v_cache + size_t(j) * g.d;
+      } else if (j < kv.S + kv.S2) {
+        kptr[k] = kv.k_mid + size_t(j - kv.S) * g.d;
+        vptr[k] = kv.v_mid + size_t(j - kv.S) * g.d;
+      } else {
+        kptr[k] = kv.k_own + size_t(j - kv.S - kv.S2) * g.d;
+        vptr[k] = kv.v_own + size_t(j - kv.S - kv.S2) * g.d;
+      }
+      widen_row(kptr[k], g.d, g.d, w.kf + size_t(k) * g.d);
+      widen_row(vptr[k], g.d, g.dp, w.vf + size_t(k) * g.dp);
+    }
+    constexpr int kQkRows = V::kQkVecs * V::W;
+    for (int r = 0; r < g.Rp; r += kQkRows) {
+      const int nqv = (g.Rp - r) / V::W < V::kQkVecs ? (g.Rp - r) / V::W : V::kQkVecs;
+      const float* q = w.qf + r;
+      float* s = S + r;
+      if (nqv == V::kQkVecs) {
+        fma_qk_rows<V, V::kQkVecs>(g, q, w.kf, npad, s);
+      } else if constexpr (V::kQkVecs > 1) {
+        // Rp is a multiple of 16: the rest is 1 to kQkVecs - 1 vectors.
+        if (nqv == 1) fma_qk_rows<V, 1>(g, q, w.kf, npad, s);
+        else if constexpr (V::kQkVecs > 2) {
+          if (nqv == 2) fma_qk_rows<V, 2>(g, q, w.kf, npad, s);
+          else if constexpr (V::kQkVecs > 3) {
+            if (nqv == 3) fma_qk_rows<V, 3>(g, q, w.kf, npad, s);
+          }
+        }
+      }
+    }
+    fma_softmax_block<V>(g, n, npad, S, m, l, w.alpha);
+    // While PV computes: L2 prefetches of the next block's cache rows and of this block's share of the
+    // caller's region, spread over the row tiles (as in the vdpbf16ps kernel).
+    const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
+    const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
+    const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
+    const char* pf_v = reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
+    constexpr int kFmaPvRows = V::kPvRows;
+    static_assert(16 % kFmaPvRows == 0);
+    const int tiles = g.Rp / kFmaPvRows;
+    const size_t pf_step = (pf_bytes / 64 + tiles - 1) / tiles * 64;
+    size_t pf_off = 0;
+    const size_t ex_block = ((kv.prefetch_bytes * kKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;
+    const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
+    const size_t ex_step = ((ex_end - ex_off) / 64 + tiles - 1) / tiles * 64;
+    constexpr int kPvCols = V::kPvVecs * V::W;
+    for (int r = 0; r < g.Rp; r += kFmaPvRows) {
+      for (size_t e = pf_off + pf_step; pf_off < e && pf_off < pf_bytes; pf_off += 64) {
+        _mm_prefetch(pf_k + pf_off, _MM_HINT_T1);
+        _mm_prefetch(pf_v + pf_off, _MM_HINT_T1);
+      }
+      for (size_t e = ex_off + ex_step; ex_off < e && ex_off < ex_end; ex_off += 64)
+        _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
+      for (int c = 0; c < g.dp; c += kPvCols) {
+        const float* p = S + r;
+        const float* v = w.vf + c;
+        float* o = O + size_t(r) * g.dp + c;
+        const float* a = w.alpha + r;
+        if (g.dp - c >= kPvCols) {
+          fma_pv_tile<V, V::kPvVecs>(p, g.Rp, v, g.dp, npad, a, o);
+        } else {
+          // The last columns: pairs of vectors, then one.
+          int cc = c;
+          for (; g.dp - cc >= 2 * V::W; cc += 2 * V::W)
+            fma_pv_tile<V, 2>(p, g.Rp, w.vf + cc, g.dp, npad, a, O + size_t(r) * g.dp + cc);
+          for (; cc < g.dp; cc += V::W)
+            fma_pv_tile<V, 1>(p, g.Rp, w.vf + cc, g.dp, npad, a, O + size_t(r) * g.dp + cc);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace alpamayo::cpu
