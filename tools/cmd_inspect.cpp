@@ -66,7 +66,7 @@ Run add_inspect(CLI::App& app) {
     // The instruction sets the cpu backend may use here (after ALPAMAYO_CPU_ISA).
     std::printf("cpu isa      %s\n", cpu::isa().describe().c_str());
     if (a->kernels) {
-      cpu::select_attention_kernel(c.d, c.Hq / c.Hkv, c.T > 0 ? c.T : 64);
+      cpu::select_attention_kernel(cpu::kRepHeadDim, cpu::kRepGroup, cpu::kRepTokens);
       for (const cpu::KernelChoice& k : cpu::kernel_choices())
         std::printf("cpu kernel   %-12s %-12s %7.1f GFLOP/s  %s; %s\n", k.op.c_str(), k.kernel.c_str(), k.gflops,
                     k.instruction.empty() ? "-" : k.instruction.c_str(), k.why.c_str());

@@ -54,6 +54,10 @@ std::string forced_kernel(const std::string& op);
 // What was chosen, for inspect, --profile and the benchmarks: per op the kernel, why ("forced",
 // "fastest of ...", "only one"), the throughput it was measured at (GFLOP/s; 0 if not measured) and the
 // instruction doing its multiply-adds ("vdpbf16ps zmm", "vfmadd231ps ymm", ...; peaks.h measures its peak).
+// The shape kernels are timed on when chosen (the seed's: head dim 128, 2 query heads per KV head, 64 action
+// tokens, hidden size 1536), the same for every model so that the choice depends on the machine only.
+inline constexpr int kRepHeadDim = 128, kRepGroup = 2, kRepTokens = 64, kRepModelDim = 1536;
+
 struct KernelChoice {
   std::string op, kernel, why;
   double gflops = 0;
