@@ -5,6 +5,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 
@@ -207,6 +208,13 @@ TEST(OutputDeathTest, TerminationSignalsRemoveTemporaries) {
   GTEST_FLAG_SET(death_test_style, "fast");  // the child must see this TempDir
   TempDir tmp;
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    // A signal ignored when the process started (nohup, a background job of a script) stays ignored, as
+    // shells do, so no handler is installed for it and it cannot end the run: nothing to test then.
+    struct sigaction cur {};
+    if (::sigaction(sig, nullptr, &cur) == 0 && cur.sa_handler == SIG_IGN) {
+      std::printf("[ SKIPPED  ] signal %d is ignored by this process (inherited)\n", sig);
+      continue;
+    }
     EXPECT_EXIT(
         {
           OutputSet outs;
