@@ -20,9 +20,9 @@ cmake -S . -B build-tsan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF 
   -DCMAKE_CXX_FLAGS="$TSAN" -DCMAKE_C_FLAGS="$TSAN" -DCMAKE_EXE_LINKER_FLAGS="$TSAN" \
   -DCMAKE_SHARED_LINKER_FLAGS="$TSAN" >/dev/null
 cmake --build build-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
-TSAN_OPTIONS="halt_on_error=1" build-tsan/alpamayo_tests --gtest_brief=1 \
+TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/sanitizers/tsan.supp" build-tsan/alpamayo_tests --gtest_brief=1 \
   --gtest_filter='*Deterministic*:*ThreadCount*:*ThreadPool*:Api.*'
-TSAN_OPTIONS="halt_on_error=1" build-tsan/test_capi build-tsan/alpamayo-expert
+TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/sanitizers/tsan.supp" build-tsan/test_capi build-tsan/alpamayo-expert
 echo "== ASan + UBSan (with float-cast-overflow) build of the engine with the cpu backend: C++ suite, C API, CLI tests"
 # Every finding aborts (-fno-sanitize-recover). The CLI tests (hostile inputs and error paths) run against
 # this build's CLI; tests/python/cli.py fails a test whose run printed a sanitizer report.
