@@ -123,6 +123,8 @@ void run_sample(const SampleArgs& a) {
   }
   so.seed = a.seed;
   if (a.v0_given) so.v0 = a.v0;
+  // The sample runs all Euler steps in one call (docs/ARCHITECTURE.md): say when it starts, the times follow.
+  if (!a.quiet) std::fprintf(stderr, "sampling ...\n");
   SampleResult r = session.sample(so);
   check_mapped_files();  // an input truncated or rewritten under the run: stop before writing, naming it
   if (!a.quiet)
