@@ -415,12 +415,9 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
       for (int si : {1, 2}) {
         const Shape& sh = shapes()[si];
         Problem p(sh);
-        BackendOptions o;
-        o.threads = 2;
-        o.weights = format;
-        std::unique_ptr<BackendModel> bm;
+        std::shared_ptr<const Model> m;
         try {
-          bm = load_cpu_backend(p.cfg, p.w, o);
+          m = p.model("cpu", format);
         } catch (const Error& e) {
           // An fp32-FMA kernel must load wherever its instruction set is usable.
           if (kernel == "avx512_fma" || kernel == "avx2_fma") {
@@ -432,29 +429,19 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
           std::printf("  [skipped] %s=%s: %s\n", op.c_str(), kernel.c_str(), e.what());
           break;
         }
-        EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bm).matmul_kernel(), kernel);
+        EXPECT_EQ(static_cast<const cpu::CpuModel&>(m->backend()).matmul_kernel(), kernel);
         bool recorded = false;
         for (const cpu::KernelChoice& c : cpu::kernel_choices())
           if (c.op == op) recorded = c.kernel == kernel && c.why == "forced";
         EXPECT_TRUE(recorded) << op << "=" << kernel;
-        auto sess = bm->new_session();
-        Context ctx = p.context();
-        Binding b;
-        b.kv = ctx.kv();
-        std::vector<int64_t> offset(b.kv.B);
-        for (int i = 0; i < b.kv.B; ++i) offset[i] = b.kv.offset(i);
-        b.rope = make_rope_tables(offset, ctx.rope_delta(), p.cfg.T, p.cfg.d, p.cfg.rope_theta);
-        b.capture = {.step = 0, .layers = true};
-        sess->bind(b);
-        std::vector<float> x = gaussian_noise(11, int64_t(b.kv.B) * p.cfg.T * p.cfg.A);
-        const std::vector<float> times = euler_time_grid(sh.steps);
-        sess->denoise({.x = x.data(), .times = times.data(), .steps = sh.steps});
+        const RunOut got = run(m, p.context(), 0);
         const RunOut ref = run(p.model("reference", oracle_format(format)), p.context(), 0);
         const std::string at = sh.name + " " + op + "=" + kernel;
         for (int l = 0; l < sh.L; ++l)
-          expect_layer_close(compare(sess->captures().layers[l], ref.cap.layers[l]), tolerance(format),
+          expect_layer_close(compare(got.cap.layers[l], ref.cap.layers[l]), tolerance(format),
                              at + " layer " + std::to_string(l));
-        expect_sampler_close(compare(x, ref.r.action), tolerance(format), at + " x_N");
+        expect_sampler_close(compare(got.r.action, ref.r.action), tolerance(format), at + " x_N");
+        const std::vector<float>& x = got.r.action;
         if (kernel != "onednn") {
           if (auto it = fma_result.find(si); it == fma_result.end())
             fma_result[si] = x;

@@ -48,7 +48,6 @@ uint32_t detect() {
   if (!bit(l1.c, 27)) return 0;  // no OSXSAVE: the OS saves no AVX state
   const uint64_t xcr0 = xgetbv0();
   const bool ymm = (xcr0 & 0x6) == 0x6, zmm = ymm && (xcr0 & 0xe0) == 0xe0;
-  const bool tiles = (xcr0 & 0x60000) == 0x60000;
   const Regs l7 = cpuid(7, 0), l71 = cpuid(7, 1);
   if (ymm && bit(l7.b, 5) && bit(l1.c, 12) && bit(l1.c, 29) && bit(l1.c, 28)) f |= kAvx2Fma;
   if ((f & kAvx2Fma) && zmm && bit(l7.b, 16) && bit(l7.b, 17) && bit(l7.b, 30) && bit(l7.b, 31)) f |= kAvx512;
@@ -57,7 +56,6 @@ uint32_t detect() {
   if ((f & kAvx2Fma) && bit(l71.a, 4)) f |= kAvxVnni;
   if ((f & kAvx512) && bit(l7.d, 24) && (bit(l7.d, 22) || bit(l7.d, 25)) && request_amx() &&
       (xgetbv0() & 0x60000) == 0x60000) {
-    (void)tiles;
     if (bit(l7.d, 22)) f |= kAmxBf16;
     if (bit(l7.d, 25)) f |= kAmxInt8;
   }
