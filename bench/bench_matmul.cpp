@@ -7,7 +7,7 @@
 // and portable) against oneDNN bf16, hot and cold weights.
 // --fma: one thread's slices: oneDNN bf16 vs the fp32-FMA kernels (fma_matmul.h: avx512_fma, avx2_fma), hot and cold
 // weights, with the single-thread fp32 FMA peak (a register-only vfmadd231ps loop) for scale; then the same for int8
-// weights (oneDNN u8 x s8 vs the fp32-FMA kernels on s8 weights).
+// weights (oneDNN u8 x s8 vs avx512_vnni and the fp32-FMA kernels on s8 weights).
 #include <CLI/CLI.hpp>
 #include <immintrin.h>
 
@@ -285,7 +285,7 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
     } catch (const std::exception& e) {
       std::printf("%-14s int8 onednn: unavailable (%s)\n", sh.name, e.what());
     }
-    for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
+    for (FmaKernel k : {FmaKernel::Avx512Vnni, FmaKernel::Avx512, FmaKernel::Avx2}) {
       if (!fma_kernel_runnable(k)) continue;
       FmaWeights fw;
       fw.pack_int8(k, W.data(), sh.K, sh.N);

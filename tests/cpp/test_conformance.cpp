@@ -405,12 +405,13 @@ TEST_P(CpuAttentionKernels, MatchTheReference) {
 // The cpu backend's bf16 and int8 weights on every matmul kernel this machine runs (forced with
 // ALPAMAYO_CPU_KERNELS=matmul_bf16=... / matmul_int8=...), against the reference with the format's tolerance;
 // kernels that cannot run here are printed as skipped. The fp32-FMA kernels compute the same FMA chain
-// (fma_matmul.h), so their whole runs are bitwise identical.
+// (fma_matmul.h), so their whole runs are bitwise identical; so is avx512_vnni's exact int32 sum with int8
+// weights here, where every partial sum stays below 2^24.
 TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
   for (const std::string format : {"bf16", "int8"}) {
     const std::string op = format == "bf16" ? "matmul_bf16" : "matmul_int8";
     std::map<int, std::vector<float>> fma_result;  // per shape: the first fp32-FMA kernel's x_N
-    for (const std::string kernel : {"onednn", "avx512_fma", "avx2_fma", "portable_fma"}) {
+    for (const std::string kernel : {"onednn", "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni"}) {
       test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", op + "=" + kernel);
       for (int si : {1, 2}) {
         const Shape& sh = shapes()[si];
@@ -423,6 +424,10 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
           if (kernel == "avx512_fma" || kernel == "avx2_fma") {
             EXPECT_FALSE(cpu::fma_kernel_runnable(kernel == "avx512_fma" ? cpu::FmaKernel::Avx512 : cpu::FmaKernel::Avx2))
                 << kernel << ": " << e.what();
+          }
+          // avx512_vnni: int8 weights only, wherever AVX512-VNNI is usable.
+          if (kernel == "avx512_vnni" && format == "int8") {
+            EXPECT_FALSE(cpu::fma_kernel_runnable(cpu::FmaKernel::Avx512Vnni)) << kernel << ": " << e.what();
           }
           EXPECT_NE(kernel, "portable_fma") << e.what();
           EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();
@@ -446,7 +451,7 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
           if (auto it = fma_result.find(si); it == fma_result.end())
             fma_result[si] = x;
           else
-            EXPECT_EQ(x, it->second) << at << ": fp32-FMA kernels differ";
+            EXPECT_EQ(x, it->second) << at << ": fp32-FMA / vnni kernels differ";
         }
       }
     }

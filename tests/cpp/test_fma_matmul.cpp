@@ -1,6 +1,7 @@
 // The bf16-weight matmul kernels on fp32 FMAs (src/backends/cpu/fma_matmul.h): every kernel this machine runs
 // against a double-precision reference on odd shapes, bitwise equality between column slicings and between the
-// kernels (all compute the same fp32 FMA chain over k), packing layout and errors.
+// kernels (all compute the same fp32 FMA chain over k), packing layout and errors. int8 weights on the same
+// kernels and on avx512_vnni (exact int32 sums).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,7 +19,7 @@
 namespace alpamayo::cpu {
 namespace {
 
-const FmaKernel kAll[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable};
+const FmaKernel kAll[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable, FmaKernel::Avx512Vnni};
 
 float bf(uint16_t h) { return bf16_to_f32(h); }
 
@@ -46,9 +47,11 @@ std::vector<float> run(FmaKernel k, const Case& c, int ldy) {
   return y;
 }
 
-std::vector<FmaKernel> runnable() {
+// The kernels this process runs, for bf16 weights or (int8) for int8 ones.
+std::vector<FmaKernel> runnable(bool int8 = false) {
   std::vector<FmaKernel> r;
   for (FmaKernel k : kAll) {
+    if (!int8 && !fma_kernel_takes_bf16(k)) continue;
     if (fma_kernel_runnable(k))
       r.push_back(k);
     else
@@ -139,6 +142,10 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
   for (size_t i = 0; i < W.size(); ++i) W[i] = 1.f + float(i) / 256.f + 1.f / 1024.f;
   for (FmaKernel k : kAll) {
     FmaWeights w;
+    if (!fma_kernel_takes_bf16(k)) {
+      EXPECT_THROW(w.pack(k, W.data(), K, N), Error) << fma_kernel_name(k);
+      continue;
+    }
     w.pack(k, W.data(), K, N);
     const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw;
     ASSERT_EQ(w.bytes(), size_t(panels) * K * pw * 2) << fma_kernel_name(k);
@@ -155,6 +162,7 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
   std::vector<float> W2(size_t(N2) * K2);
   for (size_t i = 0; i < W2.size(); ++i) W2[i] = float(i % 251) - 125.f;
   for (FmaKernel k : kAll) {
+    if (!fma_kernel_takes_bf16(k)) continue;
     FmaWeights w;
     w.pack(k, W2.data(), K2, N2);
     const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw;
@@ -197,7 +205,8 @@ std::vector<float> run_s8(FmaKernel k, const CaseS8& c, int n0, int n1, std::vec
 }
 
 TEST(FmaMatmul, Int8KernelsMatchAnExactIntegerSumAndEachOther) {
-  const std::vector<FmaKernel> ks = runnable();
+  // Every partial sum here stays far below 2^24, so the FMA chain is exact and equals avx512_vnni's int32 sum.
+  const std::vector<FmaKernel> ks = runnable(true);
   for (int M : {1, 3, 17, 64, 130})
     for (int K : {1, 7, 64, 1000, 2100})
       for (int N : {1, 15, 16, 33, 300}) {
@@ -244,18 +253,68 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
     FmaWeights w;
     w.pack_int8(k, W.data(), K, N);
     const int pw = fma_panel_width(k);
+    const bool quads = k == FmaKernel::Avx512Vnni;  // [K/4][pw][4] (K = 300: one span)
     for (int n = 0; n < N; ++n) {
       float mx = 0.f;
       for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
       const float sc = mx > 0.f ? mx / 127.f : 1.f;
       ASSERT_EQ(w.col_scale()[n], sc);
       ASSERT_EQ(w.col_correction()[n], 0.f);
+      int sum = 0;
       for (int kk = 0; kk < K; ++kk) {
         const int q = static_cast<int>(std::lrintf(std::clamp(W[size_t(n) * K + kk] / sc, -127.f, 127.f)));
-        ASSERT_EQ(w.data_s8()[size_t(n / pw) * K * pw + size_t(kk) * pw + n % pw], q) << n << " " << kk;
+        const size_t at = quads ? size_t(n / pw) * K * pw + (size_t(kk / 4) * pw + n % pw) * 4 + kk % 4
+                                : size_t(n / pw) * K * pw + size_t(kk) * pw + n % pw;
+        ASSERT_EQ(w.data_s8()[at], q) << fma_kernel_name(k) << " " << n << " " << kk;
+        sum += q;
+      }
+      if (quads) {
+        ASSERT_EQ(w.col_sums()[n], sum) << n;
+      } else {
+        ASSERT_EQ(w.col_sums(), nullptr);
       }
     }
   }
+}
+
+// avx512_vnni sums in int32, exactly: where the fp32 FMA chain must round (partial sums past 2^24), its result is
+// the exact sum rounded once. Also: the K padding of the last quad (K % 4 != 0), strided activations, and the
+// K bound past which int32 could overflow.
+TEST(FmaMatmul, VnniSumsExactlyWithPaddingAndStrides) {
+  if (!fma_kernel_runnable(FmaKernel::Avx512Vnni)) {
+    std::printf("  [skipped] avx512_vnni: not supported by this CPU / ALPAMAYO_CPU_ISA\n");
+    return;
+  }
+  for (int K : {2101, 2103, 4096}) {
+    const int M = 7, N = 70, ldx = K + 9;
+    std::vector<int8_t> W(size_t(N) * K);
+    std::vector<uint8_t> x(size_t(M) * ldx, 0);  // q = -128 past each row's K: must not be read
+    std::mt19937 rng(K);
+    for (size_t i = 0; i < W.size(); ++i) W[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127 - int(rng() % 3));
+    for (int m = 0; m < M; ++m)
+      for (int kk = 0; kk < K; ++kk) x[size_t(m) * ldx + kk] = static_cast<uint8_t>(m % 2 ? 255 : 1 + rng() % 4);
+    const std::vector<float> scales(N, 1.f);
+    FmaWeights w;
+    w.pack_s8(FmaKernel::Avx512Vnni, W.data(), scales.data(), K, N);
+    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(FmaKernel::Avx512Vnni, M, K));
+    std::vector<float> y(size_t(M) * N, std::nanf(""));
+    fma_matmul(w, x.data(), M, ldx, y.data(), N, scratch.data());
+    int rounded = 0;
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        int64_t exact = 0;
+        for (int kk = 0; kk < K; ++kk) exact += int64_t(int(x[size_t(m) * ldx + kk]) - 128) * W[size_t(n) * K + kk];
+        ASSERT_EQ(y[size_t(m) * N + n], float(exact)) << "K=" << K << " m=" << m << " n=" << n;
+        rounded += double(float(exact)) != double(exact);
+      }
+    if (K == 4096) {
+      EXPECT_GT(rounded, 0) << "the case must reach sums an fp32 chain cannot hold";
+    }
+  }
+  FmaWeights big;
+  const std::vector<int8_t> one(size_t(kVnniMaxK) + 1, 1);
+  const float scale = 1.f;
+  EXPECT_THROW(big.pack_s8(FmaKernel::Avx512Vnni, one.data(), &scale, kVnniMaxK + 1, 1), Error);
 }
 
 // A kernel this process may not run (e.g. avx512_fma under ALPAMAYO_CPU_ISA=avx2: ctest conformance_avx2) is
@@ -266,11 +325,18 @@ TEST(FmaMatmul, UnrunnableKernelsAreRefused) {
   for (FmaKernel k : kAll) {
     if (fma_kernel_runnable(k)) continue;
     FmaWeights w;
-    w.pack_bf16(k, c.W.data(), c.K, c.N);
+    const std::vector<int8_t> wq(c.W.size(), 1);
+    const std::vector<float> scales(c.N, 1.f);
+    const std::vector<uint8_t> xq(c.x.size(), 130);
+    if (fma_kernel_takes_bf16(k))
+      w.pack_bf16(k, c.W.data(), c.K, c.N);
+    else
+      w.pack_s8(k, wq.data(), scales.data(), c.K, c.N);
     AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
     std::vector<float> y(size_t(c.M) * c.N);
     try {
-      fma_matmul(w, c.x.data(), c.M, c.K, y.data(), c.N, scratch.data());
+      fma_matmul(w, fma_kernel_takes_bf16(k) ? static_cast<const void*>(c.x.data()) : xq.data(), c.M, c.K, y.data(),
+                 c.N, scratch.data());
       ADD_FAILURE() << fma_kernel_name(k) << " ran although not runnable";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(fma_kernel_name(k)), std::string::npos) << e.what();
@@ -284,6 +350,7 @@ TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512), "avx512_fma");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx2), "avx2_fma");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Portable), "portable_fma");
+  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Vnni), "avx512_vnni");
   EXPECT_TRUE(fma_kernel_runnable(FmaKernel::Portable));
   FmaWeights empty;  // N == 0: nothing happens
   float y = 7.f;

@@ -57,10 +57,13 @@ struct MatmulChoice {
 };
 
 constexpr const char* kOnednn = "onednn";
-const FmaKernel kFmaKernels[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable};
+// In the order tried after oneDNN: a later candidate must be 25% faster than the best before it.
+const FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable};
 
 // Empty when the candidate runs here, else why not.
-std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
+// k_model: the model's largest K (avx512_vnni's int32 sums must not overflow).
+std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N,
+                              int k_model) {
   if (name == kOnednn) {
     try {
       kernels.get(t, M, K, N, N);
@@ -74,11 +77,17 @@ std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKerne
              isa().describe() + ")";
     return "";
   }
-  for (FmaKernel k : kFmaKernels)
-    if (name == fma_kernel_name(k))
-      return fma_kernel_runnable(k) ? ""
-                                    : std::string(k == FmaKernel::Avx512 ? "needs AVX-512" : "needs AVX2 + FMA") +
-                                          " (usable here: " + isa().describe() + ")";
+  for (FmaKernel k : kFmaKernels) {
+    if (name != fma_kernel_name(k)) continue;
+    if (k == FmaKernel::Avx512Vnni) {
+      if (t != WeightType::INT8) return "multiplies int8 weights only";
+      if (k_model > kVnniMaxK) return "int32 sums of K = " + std::to_string(k_model) + " products could overflow";
+      return fma_kernel_runnable(k) ? "" : "needs AVX-512 with AVX512-VNNI (usable here: " + isa().describe() + ")";
+    }
+    return fma_kernel_runnable(k) ? ""
+                                  : std::string(k == FmaKernel::Avx512 ? "needs AVX-512" : "needs AVX2 + FMA") +
+                                        " (usable here: " + isa().describe() + ")";
+  }
   return "unknown kernel";
 }
 
@@ -134,17 +143,18 @@ double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels
   return best;
 }
 
-MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
+MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
+                           int k_model) {
   std::vector<std::string> names{kOnednn};
   for (FmaKernel k : kFmaKernels) names.push_back(fma_kernel_name(k));
   const std::string forced = forced_kernel(op);
   if (!forced.empty()) {
     const bool known = std::find(names.begin(), names.end(), forced) != names.end();
-    const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N) : "unknown kernel";
+    const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N, k_model) : "unknown kernel";
     if (!why.empty()) {
       std::string list;
       for (const std::string& n : names) {
-        const std::string w = matmul_unrunnable(n, t, kernels, M, K, N);
+        const std::string w = matmul_unrunnable(n, t, kernels, M, K, N, k_model);
         list += (list.empty() ? "" : "; ") + n + (w.empty() ? " (runs here)" : " (not here: " + w + ")");
       }
       throw Error("ALPAMAYO_CPU_KERNELS: " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " + list);
@@ -152,14 +162,14 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
     return {forced, "forced", 0};
   }
   static std::mutex mu;
-  static std::map<std::tuple<std::string, int, int, int>, MatmulChoice> cache;  // the ISA cap is fixed per process
+  static std::map<std::tuple<std::string, int, int, int, bool>, MatmulChoice> cache;  // the ISA cap is fixed per process
   std::lock_guard<std::mutex> lk(mu);
-  const auto key = std::make_tuple(op, M, K, N);
+  const auto key = std::make_tuple(op, M, K, N, k_model > kVnniMaxK);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   // The portable kernel only where nothing else runs.
   std::vector<std::string> run;
   for (const std::string& n : names)
-    if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N).empty()) run.push_back(n);
+    if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N, k_model).empty()) run.push_back(n);
   MatmulChoice c;
   if (run.empty()) run.push_back("portable_fma");
   if (run.size() == 1) {
@@ -301,13 +311,17 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   if (!wf_.is_block()) {
     // bf16 or int8: timed on a 64 x 1536 x 1024 slice (the seed's M and K, 1024 of its gate/up columns).
     const std::string op = wtype_ == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
-    const MatmulChoice c = choose_matmul(op, wtype_, *kernels_, kRepTokens, kRepModelDim, 1024);
+    const MatmulChoice c =
+        choose_matmul(op, wtype_, *kernels_, kRepTokens, kRepModelDim, 1024, std::max({D, Hq * d, cfg.I}));
     matmul_kernel_ = c.name;
     use_fma_ = c.name != kOnednn;
     for (FmaKernel k : kFmaKernels)
       if (c.name == fma_kernel_name(k)) fma_kernel_ = k;
     // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands.
-    const std::string instr = c.name == "avx512_fma" ? "vfmadd231ps zmm" : c.name == "avx2_fma" ? "vfmadd231ps ymm" : "";
+    const std::string instr = c.name == "avx512_fma"    ? "vfmadd231ps zmm"
+                              : c.name == "avx2_fma"    ? "vfmadd231ps ymm"
+                              : c.name == "avx512_vnni" ? "vpdpbusd zmm"
+                                                        : "";
     record_kernel_choice({op, c.name, c.why, c.gflops, instr});
   }
   pool.run([&](int tid) {
@@ -533,6 +547,8 @@ void CpuSession::plan_attention() {
         merge_slots_[size_t(b) * Hkv + g].push_back(slot++);
       }
     }
+  items_work_ = 0;
+  for (const AttnItem& it : items_) items_work_ += int64_t(it.j1 - it.j0) * it.count;
 }
 
 }  // namespace cpu

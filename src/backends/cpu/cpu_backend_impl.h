@@ -139,6 +139,7 @@ class CpuSession final : public HostLoopSession {
   std::vector<AttnItem> items_;
   std::vector<std::vector<int>> merge_slots_;        // per (b, g): the partial slots to merge
   bool single_chunk_ = true;
+  int64_t items_work_ = 0;  // sum of the items' (j1 - j0) * count: shares the o_proj prefetch out
   std::atomic<int> next_item_{0};
 
   // Activations (sized at bind).

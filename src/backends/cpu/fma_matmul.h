@@ -11,7 +11,10 @@
 // (M x 1024 x 4 bytes) stays in L2 whatever K is.
 //
 // int8 weights (the cpu backend's int8 format) run on the same kernels: s8 weights and u8 - 128 activations are
-// widened to fp32 (exact) instead of bf16 ones; ALPAMAYO_CPU_KERNELS op matmul_int8.
+// widened to fp32 (exact) instead of bf16 ones; ALPAMAYO_CPU_KERNELS op matmul_int8. They also run on
+// "avx512_vnni" (int8 only; fma_matmul_avx512_vnni.cpp): vpdpbusd, the exact int32 sum rounded once to fp32, with
+// the rows of each span packed in quads (4 consecutive k of a column side by side). It equals the FMA chain
+// wherever that chain is exact (every partial sum below 2^24 in magnitude), and is never less accurate.
 //
 // Summation order: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k], acc) for
 // k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. All kernels (AVX-512,
@@ -27,10 +30,15 @@
 
 namespace alpamayo::cpu {
 
-enum class FmaKernel { Avx512, Avx2, Portable };
+enum class FmaKernel { Avx512, Avx2, Portable, Avx512Vnni };
 
-// "avx512_fma", "avx2_fma", "portable_fma": the names ALPAMAYO_CPU_KERNELS uses for matmul_bf16.
+// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni": the names ALPAMAYO_CPU_KERNELS uses for matmul_bf16
+// and matmul_int8.
 const char* fma_kernel_name(FmaKernel k);
+// Whether the kernel multiplies bf16 weights (all but avx512_vnni); every kernel multiplies int8 ones.
+bool fma_kernel_takes_bf16(FmaKernel k);
+// The largest K whose int32 sums cannot overflow on avx512_vnni (255 * 127 * K < 2^31); none for the others.
+inline constexpr int kVnniMaxK = 66000;
 // Whether this process may run the kernel (isa(), capped by ALPAMAYO_CPU_ISA); the portable one always.
 bool fma_kernel_runnable(FmaKernel k);
 // Output columns per packed panel.
@@ -42,7 +50,8 @@ enum class FmaType { BF16, INT8 };
 // One packed weight matrix (a thread's column slice) for one kernel. Immutable once packed; copies share it.
 class FmaWeights {
  public:
-  // Packs W [N, K] (fp32 rows, rounded to bf16 to nearest even) for kernel k.
+  // Packs W [N, K] (fp32 rows, rounded to bf16 to nearest even) for kernel k (fma_kernel_takes_bf16(k), else
+  // alpamayo::Error).
   void pack(FmaKernel k, const float* W, int K, int N);
   // Packs W [N, K] already in bf16.
   void pack_bf16(FmaKernel k, const uint16_t* W, int K, int N);
@@ -63,6 +72,8 @@ class FmaWeights {
   // int8: the epilogue's inputs (as PackedLinear's): zeros and the weight scales; nullptr for bf16.
   const float* col_correction() const { return corr_.empty() ? nullptr : corr_.data(); }
   const float* col_scale() const { return scale_.empty() ? nullptr : scale_.data(); }
+  // avx512_vnni: sum_k w[n][k] per column (the kernel subtracts 128 x it); empty for the other kernels.
+  const int32_t* col_sums() const { return colsum_.empty() ? nullptr : colsum_.data(); }
 
  private:
   template <class T, class Get>
@@ -73,10 +84,11 @@ class FmaWeights {
   size_t bytes_ = 0;
   std::shared_ptr<const HugeBuf> buf_;  // huge pages: the weights stream cold from DRAM every step
   std::vector<float> corr_, scale_;
+  std::vector<int32_t> colsum_;
 };
 
 // Scratch bytes (64-byte aligned memory) fma_matmul needs for M rows of K: x widened to fp32 and one
-// widened weight block.
+// widened weight block (avx512_vnni: x copied to rows of K rounded up to 4 bytes).
 size_t fma_scratch_bytes(FmaKernel k, int M, int K);
 
 // y[m][n] = sum_k x[m][k] w[n][k] (the fixed order above) for m < M, n < w.N(): x [M, ldx] bf16 (bf16 weights)
@@ -98,6 +110,8 @@ void fma_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, 
                         float* scratch);
 void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
                             float* scratch);
+void fma_matmul_s8_avx512vnni(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx,
+                              float* y, int ldy, uint8_t* scratch);
 
 // K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
 inline constexpr int kFmaKBlock = 128;
