@@ -1,4 +1,5 @@
 // `inspect`: what a checkpoint holds, which release it is, and where every value the engine uses came from.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -7,6 +8,7 @@
 #include "commands.h"
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/attention.h"
+#include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/isa.h"
 #include "backends/cpu/peaks.h"
 #endif
@@ -35,8 +37,8 @@ Run add_inspect(CLI::App& app) {
   auto a = std::make_shared<Args>();
   app.add_option("checkpoint", a->dir, "checkpoint directory")->required();
   app.add_flag("--kernels", a->kernels,
-               "cpu backend: time the kernels for this checkpoint's shapes (as loading it does), print the choice "
-               "per op and the instruction peaks (~0.5 s)");
+               "cpu backend: time the kernels as loading a model does (attention, bf16 and int8 weight matmuls), "
+               "print the choice per op and the instruction peaks (~1 s)");
   app.add_option("--threads", a->threads, "with --kernels: threads the peaks are measured on (0: all cores)");
   app.add_option("--vlm-config", a->vlm, "the VLM's config.json (or its text_config)");
   add_release_option(app, a->release);
@@ -67,6 +69,8 @@ Run add_inspect(CLI::App& app) {
     std::printf("cpu isa      %s\n", cpu::isa().describe().c_str());
     if (a->kernels) {
       cpu::select_attention_kernel(cpu::kRepHeadDim, cpu::kRepGroup, cpu::kRepTokens);
+      const int k_model = std::max({c.D, c.Hq * c.d, c.I});
+      for (cpu::WeightType t : {cpu::WeightType::BF16, cpu::WeightType::INT8}) cpu::select_matmul_kernel(t, k_model);
       for (const cpu::KernelChoice& k : cpu::kernel_choices())
         std::printf("cpu kernel   %-12s %-12s %7.1f GFLOP/s  %s; %s\n", k.op.c_str(), k.kernel.c_str(), k.gflops,
                     k.instruction.empty() ? "-" : k.instruction.c_str(), k.why.c_str());

@@ -225,3 +225,28 @@ def test_make_checkpoint_writes_the_release_shape(cli, tmp_path, layout):
     ctx = read_context(ctx_path)
     verify_sample(oc, Oracle(oc, ExpertContext.from_file_context(ctx)), res, res["x_steps"][0], 2, REFERENCE,
                   ego_xyz=ctx.ego_history_xyz, ego_rot=ctx.ego_history_rot, v0_given=ctx.v0).assert_ok()
+
+
+def test_inspect_kernels_names_the_kernel_of_every_op(cli, tmp_path, monkeypatch):
+    """`inspect --kernels` times the kernels as loading a model does and names the choice for each op: the
+    attention and both weight formats' matmuls; a forced kernel says so, and an unknown one is an error that
+    lists the candidates."""
+    ck = make_checkpoint(tmp_path / "ck", TINY)
+    out, _ = inspect(cli, ck, "--kernels")
+    if "cpu isa" not in out:
+        assert "cpu kernel" not in out
+        pytest.skip("this build has no cpu backend")
+    line = re.compile(r"^cpu kernel\s+(\S+)\s+(\S+)\s+.*; (.*)$", re.M)
+    ops = {m.group(1): (m.group(2), m.group(3)) for m in line.finditer(out)}
+    assert set(ops) == {"attention", "matmul_bf16", "matmul_int8"}, out
+    for op, (kernel, why) in ops.items():
+        assert why.startswith("fastest of") or why == "only one", f"{op}: {kernel} ({why})"
+    assert re.search(r"^cpu peak\s+\S+", out, re.M), out
+    monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "matmul_int8=portable_fma")
+    out, _ = inspect(cli, ck, "--kernels")
+    ops = {m.group(1): (m.group(2), m.group(3)) for m in line.finditer(out)}
+    assert ops["matmul_int8"] == ("portable_fma", "forced"), out
+    monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "matmul_int8=fastest_ever")
+    err = expect_cli_error(cli, ck, "matmul_int8=fastest_ever", "Candidates", "avx512_vnni", "onednn",
+                           extra=("--kernels",))
+    assert "unknown kernel" in err

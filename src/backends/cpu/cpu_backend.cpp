@@ -199,6 +199,27 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
 
 }  // namespace
 
+std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model) {
+  ScopedOmpThreads one(1);  // timed as it runs: single-threaded on one pool thread
+  const std::string op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
+  // 64 x 1536 x 1024: the seed's M and K, 1024 of its gate/up columns.
+  const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model);
+  // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands.
+  const std::string instr = c.name == "avx512_fma"    ? "vfmadd231ps zmm"
+                            : c.name == "avx2_fma"    ? "vfmadd231ps ymm"
+                            : c.name == "avx512_vnni" ? "vpdpbusd zmm"
+                                                      : "";
+  record_kernel_choice({op, c.name, c.why, c.gflops, instr});
+  return c.name;
+}
+
+std::string select_matmul_kernel(WeightType t, int k_model) {
+  isa();  // the ISA cap must reach oneDNN before its first primitive
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  MatmulKernels kernels(eng);
+  return select_matmul_kernel(t, kernels, k_model);
+}
+
 void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
   const int Nqkv = (Hq + 2 * Hkv) * d, Mhint = cfg_.T > 0 ? cfg_.T : 64;
@@ -312,20 +333,10 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
   if (!wf_.is_block()) {
-    // bf16 or int8: timed on a 64 x 1536 x 1024 slice (the seed's M and K, 1024 of its gate/up columns).
-    const std::string op = wtype_ == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
-    const MatmulChoice c =
-        choose_matmul(op, wtype_, *kernels_, kRepTokens, kRepModelDim, 1024, std::max({D, Hq * d, cfg.I}));
-    matmul_kernel_ = c.name;
-    use_fma_ = c.name != kOnednn;
+    matmul_kernel_ = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}));
+    use_fma_ = matmul_kernel_ != kOnednn;
     for (FmaKernel k : kFmaKernels)
-      if (c.name == fma_kernel_name(k)) fma_kernel_ = k;
-    // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands.
-    const std::string instr = c.name == "avx512_fma"    ? "vfmadd231ps zmm"
-                              : c.name == "avx2_fma"    ? "vfmadd231ps ymm"
-                              : c.name == "avx512_vnni" ? "vpdpbusd zmm"
-                                                        : "";
-    record_kernel_choice({op, c.name, c.why, c.gflops, instr});
+      if (matmul_kernel_ == fma_kernel_name(k)) fma_kernel_ = k;
   }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);
