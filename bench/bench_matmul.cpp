@@ -261,7 +261,7 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
     } catch (const std::exception& e) {
       std::printf("%-14s onednn: unavailable (%s)\n", sh.name, e.what());
     }
-    for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
+    for (FmaKernel k : {FmaKernel::Avx512Bf16, FmaKernel::Avx512, FmaKernel::Avx2}) {
       if (!fma_kernel_runnable(k)) {
         std::printf("%-14s %s: not runnable here\n", sh.name, fma_kernel_name(k));
         continue;

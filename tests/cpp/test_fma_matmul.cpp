@@ -19,7 +19,8 @@
 namespace alpamayo::cpu {
 namespace {
 
-const FmaKernel kAll[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable, FmaKernel::Avx512Vnni};
+const FmaKernel kAll[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable, FmaKernel::Avx512Vnni,
+                          FmaKernel::Avx512Bf16};
 
 float bf(uint16_t h) { return bf16_to_f32(h); }
 
@@ -47,11 +48,13 @@ std::vector<float> run(FmaKernel k, const Case& c, int ldy) {
   return y;
 }
 
-// The kernels this process runs, for bf16 weights or (int8) for int8 ones.
-std::vector<FmaKernel> runnable(bool int8 = false) {
+// The kernels this process runs, for bf16 weights or (int8) for int8 ones; chain: only those computing the fp32
+// FMA chain (bitwise equal to portable_fma), i.e. not avx512_bf16.
+std::vector<FmaKernel> runnable(bool int8 = false, bool chain = false) {
   std::vector<FmaKernel> r;
   for (FmaKernel k : kAll) {
-    if (!int8 && !fma_kernel_takes_bf16(k)) continue;
+    if (int8 ? !fma_kernel_takes_int8(k) : !fma_kernel_takes_bf16(k)) continue;
+    if (chain && k == FmaKernel::Avx512Bf16) continue;
     if (fma_kernel_runnable(k))
       r.push_back(k);
     else
@@ -94,15 +97,19 @@ TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
 }
 
 TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
-  const std::vector<FmaKernel> ks = runnable();
+  const std::vector<FmaKernel> ks = runnable();  // avx512_bf16: its slices against its own whole result
   for (int M : {1, 17, 64, 130})
     for (int K : {7, 200, 1000, 2100}) {
       const int N = 300;
       const Case c = make_case(M, K, N, uint32_t(7 * M + K));
       // The portable kernel is the oracle: the same fp32 FMA chain over k, in C++.
-      const std::vector<float> ref = run(FmaKernel::Portable, c, N);
+      const std::vector<float> chain_ref = run(FmaKernel::Portable, c, N);
       for (FmaKernel k : ks) {
-        EXPECT_EQ(run(k, c, N), ref) << fma_kernel_name(k) << " vs portable_fma, M=" << M << " K=" << K;
+        const bool chain = k != FmaKernel::Avx512Bf16;
+        const std::vector<float> ref = chain ? chain_ref : run(k, c, N);
+        if (chain) {
+          EXPECT_EQ(run(k, c, N), ref) << fma_kernel_name(k) << " vs portable_fma, M=" << M << " K=" << K;
+        }
         // Column ranges as the backend's thread slices (multiples of 64) and odd ones, each packed on its own.
         for (const std::vector<int>& cuts : {std::vector<int>{0, 64, 192, 300}, std::vector<int>{0, 1, 17, 150, 299, 300}}) {
           std::vector<float> y(size_t(M) * N, std::nanf(""));
@@ -131,7 +138,7 @@ TEST(FmaMatmul, StridedActivationsAndRowSubsets) {
     AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
     std::vector<float> y(size_t(c.M) * c.N);
     fma_matmul(w, xs.data(), c.M, ldx, y.data(), c.N, scratch.data());
-    EXPECT_EQ(y, run(FmaKernel::Portable, c, c.N)) << fma_kernel_name(k);
+    EXPECT_EQ(y, run(k == FmaKernel::Avx512Bf16 ? k : FmaKernel::Portable, c, c.N)) << fma_kernel_name(k);
   }
 }
 
@@ -147,14 +154,16 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
       continue;
     }
     w.pack(k, W.data(), K, N);
-    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw;
-    ASSERT_EQ(w.bytes(), size_t(panels) * K * pw * 2) << fma_kernel_name(k);
+    // avx512_bf16 keeps pairs of k side by side: [ceil(K/2)][pw][2], the odd K's last pair zero-padded.
+    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = k == FmaKernel::Avx512Bf16 ? 2 : 1;
+    const int Kg = (K + g - 1) / g * g;
+    ASSERT_EQ(w.bytes(), size_t(panels) * Kg * pw * 2) << fma_kernel_name(k);
     for (int p = 0; p < panels; ++p)
-      for (int kk = 0; kk < K; ++kk)
+      for (int kk = 0; kk < Kg; ++kk)
         for (int j = 0; j < pw; ++j) {
           const int n = p * pw + j;
-          const uint16_t got = w.data()[(size_t(p) * K + kk) * pw + j];
-          EXPECT_EQ(got, n < N ? f32_to_bf16(W[size_t(n) * K + kk]) : uint16_t(0)) << fma_kernel_name(k);
+          const uint16_t got = w.data()[size_t(p) * Kg * pw + (size_t(kk / g) * pw + j) * g + kk % g];
+          EXPECT_EQ(got, n < N && kk < K ? f32_to_bf16(W[size_t(n) * K + kk]) : uint16_t(0)) << fma_kernel_name(k);
         }
   }
   // K over one span: spans of kFmaKSpan rows, each holding every panel.
@@ -165,11 +174,12 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
     if (!fma_kernel_takes_bf16(k)) continue;
     FmaWeights w;
     w.pack(k, W2.data(), K2, N2);
-    const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw;
+    const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw, g = k == FmaKernel::Avx512Bf16 ? 2 : 1;
     for (int n = 0; n < N2; ++n)
       for (int kk = 0; kk < K2; ++kk) {
-        const int k0 = kk / kFmaKSpan * kFmaKSpan, ks = std::min(kFmaKSpan, K2 - k0);
-        const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ks * pw + size_t(kk - k0) * pw + n % pw;
+        const int k0 = kk / kFmaKSpan * kFmaKSpan, ks = std::min(kFmaKSpan, K2 - k0), ksg = (ks + g - 1) / g * g;
+        const int r = kk - k0;
+        const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ksg * pw + (size_t(r / g) * pw + n % pw) * g + r % g;
         ASSERT_EQ(w.data()[at], f32_to_bf16(W2[size_t(n) * K2 + kk])) << fma_kernel_name(k) << " n=" << n << " k=" << kk;
       }
   }
@@ -206,7 +216,7 @@ std::vector<float> run_s8(FmaKernel k, const CaseS8& c, int n0, int n1, std::vec
 
 TEST(FmaMatmul, Int8KernelsMatchAnExactIntegerSumAndEachOther) {
   // Every partial sum here stays far below 2^24, so the FMA chain is exact and equals avx512_vnni's int32 sum.
-  const std::vector<FmaKernel> ks = runnable(true);
+  const std::vector<FmaKernel> ks = runnable(true);  // avx512_bf16 takes no int8 weights
   for (int M : {1, 3, 17, 64, 130})
     for (int K : {1, 7, 64, 1000, 2100})
       for (int N : {1, 15, 16, 33, 300}) {
@@ -251,6 +261,10 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
   for (int kk = 0; kk < K; ++kk) W[size_t(5) * K + kk] = 0.f;  // an all-zero row: scale 1
   for (FmaKernel k : kAll) {
     FmaWeights w;
+    if (!fma_kernel_takes_int8(k)) {
+      EXPECT_THROW(w.pack_int8(k, W.data(), K, N), Error) << fma_kernel_name(k);
+      continue;
+    }
     w.pack_int8(k, W.data(), K, N);
     const int pw = fma_panel_width(k);
     const bool quads = k == FmaKernel::Avx512Vnni;  // [K/4][pw][4] (K = 300: one span)
@@ -351,6 +365,7 @@ TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx2), "avx2_fma");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Portable), "portable_fma");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Vnni), "avx512_vnni");
+  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Bf16), "avx512_bf16");
   EXPECT_TRUE(fma_kernel_runnable(FmaKernel::Portable));
   FmaWeights empty;  // N == 0: nothing happens
   float y = 7.f;

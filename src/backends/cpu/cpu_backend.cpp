@@ -57,7 +57,8 @@ struct MatmulChoice {
 };
 
 constexpr const char* kOnednn = "onednn";
-const FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable};
+const FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Avx512Bf16, FmaKernel::Avx512, FmaKernel::Avx2,
+                                  FmaKernel::Portable};
 
 // Empty when the candidate runs here, else why not.
 // k_model: the model's largest K (avx512_vnni's int32 sums must not overflow).
@@ -78,14 +79,16 @@ std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKerne
   }
   for (FmaKernel k : kFmaKernels) {
     if (name != fma_kernel_name(k)) continue;
-    if (k == FmaKernel::Avx512Vnni) {
-      if (t != WeightType::INT8) return "multiplies int8 weights only";
-      if (k_model > kVnniMaxK) return "int32 sums of K = " + std::to_string(k_model) + " products could overflow";
-      return fma_kernel_runnable(k) ? "" : "needs AVX-512 with AVX512-VNNI (usable here: " + isa().describe() + ")";
-    }
-    return fma_kernel_runnable(k) ? ""
-                                  : std::string(k == FmaKernel::Avx512 ? "needs AVX-512" : "needs AVX2 + FMA") +
-                                        " (usable here: " + isa().describe() + ")";
+    if (t != WeightType::INT8 && !fma_kernel_takes_bf16(k)) return "multiplies int8 weights only";
+    if (t == WeightType::INT8 && !fma_kernel_takes_int8(k)) return "multiplies bf16 weights only";
+    if (k == FmaKernel::Avx512Vnni && k_model > kVnniMaxK)
+      return "int32 sums of K = " + std::to_string(k_model) + " products could overflow";
+    if (fma_kernel_runnable(k)) return "";
+    const char* needs = k == FmaKernel::Avx512       ? "needs AVX-512"
+                        : k == FmaKernel::Avx2       ? "needs AVX2 + FMA"
+                        : k == FmaKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
+                                                     : "needs AVX-512 with AVX512-BF16";
+    return std::string(needs) + " (usable here: " + isa().describe() + ")";
   }
   return "unknown kernel";
 }
@@ -144,12 +147,15 @@ double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels
 
 MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
                            int k_model) {
-  // int8: avx512_vnni before oneDNN. Inside a full-size step it ran 2-3% faster with 190 MB less peak memory
-  // (bench_step, AMD EPYC Zen 5), which the warm timing shape cannot show (there they are on par); oneDNN must
-  // be 25% faster there to be taken instead, as where it has AMX.
-  std::vector<std::string> names{kOnednn};
+  // Our dot-product kernels (avx512_vnni for int8, avx512_bf16 for bf16) before oneDNN. Inside a full-size step
+  // they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5), which the
+  // warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as where it has AMX.
+  std::vector<std::string> names;
   for (FmaKernel k : kFmaKernels)
-    names.insert(k == FmaKernel::Avx512Vnni ? names.begin() : names.end(), fma_kernel_name(k));
+    if (k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx512Bf16) names.push_back(fma_kernel_name(k));
+  names.push_back(kOnednn);
+  for (FmaKernel k : kFmaKernels)
+    if (k != FmaKernel::Avx512Vnni && k != FmaKernel::Avx512Bf16) names.push_back(fma_kernel_name(k));
   const std::string forced = forced_kernel(op);
   if (!forced.empty()) {
     const bool known = std::find(names.begin(), names.end(), forced) != names.end();
@@ -208,6 +214,7 @@ std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_mod
   const std::string instr = c.name == "avx512_fma"    ? "vfmadd231ps zmm"
                             : c.name == "avx2_fma"    ? "vfmadd231ps ymm"
                             : c.name == "avx512_vnni" ? "vpdpbusd zmm"
+                            : c.name == "avx512_bf16" ? "vdpbf16ps zmm"
                                                       : "";
   record_kernel_choice({op, c.name, c.why, c.gflops, instr});
   return c.name;

@@ -29,11 +29,13 @@ const char* fma_kernel_name(FmaKernel k) {
     case FmaKernel::Avx2: return "avx2_fma";
     case FmaKernel::Portable: return "portable_fma";
     case FmaKernel::Avx512Vnni: return "avx512_vnni";
+    case FmaKernel::Avx512Bf16: return "avx512_bf16";
   }
   return "?";
 }
 
 bool fma_kernel_takes_bf16(FmaKernel k) { return k != FmaKernel::Avx512Vnni; }
+bool fma_kernel_takes_int8(FmaKernel k) { return k != FmaKernel::Avx512Bf16; }
 
 bool fma_kernel_runnable(FmaKernel k) {
   switch (k) {
@@ -41,43 +43,49 @@ bool fma_kernel_runnable(FmaKernel k) {
     case FmaKernel::Avx2: return isa().has(kAvx2Fma);
     case FmaKernel::Portable: return true;
     case FmaKernel::Avx512Vnni: return isa().has(kAvx512) && isa().has(kAvx512Vnni);
+    case FmaKernel::Avx512Bf16: return isa().has(kAvx512) && isa().has(kAvx512Bf16);
   }
   return false;
 }
 
-int fma_panel_width(FmaKernel k) { return k == FmaKernel::Avx512 || k == FmaKernel::Avx512Vnni ? 64 : 16; }
+int fma_panel_width(FmaKernel k) { return k == FmaKernel::Avx2 || k == FmaKernel::Portable ? 16 : 64; }
+
+namespace {
+// k per packed group: the dot-product kernels keep a group of k of one column side by side.
+int k_group(FmaKernel k) { return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKernel::Avx512Bf16 ? 2 : 1; }
+}  // namespace
 
 template <class T, class Get>
 void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
   if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
   if (!std::is_same_v<T, int8_t> && !fma_kernel_takes_bf16(k))
     throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " multiplies int8 weights only");
+  if (std::is_same_v<T, int8_t> && !fma_kernel_takes_int8(k))
+    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " multiplies bf16 weights only");
   if (k == FmaKernel::Avx512Vnni && K > kVnniMaxK)
     throw Error("fma_matmul: avx512_vnni sums K = " + std::to_string(K) + " products in int32, at most " +
                 std::to_string(kVnniMaxK) + " cannot overflow");
   kernel_ = k;
   K_ = K;
   N_ = N;
-  // avx512_vnni: each span's rows in quads, [ceil(ks / 4)][w][4] (fma_matmul_avx512_vnni.cpp); the others [ks][w].
-  const bool quads = k == FmaKernel::Avx512Vnni;
-  const int w = fma_panel_width(k), panels = (N + w - 1) / w, Kq = quads ? (K + 3) / 4 * 4 : K;
+  // The dot-product kernels: each span's rows in groups of g, [ceil(ks / g)][w][g] (dot_matmul_avx512.cpp); the
+  // others [ks][w].
+  const int g = k_group(k);
+  const int w = fma_panel_width(k), panels = (N + w - 1) / w, Kq = (K + g - 1) / g * g;
   bytes_ = size_t(panels) * Kq * w * sizeof(T);
   buf_.reset();
   if (bytes_ == 0) return;
   auto buf = std::make_shared<HugeBuf>(bytes_);
   auto* dst = static_cast<T*>(buf->data());
   for (int k0 = 0; k0 < K; k0 += kFmaKSpan) {
-    const int ks = std::min(kFmaKSpan, K - k0), ksq = quads ? (ks + 3) / 4 * 4 : ks;
+    const int ks = std::min(kFmaKSpan, K - k0), ksq = (ks + g - 1) / g * g;
     for (int p = 0; p < panels; ++p) {
       T* panel = dst + size_t(k0) * panels * w + size_t(p) * ksq * w;
       for (int j = 0; j < w; ++j) {
         const int n = p * w + j;
         for (int kk = 0; kk < ksq; ++kk) {
           const T v = n < N && kk < ks ? get(n, k0 + kk) : T(0);
-          if (quads)
-            panel[(size_t(kk / 4) * w + j) * 4 + kk % 4] = v;
-          else
-            panel[size_t(kk) * w + j] = v;
+          panel[(size_t(kk / g) * w + j) * g + kk % g] = v;
         }
       }
     }
@@ -130,6 +138,7 @@ void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N) {
 
 size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
   if (k == FmaKernel::Avx512Vnni) return size_t(std::max(M, 0)) * ((std::max(K, 0) + 3) / 4 * 4) + 64;
+  if (k == FmaKernel::Avx512Bf16) return size_t(std::max(M, 0)) * ((std::max(K, 0) + 1) / 2 * 2) * 2 + 64;
   const size_t xf = (size_t(std::max(M, 0)) * std::max(K, 0) + 15) / 16 * 16;
   return (xf + size_t(kFmaKBlock) * 64) * sizeof(float);
 }
@@ -197,6 +206,7 @@ void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, in
         fma_matmul_s8_avx512vnni(w.data_s8(), w.col_sums(), w.K(), w.N(), xq, M, ldx, y, ldy,
                                  static_cast<uint8_t*>(scratch));
         break;
+      case FmaKernel::Avx512Bf16: break;  // refused at packing
     }
     return;
   }
@@ -205,6 +215,7 @@ void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, in
     case FmaKernel::Avx512: fma_matmul_avx512(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
     case FmaKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
     case FmaKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
+    case FmaKernel::Avx512Bf16: dot_matmul_avx512bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch); break;
     case FmaKernel::Avx512Vnni: break;  // refused at packing
   }
 }

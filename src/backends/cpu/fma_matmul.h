@@ -12,9 +12,13 @@
 //
 // int8 weights (the cpu backend's int8 format) run on the same kernels: s8 weights and u8 - 128 activations are
 // widened to fp32 (exact) instead of bf16 ones; ALPAMAYO_CPU_KERNELS op matmul_int8. They also run on
-// "avx512_vnni" (int8 only; fma_matmul_avx512_vnni.cpp): vpdpbusd, the exact int32 sum rounded once to fp32, with
+// "avx512_vnni" (int8 only; dot_matmul_avx512.cpp): vpdpbusd, the exact int32 sum rounded once to fp32, with
 // the rows of each span packed in quads (4 consecutive k of a column side by side). It equals the FMA chain
 // wherever that chain is exact (every partial sum below 2^24 in magnitude), and is never less accurate.
+//
+// bf16 weights also run on "avx512_bf16" (bf16 only; dot_matmul_avx512.cpp): vdpbf16ps on pairs of k packed side
+// by side, fp32 sums. Its products are exact too, but it adds them in its own order (and flushes denormals), so
+// it is not bitwise equal to the FMA chain; its results do not depend on M, N or the column slice either.
 //
 // Summation order: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k], acc) for
 // k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. All kernels (AVX-512,
@@ -30,13 +34,14 @@
 
 namespace alpamayo::cpu {
 
-enum class FmaKernel { Avx512, Avx2, Portable, Avx512Vnni };
+enum class FmaKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16 };
 
-// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni": the names ALPAMAYO_CPU_KERNELS uses for matmul_bf16
-// and matmul_int8.
+// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16": the names ALPAMAYO_CPU_KERNELS uses for
+// matmul_bf16 and matmul_int8.
 const char* fma_kernel_name(FmaKernel k);
-// Whether the kernel multiplies bf16 weights (all but avx512_vnni); every kernel multiplies int8 ones.
+// Whether the kernel multiplies bf16 weights (all but avx512_vnni) and int8 ones (all but avx512_bf16).
 bool fma_kernel_takes_bf16(FmaKernel k);
+bool fma_kernel_takes_int8(FmaKernel k);
 // The largest K whose int32 sums cannot overflow on avx512_vnni (255 * 127 * K < 2^31); none for the others.
 inline constexpr int kVnniMaxK = 66000;
 // Whether this process may run the kernel (isa(), capped by ALPAMAYO_CPU_ISA); the portable one always.
@@ -51,7 +56,7 @@ enum class FmaType { BF16, INT8 };
 class FmaWeights {
  public:
   // Packs W [N, K] (fp32 rows, rounded to bf16 to nearest even) for kernel k (fma_kernel_takes_bf16(k), else
-  // alpamayo::Error).
+  // alpamayo::Error; the int8 packers likewise need fma_kernel_takes_int8(k)).
   void pack(FmaKernel k, const float* W, int K, int N);
   // Packs W [N, K] already in bf16.
   void pack_bf16(FmaKernel k, const uint16_t* W, int K, int N);
@@ -88,7 +93,7 @@ class FmaWeights {
 };
 
 // Scratch bytes (64-byte aligned memory) fma_matmul needs for M rows of K: x widened to fp32 and one
-// widened weight block (avx512_vnni: x copied to rows of K rounded up to 4 bytes).
+// widened weight block (avx512_vnni, avx512_bf16: x copied to rows of K rounded up to the k-group).
 size_t fma_scratch_bytes(FmaKernel k, int M, int K);
 
 // y[m][n] = sum_k x[m][k] w[n][k] (the fixed order above) for m < M, n < w.N(): x [M, ldx] bf16 (bf16 weights)
@@ -112,6 +117,8 @@ void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int
                             float* scratch);
 void fma_matmul_s8_avx512vnni(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx,
                               float* y, int ldy, uint8_t* scratch);
+void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                           void* scratch);
 
 // K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
 inline constexpr int kFmaKBlock = 128;
