@@ -420,17 +420,11 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
         try {
           m = p.model("cpu", format);
         } catch (const Error& e) {
-          // An fp32-FMA kernel must load wherever its instruction set is usable.
-          if (kernel == "avx512_fma" || kernel == "avx2_fma") {
-            EXPECT_FALSE(cpu::fma_kernel_runnable(kernel == "avx512_fma" ? cpu::FmaKernel::Avx512 : cpu::FmaKernel::Avx2))
-                << kernel << ": " << e.what();
-          }
-          // avx512_vnni: int8 weights only, wherever AVX512-VNNI is usable; avx512_bf16: bf16 weights, AVX512-BF16.
-          if (kernel == "avx512_vnni" && format == "int8") {
-            EXPECT_FALSE(cpu::fma_kernel_runnable(cpu::FmaKernel::Avx512Vnni)) << kernel << ": " << e.what();
-          }
-          if (kernel == "avx512_bf16" && format == "bf16") {
-            EXPECT_FALSE(cpu::fma_kernel_runnable(cpu::FmaKernel::Avx512Bf16)) << kernel << ": " << e.what();
+          // A kernel of ours must load wherever its instruction set is usable, for each weight type it takes.
+          cpu::FmaKernel k;
+          if (cpu::fma_kernel_from_name(kernel, &k) &&
+              (format == "int8" ? cpu::fma_kernel_takes_int8(k) : cpu::fma_kernel_takes_bf16(k))) {
+            EXPECT_FALSE(cpu::fma_kernel_runnable(k)) << kernel << ": " << e.what();
           }
           EXPECT_NE(kernel, "portable_fma") << e.what();
           EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();

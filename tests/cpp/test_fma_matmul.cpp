@@ -19,8 +19,6 @@
 namespace alpamayo::cpu {
 namespace {
 
-const FmaKernel kAll[] = {FmaKernel::Avx512, FmaKernel::Avx2, FmaKernel::Portable, FmaKernel::Avx512Vnni,
-                          FmaKernel::Avx512Bf16};
 
 float bf(uint16_t h) { return bf16_to_f32(h); }
 
@@ -52,7 +50,7 @@ std::vector<float> run(FmaKernel k, const Case& c, int ldy) {
 // FMA chain (bitwise equal to portable_fma), i.e. not avx512_bf16.
 std::vector<FmaKernel> runnable(bool int8 = false, bool chain = false) {
   std::vector<FmaKernel> r;
-  for (FmaKernel k : kAll) {
+  for (FmaKernel k : kFmaKernels) {
     if (int8 ? !fma_kernel_takes_int8(k) : !fma_kernel_takes_bf16(k)) continue;
     if (chain && k == FmaKernel::Avx512Bf16) continue;
     if (fma_kernel_runnable(k))
@@ -147,7 +145,7 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
   const int K = 3, N = 20;
   std::vector<float> W(size_t(N) * K);
   for (size_t i = 0; i < W.size(); ++i) W[i] = 1.f + float(i) / 256.f + 1.f / 1024.f;
-  for (FmaKernel k : kAll) {
+  for (FmaKernel k : kFmaKernels) {
     FmaWeights w;
     if (!fma_kernel_takes_bf16(k)) {
       EXPECT_THROW(w.pack(k, W.data(), K, N), Error) << fma_kernel_name(k);
@@ -170,7 +168,7 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
   const int K2 = kFmaKSpan + 5, N2 = 70;
   std::vector<float> W2(size_t(N2) * K2);
   for (size_t i = 0; i < W2.size(); ++i) W2[i] = float(i % 251) - 125.f;
-  for (FmaKernel k : kAll) {
+  for (FmaKernel k : kFmaKernels) {
     if (!fma_kernel_takes_bf16(k)) continue;
     FmaWeights w;
     w.pack(k, W2.data(), K2, N2);
@@ -259,7 +257,7 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
   std::vector<float> W(size_t(N) * K);
   for (float& v : W) v = nd(rng);
   for (int kk = 0; kk < K; ++kk) W[size_t(5) * K + kk] = 0.f;  // an all-zero row: scale 1
-  for (FmaKernel k : kAll) {
+  for (FmaKernel k : kFmaKernels) {
     FmaWeights w;
     if (!fma_kernel_takes_int8(k)) {
       EXPECT_THROW(w.pack_int8(k, W.data(), K, N), Error) << fma_kernel_name(k);
@@ -336,7 +334,7 @@ TEST(FmaMatmul, VnniSumsExactlyWithPaddingAndStrides) {
 TEST(FmaMatmul, UnrunnableKernelsAreRefused) {
   const Case c = make_case(2, 8, 16, 3);
   int refused = 0;
-  for (FmaKernel k : kAll) {
+  for (FmaKernel k : kFmaKernels) {
     if (fma_kernel_runnable(k)) continue;
     FmaWeights w;
     const std::vector<int8_t> wq(c.W.size(), 1);
@@ -366,6 +364,16 @@ TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Portable), "portable_fma");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Vnni), "avx512_vnni");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Bf16), "avx512_bf16");
+  for (FmaKernel k : kFmaKernels) {  // names round-trip; every kernel but the portable one names its instruction
+    FmaKernel back = k == FmaKernel::Portable ? FmaKernel::Avx2 : FmaKernel::Portable;
+    EXPECT_TRUE(fma_kernel_from_name(fma_kernel_name(k), &back));
+    EXPECT_EQ(back, k);
+    EXPECT_EQ(std::string(fma_kernel_instruction(k)).empty(), k == FmaKernel::Portable) << fma_kernel_name(k);
+    EXPECT_EQ(fma_kernel_unavailable(k).empty(), fma_kernel_runnable(k)) << fma_kernel_name(k);
+  }
+  FmaKernel unknown = FmaKernel::Avx2;
+  EXPECT_FALSE(fma_kernel_from_name("onednn", &unknown));
+  EXPECT_EQ(unknown, FmaKernel::Avx2);
   EXPECT_TRUE(fma_kernel_runnable(FmaKernel::Portable));
   FmaWeights empty;  // N == 0: nothing happens
   float y = 7.f;

@@ -57,8 +57,6 @@ struct MatmulChoice {
 };
 
 constexpr const char* kOnednn = "onednn";
-const FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Avx512Bf16, FmaKernel::Avx512, FmaKernel::Avx2,
-                                  FmaKernel::Portable};
 
 // Empty when the candidate runs here, else why not.
 // k_model: the model's largest K (avx512_vnni's int32 sums must not overflow).
@@ -77,20 +75,13 @@ std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKerne
              isa().describe() + ")";
     return "";
   }
-  for (FmaKernel k : kFmaKernels) {
-    if (name != fma_kernel_name(k)) continue;
-    if (t != WeightType::INT8 && !fma_kernel_takes_bf16(k)) return "multiplies int8 weights only";
-    if (t == WeightType::INT8 && !fma_kernel_takes_int8(k)) return "multiplies bf16 weights only";
-    if (k == FmaKernel::Avx512Vnni && k_model > kVnniMaxK)
-      return "int32 sums of K = " + std::to_string(k_model) + " products could overflow";
-    if (fma_kernel_runnable(k)) return "";
-    const char* needs = k == FmaKernel::Avx512       ? "needs AVX-512"
-                        : k == FmaKernel::Avx2       ? "needs AVX2 + FMA"
-                        : k == FmaKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
-                                                     : "needs AVX-512 with AVX512-BF16";
-    return std::string(needs) + " (usable here: " + isa().describe() + ")";
-  }
-  return "unknown kernel";
+  FmaKernel k;
+  if (!fma_kernel_from_name(name, &k)) return "unknown kernel";
+  if (t != WeightType::INT8 && !fma_kernel_takes_bf16(k)) return "multiplies int8 weights only";
+  if (t == WeightType::INT8 && !fma_kernel_takes_int8(k)) return "multiplies bf16 weights only";
+  if (k == FmaKernel::Avx512Vnni && k_model > kVnniMaxK)
+    return "int32 sums of K = " + std::to_string(k_model) + " products could overflow";
+  return fma_kernel_unavailable(k);
 }
 
 // Seconds per call (the best of a few, after a warm-up) of candidate `name` on random M x K x N data.
@@ -118,8 +109,7 @@ double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels
     fn = [&] { lin.run(st, plan, x, y.data(), scratch.data()); };
   } else {
     FmaKernel k = FmaKernel::Portable;
-    for (FmaKernel c : kFmaKernels)
-      if (name == fma_kernel_name(c)) k = c;
+    fma_kernel_from_name(name, &k);
     if (t == WeightType::INT8)
       fw.pack_int8(k, W.data(), K, N);
     else
@@ -151,11 +141,10 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
   // they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5), which the
   // warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as where it has AMX.
   std::vector<std::string> names;
-  for (FmaKernel k : kFmaKernels)
-    if (k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx512Bf16) names.push_back(fma_kernel_name(k));
-  names.push_back(kOnednn);
-  for (FmaKernel k : kFmaKernels)
-    if (k != FmaKernel::Avx512Vnni && k != FmaKernel::Avx512Bf16) names.push_back(fma_kernel_name(k));
+  for (FmaKernel k : kFmaKernels) {
+    if (k == FmaKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones
+    names.push_back(fma_kernel_name(k));
+  }
   const std::string forced = forced_kernel(op);
   if (!forced.empty()) {
     const bool known = std::find(names.begin(), names.end(), forced) != names.end();
@@ -210,12 +199,9 @@ std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_mod
   const std::string op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
   // 64 x 1536 x 1024: the seed's M and K, 1024 of its gate/up columns.
   const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model);
-  // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands.
-  const std::string instr = c.name == "avx512_fma"    ? "vfmadd231ps zmm"
-                            : c.name == "avx2_fma"    ? "vfmadd231ps ymm"
-                            : c.name == "avx512_vnni" ? "vpdpbusd zmm"
-                            : c.name == "avx512_bf16" ? "vdpbf16ps zmm"
-                                                      : "";
+  // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands ("").
+  FmaKernel k;
+  const std::string instr = fma_kernel_from_name(c.name, &k) ? fma_kernel_instruction(k) : "";
   record_kernel_choice({op, c.name, c.why, c.gflops, instr});
   return c.name;
 }
@@ -341,9 +327,7 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
   if (!wf_.is_block()) {
     matmul_kernel_ = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}));
-    use_fma_ = matmul_kernel_ != kOnednn;
-    for (FmaKernel k : kFmaKernels)
-      if (matmul_kernel_ == fma_kernel_name(k)) fma_kernel_ = k;
+    use_fma_ = fma_kernel_from_name(matmul_kernel_, &fma_kernel_);  // else onednn
   }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);

@@ -48,6 +48,35 @@ bool fma_kernel_runnable(FmaKernel k) {
   return false;
 }
 
+std::string fma_kernel_unavailable(FmaKernel k) {
+  if (fma_kernel_runnable(k)) return "";
+  const char* needs = k == FmaKernel::Avx512       ? "needs AVX-512"
+                      : k == FmaKernel::Avx2       ? "needs AVX2 + FMA"
+                      : k == FmaKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
+                                                   : "needs AVX-512 with AVX512-BF16";
+  return std::string(needs) + " (usable here: " + isa().describe() + ")";
+}
+
+const char* fma_kernel_instruction(FmaKernel k) {
+  switch (k) {
+    case FmaKernel::Avx512: return "vfmadd231ps zmm";
+    case FmaKernel::Avx2: return "vfmadd231ps ymm";
+    case FmaKernel::Portable: return "";
+    case FmaKernel::Avx512Vnni: return "vpdpbusd zmm";
+    case FmaKernel::Avx512Bf16: return "vdpbf16ps zmm";
+  }
+  return "";
+}
+
+bool fma_kernel_from_name(const std::string& name, FmaKernel* k) {
+  for (FmaKernel c : kFmaKernels)
+    if (name == fma_kernel_name(c)) {
+      *k = c;
+      return true;
+    }
+  return false;
+}
+
 int fma_panel_width(FmaKernel k) { return k == FmaKernel::Avx2 || k == FmaKernel::Portable ? 16 : 64; }
 
 namespace {
@@ -137,8 +166,10 @@ void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N) {
 }
 
 size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
-  if (k == FmaKernel::Avx512Vnni) return size_t(std::max(M, 0)) * ((std::max(K, 0) + 3) / 4 * 4) + 64;
-  if (k == FmaKernel::Avx512Bf16) return size_t(std::max(M, 0)) * ((std::max(K, 0) + 1) / 2 * 2) * 2 + 64;
+  if (const int g = k_group(k); g > 1) {  // the dot-product kernels: x in rows of K rounded up to the group
+    const size_t elem = k == FmaKernel::Avx512Vnni ? 1 : 2;
+    return size_t(std::max(M, 0)) * ((std::max(K, 0) + g - 1) / g * g) * elem + 64;
+  }
   const size_t xf = (size_t(std::max(M, 0)) * std::max(K, 0) + 15) / 16 * 16;
   return (xf + size_t(kFmaKBlock) * 64) * sizeof(float);
 }

@@ -46,6 +46,16 @@ bool fma_kernel_takes_int8(FmaKernel k);
 inline constexpr int kVnniMaxK = 66000;
 // Whether this process may run the kernel (isa(), capped by ALPAMAYO_CPU_ISA); the portable one always.
 bool fma_kernel_runnable(FmaKernel k);
+// Empty when runnable, else why not ("needs AVX-512 with AVX512-VNNI (usable here: ...)").
+std::string fma_kernel_unavailable(FmaKernel k);
+// The instruction doing its multiply-adds ("vpdpbusd zmm", "vfmadd231ps ymm", ...; peaks.h measures its peak);
+// "" for the portable kernel.
+const char* fma_kernel_instruction(FmaKernel k);
+// The kernel named `name` (fma_kernel_name); false for any other name.
+bool fma_kernel_from_name(const std::string& name, FmaKernel* k);
+// Every kernel, our dot-product kernels first (the order the cpu backend tries them in).
+inline constexpr FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Avx512Bf16, FmaKernel::Avx512,
+                                            FmaKernel::Avx2, FmaKernel::Portable};
 // Output columns per packed panel.
 int fma_panel_width(FmaKernel k);
 
