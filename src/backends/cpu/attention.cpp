@@ -1,7 +1,6 @@
 #include "backends/cpu/attention.h"
 
 #include <algorithm>
-#include <time.h>
 #include <cstdio>
 #include <cmath>
 #include <map>
@@ -143,12 +142,7 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
   sc.resize(g, attn_kernel_is_fp32(k));
   AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
   const int n = keys + T;
-  // The thread's own CPU time: other processes taking turns on a shared core do not count.
-  auto now = [] {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-  };
+  auto now = thread_cpu_seconds;
   double best = 1e30, total = 0;
   for (int rep = 0; rep < 1000 && (rep < 2 || total < min_seconds); ++rep) {
     init_partial(g, O.data(), m.data(), l.data());
@@ -200,9 +194,8 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys) {
       char buf[64];
       std::snprintf(buf, sizeof buf, " %s %.1f,", attn_kernel_name(k), gf);
       why += buf;
-      // In the order of kAttnKernels; a later one must be more than 25% faster, so that two kernels within
-      // noise of each other never flip between processes (their results differ in rounding).
-      if (best_gf < 0 || gf > 1.25 * best_gf) best_gf = gf, best = k;
+      // In the order of kAttnKernels; a later one must be kChoiceMargin times faster (isa.h).
+      if (best_gf < 0 || gf > kChoiceMargin * best_gf) best_gf = gf, best = k;
     }
     why.back() = ' ';
     why += "GFLOP/s (1 thread, d=" + std::to_string(d) + ", " + std::to_string(group * T) + " rows, " +

@@ -1,8 +1,6 @@
 // CpuModel (weight packing) and CpuSession construction and binding.
 #include "backends/cpu/cpu_backend.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -117,12 +115,8 @@ double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels
     scratch.resize(fma_scratch_bytes(k, M, K));
     fn = [&] { fma_matmul(fw, x, M, K, y.data(), N, scratch.data()); };
   }
-  // Thread CPU time, best of up to 10: other jobs on a shared machine do not skew the choice.
-  auto now = [] {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-  };
+  // Thread CPU time (isa.h), best of up to 10.
+  auto now = thread_cpu_seconds;
   fn();
   double best = 1e30, total = 0;
   for (int r = 0; r < 10 && total < 0.05; ++r) {
@@ -173,14 +167,13 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
   if (run.size() == 1) {
     c = {run[0], "only one", 0};
   } else {
-    // A later candidate must be more than 25% faster, so that kernels within noise of each other never flip
-    // between processes (their results differ in rounding).
+    // A later candidate must be kChoiceMargin times faster (isa.h).
     double best = 1e30;
     std::string list;
     for (const std::string& n : run) {
       const double sec = time_matmul(n, t, kernels, M, K, N);
       list += (list.empty() ? "" : ", ") + n;
-      if (sec * 1.25 < best) {
+      if (sec * kChoiceMargin < best) {
         best = sec;
         c.name = n;
       }

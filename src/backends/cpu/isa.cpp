@@ -1,6 +1,7 @@
 #include "backends/cpu/isa.h"
 
 #include <cpuid.h>
+#include <time.h>
 #include <dnnl.hpp>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -177,6 +178,12 @@ void record_kernel_choice(const KernelChoice& c) {
 std::vector<KernelChoice> kernel_choices() {
   std::lock_guard<std::mutex> lk(choices_mu);
   return choices;
+}
+
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
 }  // namespace alpamayo::cpu

@@ -64,6 +64,12 @@ struct KernelChoice {
   std::string instruction;
 };
 void record_kernel_choice(const KernelChoice& c);  // replaces an earlier choice for the same op
+// Kernel timings use the calling thread's own CPU time: other processes taking turns on a shared core do not
+// count. Among candidates timed in a fixed order, a later one must be more than kChoiceMargin times faster to
+// win, so that kernels within noise of each other never flip between processes (their results differ in
+// rounding).
+double thread_cpu_seconds();
+inline constexpr double kChoiceMargin = 1.25;
 std::vector<KernelChoice> kernel_choices();
 
 }  // namespace alpamayo::cpu

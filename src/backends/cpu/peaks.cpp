@@ -6,7 +6,6 @@
 #include <map>
 #include <mutex>
 #include <thread>
-#include <time.h>
 #include <cstdio>
 
 #include "backends/cpu/isa.h"
@@ -18,12 +17,6 @@ using Loop = float (*)(long, float, double*);
 using Clock = std::chrono::steady_clock;
 
 std::atomic<float> sink{0.f};  // keeps the loops' results alive
-
-double thread_cpu_seconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 // `iters` iterations on each of `threads` threads started together; returns the sum over the threads of
 // their rates (iterations per second of their own CPU time: other processes on a shared machine take turns
