@@ -26,7 +26,7 @@ using namespace alpamayo;
 using namespace alpamayo::cpu;
 
 int main(int argc, char** argv) {
-  int S = 4700, T = 64, group = 2, d = 128, reps = 10;
+  int S = 4700, T = 64, group = 2, d = 128, reps = 10, caches = 1;
   std::string only;
   CLI::App app{"attention kernel throughput"};
   app.add_option("--S", S);
@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
   app.add_option("--group", group);
   app.add_option("--d", d);
   app.add_option("--reps", reps);
+  app.add_option("--caches", caches,
+                 "separate KV caches taken in turn: 1 stays in L2/L3; 64 (150 MB at S=4700) streams the keys from "
+                 "memory as a step's layers do")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--kernel", only, "one kernel: avx512_bf16 | avx512_fma | avx2_fma | portable");
   CLI11_PARSE(app, argc, argv);
   ScopedOmpThreads one(1);
@@ -45,7 +49,13 @@ int main(int argc, char** argv) {
     for (auto& x : v) x = f32_to_bf16(nd(rng));
     return v;
   };
-  const auto kc = rnd(size_t(S) * d), vc = rnd(size_t(S) * d), ko = rnd(size_t(T) * d), vo = rnd(size_t(T) * d);
+  // One random cache, repeated: the contents do not matter for the timing, only the addresses.
+  const auto kc1 = rnd(size_t(S) * d), vc1 = rnd(size_t(S) * d), ko = rnd(size_t(T) * d), vo = rnd(size_t(T) * d);
+  std::vector<uint16_t> kc(kc1.size() * caches), vc(vc1.size() * caches);
+  for (int c = 0; c < caches; ++c) {
+    std::copy(kc1.begin(), kc1.end(), kc.begin() + c * kc1.size());
+    std::copy(vc1.begin(), vc1.end(), vc.begin() + c * vc1.size());
+  }
   AlignedBuf<uint32_t> qp(size_t(d / 2) * g.Rp);
   for (size_t i = 0; i < qp.size(); ++i) qp[i] = f32_to_bf16(nd(rng)) | (uint32_t(f32_to_bf16(nd(rng))) << 16);
   AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
@@ -66,7 +76,9 @@ int main(int argc, char** argv) {
         kernels_run.push_back(k);
     }
   }
-  const KeyRows kv{kc.data(), vc.data(), S, ko.data(), vo.data()};
+  auto rows_of = [&](int c) {
+    return KeyRows{kc.data() + c * kc1.size(), vc.data() + c * vc1.size(), S, ko.data(), vo.data()};
+  };
   const double attn_flop = 4.0 * g.R * (S + T) * d;
 
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
@@ -97,7 +109,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r <= kreps; ++r) {
       const double t0 = now();
       init_partial(g, O.data(), m.data(), l.data());
-      attend_chunk(k, g, qp.data(), kv, 0, S + T, O.data(), m.data(), l.data(), sc);
+      attend_chunk(k, g, qp.data(), rows_of(r % caches), 0, S + T, O.data(), m.data(), l.data(), sc);
       const double t1 = now();
       lin.run(st, plan, x.data(), y.data(), scratch.data());
       const double t2 = now();

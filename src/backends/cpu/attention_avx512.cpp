@@ -107,7 +107,7 @@ ALP_BF16 inline void qk_exp_tile(const uint32_t* qp, int qld, int Rp, int half, 
 // alpha == nullptr: no rescale.
 template <int NCV>
 ALP_BF16 inline void pv_tile(const uint32_t* P, int Rp, const uint32_t* V, int dp, int pairs, const float* alpha,
-                             float* O) {
+                             float* O, const char* pf_k, const char* pf_v, int npf) {
   __m512 acc[kPvRows][NCV];
 #pragma GCC unroll 16
   for (int r = 0; r < kPvRows; ++r) {
@@ -117,7 +117,12 @@ ALP_BF16 inline void pv_tile(const uint32_t* P, int Rp, const uint32_t* V, int d
       acc[r][c] = alpha ? _mm512_mul_ps(_mm512_load_ps(O + size_t(r) * dp + c * 16), a)
                         : _mm512_load_ps(O + size_t(r) * dp + c * 16);
   }
+  const int npf_in = npf < pairs ? npf : pairs;
   for (int jp = 0; jp < pairs; ++jp) {
+    if (jp < npf_in) {
+      _mm_prefetch(pf_k + 64 * jp, _MM_HINT_T1);
+      _mm_prefetch(pf_v + 64 * jp, _MM_HINT_T1);
+    }
     __m512bh vv[NCV];
 #pragma GCC unroll 16
     for (int c = 0; c < NCV; ++c) vv[c] = (__m512bh)_mm512_load_si512(V + size_t(jp) * dp + c * 16);
@@ -132,6 +137,10 @@ ALP_BF16 inline void pv_tile(const uint32_t* P, int Rp, const uint32_t* V, int d
   for (int r = 0; r < kPvRows; ++r)
 #pragma GCC unroll 16
     for (int c = 0; c < NCV; ++c) _mm512_store_ps(O + size_t(r) * dp + c * 16, acc[r][c]);
+  for (int jp = npf_in; jp < npf; ++jp) {
+    _mm_prefetch(pf_k + 64 * jp, _MM_HINT_T1);
+    _mm_prefetch(pf_v + 64 * jp, _MM_HINT_T1);
+  }
 }
 
 // Online-softmax update for one block of n valid keys (npad >= n, even): turns scores into bf16
@@ -263,8 +272,10 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
     first = false;
     const float* rescale = fused ? nullptr : alpha;
     const int pairs = npad / 2, ncv = g.dp / 16;
-    // The next block's cache rows (contiguous) stream in from memory while PV computes: spread L2
-    // prefetches over the row tiles so the next block's first touches do not stall.
+    // The next block's cache rows (contiguous) stream in from memory while PV computes: L2 prefetches spread
+    // over the row tiles, and within a tile one line of K and V per pair, so that neither the next block's
+    // first touches nor this block's loads stall (a burst per tile filled the miss buffers: bench_attention
+    // --caches 64, 85.5% of the peak in bursts, 87.5% spread).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
     const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
     const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
@@ -276,10 +287,8 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
     const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
     const size_t ex_step = ((ex_end - ex_off) / 64 + g.Rp / kPvRows - 1) / (g.Rp / kPvRows) * 64;
     for (int r = 0; r < g.Rp; r += kPvRows) {
-      for (size_t e = pf_off + pf_step; pf_off < e && pf_off < pf_bytes; pf_off += 64) {
-        _mm_prefetch(pf_k + pf_off, _MM_HINT_T1);
-        _mm_prefetch(pf_v + pf_off, _MM_HINT_T1);
-      }
+      const size_t pf_end = pf_off + pf_step < pf_bytes ? pf_off + pf_step : (pf_bytes > pf_off ? pf_bytes : pf_off);
+      int npf = static_cast<int>((pf_end - pf_off) / 64);
       for (size_t e = ex_off + ex_step; ex_off < e && ex_off < ex_end; ex_off += 64)
         _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
       const uint32_t* p = P + r;
@@ -287,10 +296,12 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
         const uint32_t* v = V + c * 16;
         float* o = O + size_t(r) * g.dp + c * 16;
         if (ncv - c >= 4)
-          pv_tile<4>(p, g.Rp, v, g.dp, pairs, rescale ? rescale + r : nullptr, o);
+          pv_tile<4>(p, g.Rp, v, g.dp, pairs, rescale ? rescale + r : nullptr, o, pf_k + pf_off, pf_v + pf_off, npf);
         else
-          pv_tile<2>(p, g.Rp, v, g.dp, pairs, rescale ? rescale + r : nullptr, o);
+          pv_tile<2>(p, g.Rp, v, g.dp, pairs, rescale ? rescale + r : nullptr, o, pf_k + pf_off, pf_v + pf_off, npf);
+        npf = 0;
       }
+      pf_off = pf_end;
     }
   }
 }

@@ -9,7 +9,9 @@
 // panel and block of 64 groups (a 16 KB slice of the packed weights, read in place from L1) a register tile of up
 // to 6 rows x 64 columns runs: 24 accumulators, 4 weight vectors and one broadcast dword of x (a group of one
 // row) per row and group. Partial sums go back to y between blocks (int32 or fp32) and become fp32 after the last.
-// The weights are prefetched kAhead bytes ahead of the block in use, spread over the row tiles.
+// The weights are prefetched kAhead bytes ahead of the block in use, spread over the row tiles and within a tile
+// one line per group: issued in one burst per tile, the prefetches filled the miss buffers and stalled the tile's
+// own loads (weights streamed from DRAM, AMD EPYC Zen 5: 78-82% of the vpdpbusd peak in a burst, 86-89% spread).
 //
 // Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -32,6 +34,7 @@ static_assert(kFmaKSpan % (4 * kGroups) == 0, "K blocks must not straddle spans"
 constexpr int kAhead = 64 << 10;
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }
+__attribute__((always_inline)) inline int imax(int a, int b) { return a > b ? a : b; }
 
 __attribute__((always_inline)) inline int32_t load_dword(const void* p) {
   int32_t v;
@@ -72,13 +75,15 @@ struct Bf16Dot {
 // first k of row 0 (row stride ldx elements). first: start from 0, else from the partials in y. last: finish.
 template <class Dot, int R>
 void tile(const typename Dot::X* x, int ldx, const typename Dot::W* wb, int ng, float* y, int ldy, bool first,
-          bool last, const __m512i* corr, const __mmask16* mask) {
+          bool last, const __m512i* corr, const __mmask16* mask, const char* pf, int npf) {
   typename Dot::Acc acc[R][4];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) acc[r][j] = first ? Dot::zero() : Dot::load(mask[j], y + int64_t(r) * ldy + 16 * j);
+  const int npf_in = imin(npf, ng);
   for (int q = 0; q < ng; ++q) {
+    if (q < npf_in) _mm_prefetch(pf + 64 * q, _MM_HINT_T0);
     const auto* w = reinterpret_cast<const char*>(wb) + q * 4 * 64;
     const __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 64), w2 = _mm512_load_si512(w + 128),
                   w3 = _mm512_load_si512(w + 192);
@@ -101,18 +106,19 @@ void tile(const typename Dot::X* x, int ldx, const typename Dot::W* wb, int ng, 
       else
         Dot::store_partial(dst, mask[j], acc[r][j]);
     }
+  for (int l = npf_in; l < npf; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T0);  // more lines than groups: few rows
 }
 
 template <class Dot>
 void tile_rows(int R, const typename Dot::X* x, int ldx, const typename Dot::W* wb, int ng, float* y, int ldy,
-               bool first, bool last, const __m512i* corr, const __mmask16* mask) {
+               bool first, bool last, const __m512i* corr, const __mmask16* mask, const char* pf, int npf) {
   switch (R) {
-    case 6: tile<Dot, 6>(x, ldx, wb, ng, y, ldy, first, last, corr, mask); break;
-    case 5: tile<Dot, 5>(x, ldx, wb, ng, y, ldy, first, last, corr, mask); break;
-    case 4: tile<Dot, 4>(x, ldx, wb, ng, y, ldy, first, last, corr, mask); break;
-    case 3: tile<Dot, 3>(x, ldx, wb, ng, y, ldy, first, last, corr, mask); break;
-    case 2: tile<Dot, 2>(x, ldx, wb, ng, y, ldy, first, last, corr, mask); break;
-    default: tile<Dot, 1>(x, ldx, wb, ng, y, ldy, first, last, corr, mask); break;
+    case 6: tile<Dot, 6>(x, ldx, wb, ng, y, ldy, first, last, corr, mask, pf, npf); break;
+    case 5: tile<Dot, 5>(x, ldx, wb, ng, y, ldy, first, last, corr, mask, pf, npf); break;
+    case 4: tile<Dot, 4>(x, ldx, wb, ng, y, ldy, first, last, corr, mask, pf, npf); break;
+    case 3: tile<Dot, 3>(x, ldx, wb, ng, y, ldy, first, last, corr, mask, pf, npf); break;
+    case 2: tile<Dot, 2>(x, ldx, wb, ng, y, ldy, first, last, corr, mask, pf, npf); break;
+    default: tile<Dot, 1>(x, ldx, wb, ng, y, ldy, first, last, corr, mask, pf, npf); break;
   }
 }
 
@@ -158,11 +164,10 @@ void run(const typename Dot::W* w, const int32_t* colsum, int K, int N, const ty
         const char* next = src + kAhead;
         for (int t = 0; t < tiles; ++t) {
           const int l0 = t * per_tile, l1 = imin(kLines, l0 + per_tile);
-          for (int l = l0; l < l1; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
           const int m0 = t * kMR;
           tile_rows<Dot>(imin(kMR, M - m0), x + int64_t(m0) * ldx + k0, ldx,
                          reinterpret_cast<const typename Dot::W*>(src), ng, yp + int64_t(m0) * ldy, ldy, first, last,
-                         corr, mask);
+                         corr, mask, next + 64 * l0, imax(0, l1 - l0));
         }
         src += ng * 4 * kNR;
       }
