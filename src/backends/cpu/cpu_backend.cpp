@@ -503,8 +503,8 @@ size_t CpuSession::step_buffer_bytes() const {
 void CpuSession::plan_attention() {
   // Chunks of the key sequences sized from the context alone, never from the thread count, so that the
   // online-softmax blocks and log-sum-exp merges, and with them every rounding, are the same for any
-  // number of threads: about kAttnItems items of similar size (enough to balance 8 to 16 threads), at least
-  // 4 key blocks each. Samples sharing a prompt attend to its rows in cascade items (the prompt read once
+  // number of threads: about kAttnItems items (enough to balance 8 to 16 threads), on average at least 4 key
+  // blocks each. Samples sharing a prompt attend to its rows in cascade items (the prompt read once
   // for all of them), whose cost counts the number of samples.
   const int Hkv = cfg_.Hkv;
   auto own_rows = [&](int b) {  // keys of b's own sample items
@@ -518,6 +518,12 @@ void CpuSession::plan_attention() {
   constexpr int64_t kAttnItems = 32;  // 4 chunks per head at the seed's size: +2% attention time (docs/CPU_BACKEND.md)
   const int64_t target = (total + kAttnItems - 1) / kAttnItems;
   const int64_t chunk = std::max<int64_t>(4 * kKeyBlock, (target + kKeyBlock - 1) / kKeyBlock * kKeyBlock);
+  // The parts of one key range shrink linearly (weights parts, parts-1, ..., 1) and are claimed largest first,
+  // so that the last items, whose length is the threads' wait at the merge barrier, are the shortest.
+  auto bound = [](int64_t n, int c, int parts) {  // start of part c of n keys
+    const int64_t w = int64_t(parts) * (parts + 1) / 2, before = int64_t(c) * parts - int64_t(c) * (c - 1) / 2;
+    return static_cast<int>(n * before / w);
+  };
   items_.clear();
   merge_slots_.assign(size_t(B_) * Hkv, {});
   single_chunk_ = true;
@@ -530,7 +536,7 @@ void CpuSession::plan_attention() {
     const int parts = static_cast<int>(std::max<int64_t>(1, (rows * n + chunk - 1) / chunk));
     for (int g = 0; g < Hkv; ++g)
       for (int c = 0; c < parts; ++c) {
-        items_.push_back({members_[p][0], g, int(rows * c / parts), int(rows * (c + 1) / parts), slot, p, n});
+        items_.push_back({members_[p][0], g, bound(rows, c, parts), bound(rows, c + 1, parts), slot, p, n});
         for (int s = 0; s < n; ++s) merge_slots_[size_t(members_[p][s]) * Hkv + g].push_back(slot + s);
         slot += n;
       }
@@ -541,10 +547,14 @@ void CpuSession::plan_attention() {
       const int parts = static_cast<int>((n + chunk - 1) / chunk);
       if (parts > 1) single_chunk_ = false;
       for (int c = 0; c < parts; ++c) {
-        items_.push_back({b, g, int(n * c / parts), int(n * (c + 1) / parts), slot});
+        items_.push_back({b, g, bound(n, c, parts), bound(n, c + 1, parts), slot});
         merge_slots_[size_t(b) * Hkv + g].push_back(slot++);
       }
     }
+  // Each item carries its slot, so the claiming order leaves the merges (in slot order) unchanged.
+  std::stable_sort(items_.begin(), items_.end(), [](const AttnItem& a, const AttnItem& b) {
+    return int64_t(a.j1 - a.j0) * a.count > int64_t(b.j1 - b.j0) * b.count;
+  });
   items_work_ = 0;
   for (const AttnItem& it : items_) items_work_ += int64_t(it.j1 - it.j0) * it.count;
 }
