@@ -5,11 +5,14 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/attention.h"
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/isa.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
 #include "backends/reference/ops.h"
@@ -163,6 +166,35 @@ TEST_P(Matmul, MatchesReference) {
   // roundings (steps of max/127) measured <= 1.2% of the largest output.
   EXPECT_LE(err, (wt == WeightType::BF16 ? 1e-4 : 3e-2) * max_abs(ref));
   EXPECT_TRUE(std::isnan(y[N])) << "wrote beyond N columns";
+}
+
+// oneDNN multiplies on AMX tiles exactly where isa() has them (the OS granted the tile state and
+// ALPAMAYO_CPU_ISA allows them) and never elsewhere; Matmul.MatchesReference checks the values on whichever
+// unit it took. The seed's per-thread gate/up shape.
+TEST(Matmul, OnednnUsesAmxExactlyWhereUsable) {
+  const IsaInfo& info = isa();  // first: it caps oneDNN (ALPAMAYO_CPU_ISA) before any primitive exists
+  dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  MatmulKernels kernels(eng);
+  ScopedOmpThreads one(1);
+  const std::tuple<WeightType, uint32_t, const char*> cases[] = {{WeightType::BF16, kAmxBf16, "amx_bf16"},
+                                                                   {WeightType::INT8, kAmxInt8, "amx_int8"}};
+  for (const auto& [wt, flag, name] : cases) {
+    std::string impl;
+    try {
+      impl = kernels.get(wt, 64, 1536, 1024, 1024)->pd.impl_info_str();
+    } catch (const alpamayo::Error& e) {  // e.g. no bf16 matmul in oneDNN under ALPAMAYO_CPU_ISA=avx2
+      EXPECT_FALSE(info.has(flag)) << e.what();
+      std::printf("  [skipped] %s on oneDNN: %s\n", name, e.what());
+      continue;
+    }
+    if (info.has(flag)) {
+      EXPECT_NE(impl.find("amx"), std::string::npos) << name << " is usable, oneDNN chose " << impl;
+    } else {
+      EXPECT_EQ(impl.find("amx"), std::string::npos) << name << " is not usable, oneDNN chose " << impl;
+      std::printf("  [skipped] %s on oneDNN: not usable here (isa: %s); oneDNN runs %s\n", name,
+                  info.describe().c_str(), impl.c_str());
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Matmul,
