@@ -5,7 +5,6 @@
 // selection (select_attention_kernel) takes for this shape. --kernel NAME runs one kernel only.
 #include <CLI/CLI.hpp>
 
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -95,11 +94,7 @@ int main(int argc, char** argv) {
   AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
   const double mm_flop = 2.0 * M * K * N;
 
-  auto now = [] {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-  };
+  auto now = thread_cpu_seconds;  // isa.h
   const Peaks& peaks = measured_peaks(1);
   for (AttnKernel k : kernels_run) {
     AttnScratch sc;

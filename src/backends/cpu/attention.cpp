@@ -142,13 +142,12 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
   sc.resize(g, attn_kernel_is_fp32(k));
   AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
   const int n = keys + T;
-  auto now = thread_cpu_seconds;
   double best = 1e30, total = 0;
   for (int rep = 0; rep < 1000 && (rep < 2 || total < min_seconds); ++rep) {
     init_partial(g, O.data(), m.data(), l.data());
-    const double t0 = now();
+    const double t0 = thread_cpu_seconds();
     attend_chunk(k, g, qp.data(), kv, 0, n, O.data(), m.data(), l.data(), sc);
-    const double s = now() - t0;
+    const double s = thread_cpu_seconds() - t0;
     if (rep > 0) best = std::min(best, s);  // the first run warms the caches
     total += s;
   }

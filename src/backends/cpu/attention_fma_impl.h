@@ -106,8 +106,7 @@ inline void fma_softmax_block(const AttnGeometry& g, int n, int npad, float* S, 
 
 // O[row][c] = O[row][c] * alpha[row] + sum_k P[k][row] * vf[k][c] for V::kPvRows rows and NCV column vectors.
 template <class V, int NCV>
-inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npad, const float* alpha, float* O,
-                        const char* pf_k = nullptr, const char* pf_v = nullptr, int npf = 0) {
+inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npad, const float* alpha, float* O) {
   constexpr int kFmaPvRows = V::kPvRows;
   typename V::F acc[kFmaPvRows][NCV];
 #pragma GCC unroll 16
@@ -116,13 +115,7 @@ inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npa
 #pragma GCC unroll 16
     for (int c = 0; c < NCV; ++c) acc[r][c] = V::mul(V::loadu(O + size_t(r) * dp + c * V::W), a);
   }
-  // npf lines of pf_k and of pf_v to prefetch: one of each per key, not in a burst (which stalls the loads).
-  const int npf_in = npf < npad ? npf : npad;
   for (int k = 0; k < npad; ++k) {
-    if (k < npf_in) {
-      _mm_prefetch(pf_k + 64 * k, _MM_HINT_T1);
-      _mm_prefetch(pf_v + 64 * k, _MM_HINT_T1);
-    }
     typename V::F vv[NCV];
 #pragma GCC unroll 16
     for (int c = 0; c < NCV; ++c) vv[c] = V::load(vf + size_t(k) * dp + c * V::W);
@@ -137,10 +130,6 @@ inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npa
   for (int r = 0; r < kFmaPvRows; ++r)
 #pragma GCC unroll 16
     for (int c = 0; c < NCV; ++c) V::storeu(O + size_t(r) * dp + c * V::W, acc[r][c]);
-  for (int k = npf_in; k < npf; ++k) {
-    _mm_prefetch(pf_k + 64 * k, _MM_HINT_T1);
-    _mm_prefetch(pf_v + 64 * k, _MM_HINT_T1);
-  }
 }
 
 template <class V, int NQV>
@@ -198,8 +187,8 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
       }
     }
     fma_softmax_block<V>(g, n, npad, S, m, l, w.alpha);
-    // While PV computes: L2 prefetches of the next block's cache rows (spread over the row tiles and within a
-    // tile over its keys) and of this block's share of the caller's region (as in the vdpbf16ps kernel).
+    // While PV computes: L2 prefetches of the next block's cache rows and of this block's share of the
+    // caller's region, spread over the row tiles (as in the vdpbf16ps kernel).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
     const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
     const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
@@ -214,8 +203,10 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
     const size_t ex_step = ((ex_end - ex_off) / 64 + tiles - 1) / tiles * 64;
     constexpr int kPvCols = V::kPvVecs * V::W;
     for (int r = 0; r < g.Rp; r += kFmaPvRows) {
-      const size_t pf_end = pf_off + pf_step < pf_bytes ? pf_off + pf_step : (pf_bytes > pf_off ? pf_bytes : pf_off);
-      int npf = static_cast<int>((pf_end - pf_off) / 64);
+      for (size_t e = pf_off + pf_step; pf_off < e && pf_off < pf_bytes; pf_off += 64) {
+        _mm_prefetch(pf_k + pf_off, _MM_HINT_T1);
+        _mm_prefetch(pf_v + pf_off, _MM_HINT_T1);
+      }
       for (size_t e = ex_off + ex_step; ex_off < e && ex_off < ex_end; ex_off += 64)
         _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
       for (int c = 0; c < g.dp; c += kPvCols) {
@@ -224,8 +215,7 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
         float* o = O + size_t(r) * g.dp + c;
         const float* a = w.alpha + r;
         if (g.dp - c >= kPvCols) {
-          fma_pv_tile<V, V::kPvVecs>(p, g.Rp, v, g.dp, npad, a, o, pf_k + pf_off, pf_v + pf_off, npf);
-          npf = 0;
+          fma_pv_tile<V, V::kPvVecs>(p, g.Rp, v, g.dp, npad, a, o);
         } else {
           // The last columns: pairs of vectors, then one.
           int cc = c;
@@ -235,11 +225,6 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
             fma_pv_tile<V, 1>(p, g.Rp, w.vf + cc, g.dp, npad, a, O + size_t(r) * g.dp + cc);
         }
       }
-      for (; npf > 0; --npf, pf_off += 64) {  // no full-width tile (d below one tile's columns)
-        _mm_prefetch(pf_k + pf_off, _MM_HINT_T1);
-        _mm_prefetch(pf_v + pf_off, _MM_HINT_T1);
-      }
-      pf_off = pf_end;
     }
   }
 }

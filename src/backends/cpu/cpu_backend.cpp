@@ -75,10 +75,7 @@ std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKerne
   }
   FmaKernel k;
   if (!fma_kernel_from_name(name, &k)) return "unknown kernel";
-  if (t != WeightType::INT8 && !fma_kernel_takes_bf16(k)) return "multiplies int8 weights only";
-  if (t == WeightType::INT8 && !fma_kernel_takes_int8(k)) return "multiplies bf16 weights only";
-  if (k == FmaKernel::Avx512Vnni && k_model > kVnniMaxK)
-    return "int32 sums of K = " + std::to_string(k_model) + " products could overflow";
+  if (std::string why = fma_kernel_refuses(k, t == WeightType::INT8, k_model); !why.empty()) return why;
   return fma_kernel_unavailable(k);
 }
 
@@ -116,13 +113,12 @@ double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels
     fn = [&] { fma_matmul(fw, x, M, K, y.data(), N, scratch.data()); };
   }
   // Thread CPU time (isa.h), best of up to 10.
-  auto now = thread_cpu_seconds;
   fn();
   double best = 1e30, total = 0;
   for (int r = 0; r < 10 && total < 0.05; ++r) {
-    const double t0 = now();
+    const double t0 = thread_cpu_seconds();
     fn();
-    const double sec = now() - t0;
+    const double sec = thread_cpu_seconds() - t0;
     best = std::min(best, sec);
     total += sec;
   }

@@ -57,6 +57,15 @@ std::string fma_kernel_unavailable(FmaKernel k) {
   return std::string(needs) + " (usable here: " + isa().describe() + ")";
 }
 
+std::string fma_kernel_refuses(FmaKernel k, bool int8, int K) {
+  if (!int8 && !fma_kernel_takes_bf16(k)) return "multiplies int8 weights only";
+  if (int8 && !fma_kernel_takes_int8(k)) return "multiplies bf16 weights only";
+  if (k == FmaKernel::Avx512Vnni && K > kVnniMaxK)
+    return "sums K = " + std::to_string(K) + " products in int32; at most " + std::to_string(kVnniMaxK) +
+           " cannot overflow";
+  return "";
+}
+
 const char* fma_kernel_instruction(FmaKernel k) {
   switch (k) {
     case FmaKernel::Avx512: return "vfmadd231ps zmm";
@@ -87,13 +96,8 @@ int k_group(FmaKernel k) { return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKerne
 template <class T, class Get>
 void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
   if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
-  if (!std::is_same_v<T, int8_t> && !fma_kernel_takes_bf16(k))
-    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " multiplies int8 weights only");
-  if (std::is_same_v<T, int8_t> && !fma_kernel_takes_int8(k))
-    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " multiplies bf16 weights only");
-  if (k == FmaKernel::Avx512Vnni && K > kVnniMaxK)
-    throw Error("fma_matmul: avx512_vnni sums K = " + std::to_string(K) + " products in int32, at most " +
-                std::to_string(kVnniMaxK) + " cannot overflow");
+  if (const std::string why = fma_kernel_refuses(k, std::is_same_v<T, int8_t>, K); !why.empty())
+    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " " + why);
   kernel_ = k;
   K_ = K;
   N_ = N;

@@ -48,6 +48,9 @@ inline constexpr int kVnniMaxK = 66000;
 bool fma_kernel_runnable(FmaKernel k);
 // Empty when runnable, else why not ("needs AVX-512 with AVX512-VNNI (usable here: ...)").
 std::string fma_kernel_unavailable(FmaKernel k);
+// Empty when the kernel takes weights of this type (int8 or bf16) with K rows, else why not ("multiplies int8
+// weights only", or avx512_vnni's int32 bound). FmaWeights::pack* throws with it; the backend's choice skips.
+std::string fma_kernel_refuses(FmaKernel k, bool int8, int K);
 // The instruction doing its multiply-adds ("vpdpbusd zmm", "vfmadd231ps ymm", ...; peaks.h measures its peak);
 // "" for the portable kernel.
 const char* fma_kernel_instruction(FmaKernel k);
