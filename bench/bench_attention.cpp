@@ -2,7 +2,8 @@
 // against S+T keys), each next to a oneDNN bf16 matmul of similar size, timed alternately so that a noisy
 // machine affects both: the ratio is the kernel's efficiency relative to oneDNN's. Also prints the
 // single-thread peak of the instruction each kernel multiplies with, and which kernel the backend's
-// selection (select_attention_kernel) takes for this shape. --kernel NAME runs one kernel only.
+// selection (select_attention_kernel) takes for this shape. --kernel NAME runs one kernel only; --kv int8 runs
+// the kernels that read an int8 cache on one (every row quantised, kv_int8.h).
 #include <CLI/CLI.hpp>
 
 
@@ -26,7 +27,7 @@ using namespace alpamayo::cpu;
 
 int main(int argc, char** argv) {
   int S = 4700, T = 64, group = 2, d = 128, reps = 10, caches = 1;
-  std::string only;
+  std::string only, kv = "bf16";
   CLI::App app{"attention kernel throughput"};
   app.add_option("--S", S);
   app.add_option("--T", T);
@@ -37,7 +38,8 @@ int main(int argc, char** argv) {
                  "separate KV caches taken in turn: 1 stays in L2/L3; 64 (150 MB at S=4700) streams the keys from "
                  "memory as a step's layers do")
       ->check(CLI::Range(1, 4096));
-  app.add_option("--kernel", only, "one kernel: avx512_bf16 | avx512_fma | avx2_fma | portable");
+  app.add_option("--kernel", only, "one kernel: avx512_bf16 | avx512_vnni | avx512_fma | avx2_fma | portable");
+  app.add_option("--kv", kv, "the cache: bf16 | int8")->check(CLI::IsMember({"bf16", "int8"}));
   CLI11_PARSE(app, argc, argv);
   ScopedOmpThreads one(1);
   const AttnGeometry g = AttnGeometry::make(d, group, T);
@@ -55,6 +57,26 @@ int main(int argc, char** argv) {
     std::copy(kc1.begin(), kc1.end(), kc.begin() + c * kc1.size());
     std::copy(vc1.begin(), vc1.end(), vc.begin() + c * vc1.size());
   }
+  // The same rows as an int8 cache (--kv int8).
+  const bool int8 = kv == "int8";
+  std::vector<uint8_t> k8c(int8 ? kc.size() : 0), k8o(int8 ? ko.size() : 0);
+  std::vector<int8_t> v8c(int8 ? vc.size() : 0), v8o(int8 ? vo.size() : 0);
+  std::vector<float> ksc(int8 ? size_t(S) * caches : 0), vsc(ksc.size()), kso(int8 ? T : 0), vso(kso.size());
+  {
+    std::vector<float> row(d);
+    auto quantise = [&](const uint16_t* k, const uint16_t* v, size_t rows, uint8_t* k8, int8_t* v8, float* ks, float* vs) {
+      for (size_t j = 0; j < rows; ++j) {
+        for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(k[j * d + c]);
+        ks[j] = store_int8_key_row(row.data(), d, k8 + j * d);
+        for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(v[j * d + c]);
+        vs[j] = store_int8_value_row(row.data(), d, v8 + j * d);
+      }
+    };
+    if (int8) {
+      quantise(kc.data(), vc.data(), size_t(S) * caches, k8c.data(), v8c.data(), ksc.data(), vsc.data());
+      quantise(ko.data(), vo.data(), T, k8o.data(), v8o.data(), kso.data(), vso.data());
+    }
+  }
   AlignedBuf<uint32_t> qp(size_t(d / 2) * g.Rp);
   for (size_t i = 0; i < qp.size(); ++i) qp[i] = f32_to_bf16(nd(rng)) | (uint32_t(f32_to_bf16(nd(rng))) << 16);
   AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
@@ -62,21 +84,33 @@ int main(int argc, char** argv) {
   std::vector<AttnKernel> kernels_run;
   if (!only.empty()) {
     try {
-      kernels_run.push_back(attn_kernel_from_name(only, "--kernel"));
+      kernels_run.push_back(attn_kernel_from_name(only, "--kernel", int8));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "bench_attention: %s\n", e.what());
       return 1;
     }
   } else {
     for (AttnKernel k : kAttnKernels) {
-      if (const std::string why = attn_kernel_unavailable(k); !why.empty())
+      if (const std::string why = attn_kernel_unavailable(k, int8); !why.empty())
         std::printf("%-12s skipped: %s\n", attn_kernel_name(k), why.c_str());
       else
         kernels_run.push_back(k);
     }
   }
   auto rows_of = [&](int c) {
-    return KeyRows{kc.data() + c * kc1.size(), vc.data() + c * vc1.size(), S, ko.data(), vo.data()};
+    KeyRows r{kc.data() + c * kc1.size(), vc.data() + c * vc1.size(), S, ko.data(), vo.data()};
+    if (int8) {
+      r.int8 = true;
+      r.k8_cache = k8c.data() + c * kc1.size();
+      r.v8_cache = v8c.data() + c * vc1.size();
+      r.ks_cache = ksc.data() + size_t(c) * S;
+      r.vs_cache = vsc.data() + size_t(c) * S;
+      r.k8_own = k8o.data();
+      r.v8_own = v8o.data();
+      r.ks_own = kso.data();
+      r.vs_own = vso.data();
+    }
+    return r;
   };
   const double attn_flop = 4.0 * g.R * (S + T) * d;
 
@@ -98,7 +132,7 @@ int main(int argc, char** argv) {
   const Peaks& peaks = measured_peaks(1);
   for (AttnKernel k : kernels_run) {
     AttnScratch sc;
-    sc.resize(g, attn_kernel_is_fp32(k));
+    sc.resize(g, attn_kernel_is_fp32(k), int8);
     const int kreps = k == AttnKernel::Portable ? std::max(1, reps / 5) : reps;
     double ta = 0, tm = 0;
     for (int r = 0; r <= kreps; ++r) {
@@ -127,7 +161,7 @@ int main(int argc, char** argv) {
     if (e.rate > 0) std::printf("  %s %.1f %s", e.instruction.c_str(), e.rate, e.unit.c_str());
   std::printf("\n");
   if (only.empty()) {
-    const AttnKernel chosen = select_attention_kernel(d, group, T);
+    const AttnKernel chosen = select_attention_kernel(d, group, T, 2048, int8);
     for (const KernelChoice& c : kernel_choices())
       if (c.op == "attention") std::printf("selected: %s (%s)\n", attn_kernel_name(chosen), c.why.c_str());
   }

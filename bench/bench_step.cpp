@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
       steps = 3, warmup = 1, sessions = 1;
   std::vector<int64_t> suffix;
   bool copies = false;
-  std::string weights = "bf16", backend = "cpu";
+  std::string weights = "bf16", backend = "cpu", kv_format;
   std::vector<std::string> bf16_weights;
   bool profile = true;
   CLI::App app{"Time the denoising steps of the full-size expert on random weights"};
@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   app.add_option("--B", B, "batch");
   app.add_option("--threads", threads, "threads per session (0: all cores)");
   app.add_option("--weights", weights, "weight format (cpu: bf16 | int8 | bfp8_b | bfp4_b)");
+  app.add_option("--kv", kv_format, "KV cache format (cpu: bf16 | int8; default: the backend's first)");
   app.add_option("--bf16-weights", bf16_weights, "block formats: matrices kept in bf16 (qkv,o,gate,up,down)")
       ->delimiter(',');
   app.add_option("--backend", backend, "backend name");
@@ -133,6 +134,7 @@ int main(int argc, char** argv) {
     BackendOptions opts;
     opts.threads = threads;
     opts.weights = weights;
+    opts.kv = kv_format;
     opts.bf16_weights = bf16_weights;
     opts.profile = profile;  // the table goes to stderr after every step
     auto t0 = std::chrono::steady_clock::now();
@@ -196,8 +198,8 @@ int main(int argc, char** argv) {
     double mean = 0, best = 1e30;
     for (double t : times) { mean += t; best = std::min(best, t); }
     mean /= times.size();
-    std::printf("backend %s, weights %s, threads %d: L=%d D=%d Hq=%d Hkv=%d d=%d I=%d T=%d S=%d Smax=%d B=%d\n",
-                backend.c_str(), model->weights().c_str(), threads, L, D, Hq, Hkv, d, I, T, S, Smax, B);
+    std::printf("backend %s, weights %s, kv %s, threads %d: L=%d D=%d Hq=%d Hkv=%d d=%d I=%d T=%d S=%d Smax=%d B=%d\n",
+                backend.c_str(), model->weights().c_str(), model->kv().c_str(), threads, L, D, Hq, Hkv, d, I, T, S, Smax, B);
     std::printf("load %.2f s, bind %.3f s\n", load_s, bind_s);
     std::printf("step: mean %.4f s, min %.4f s over %d steps; 10-step sample ~ %.2f s\n", mean, best, steps,
                 10 * mean);

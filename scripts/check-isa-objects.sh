@@ -4,7 +4,8 @@
 #  1. no ISA object (*_avx512*.o, compiled with the AVX-512 flags) defines a weak symbol (nm types W, V, u):
 #     an inline function or template instantiated there is emitted as a weak copy compiled for AVX-512, and
 #     the linker may keep that copy for the whole program -> SIGILL on CPUs without AVX-512;
-#  2. no other source file uses AVX-512 intrinsics or types (they belong in the ISA files);
+#  2. no other source file uses AVX-512 intrinsics or types (they belong in the ISA files, and in *_avx512*.h
+#     headers that only ISA files include, everything in an anonymous namespace);
 #  3. (portable builds) no other object contains an instruction on zmm registers.
 # Usage: check-isa-objects.sh LIBALPAMAYO.a NM SOURCE_DIR [portable|native]
 set -euo pipefail
@@ -30,7 +31,7 @@ for m in $isa_members; do
 done
 
 others=$(grep -rlE '_mm512_|__m512|target\("[^"]*avx512' "$src/src" "$src/include" "$src/tools" \
-         --include='*.cpp' --include='*.h' --include='*.cc' | grep -vE '_avx512([_.][^/]*)?\.(cpp|cc)$' || true)
+         --include='*.cpp' --include='*.h' --include='*.cc' | grep -vE '_avx512([_.][^/]*)?\.(cpp|cc|h)$' || true)
 if [ -n "$others" ]; then
   echo "FAIL: AVX-512 intrinsics outside the ISA files (*_avx512*.cpp):" >&2
   printf '  %s\n' $others >&2

@@ -53,7 +53,7 @@ struct SampleArgs {
   std::string guidance_context, seeds;
   uint64_t seed = 0;
   int steps = 0, threads = 0;
-  std::string weights;
+  std::string weights, kv;
   std::vector<std::string> bf16_weights;
   double v0 = NAN, guidance_weight = NAN, temperature = 1.0;
   bool all_steps = false, profile = false, exact_freqs = false, quiet = false, no_guidance = false;
@@ -92,6 +92,7 @@ void run_sample(const SampleArgs& a) {
   BackendOptions bo;
   bo.threads = a.threads;
   bo.weights = a.weights;
+  bo.kv = a.kv;
   bo.bf16_weights = a.bf16_weights;
   bo.profile = a.profile;
   bo.exact_freqs = a.exact_freqs;
@@ -145,8 +146,9 @@ void run_sample(const SampleArgs& a) {
   double total = 0;
   for (double s : r.step_seconds) total += s;
   if (!a.quiet)
-    std::fprintf(stderr, "%d steps, %.3f s per step (mean), backend %s (%s weights); wrote %s\n", r.steps,
-                 total / r.steps, a.backend.c_str(), session.model().weights().c_str(), a.out.c_str());
+    std::fprintf(stderr, "%d steps, %.3f s per step (mean), backend %s (%s weights, %s KV cache); wrote %s\n", r.steps,
+                 total / r.steps, a.backend.c_str(), session.model().weights().c_str(), session.model().kv().c_str(),
+                 a.out.c_str());
 }
 
 }  // namespace
@@ -178,6 +180,7 @@ Run add_sample(CLI::App& app) {
   app.add_option("--weights", a->weights,
                  "weight format (cuda: bf16 | fp8; cpu: bf16 | int8 | bfp8_b | bfp4_b; reference: f32 | bfp8_b | bfp4_b; default: the "
                  "backend's first)");
+  app.add_option("--kv", a->kv, kKvHelp);
   app.add_option("--bf16-weights", a->bf16_weights,
                  "block formats: matrices kept in bf16, comma-separated: qkv,o,gate,up,down (default: none)")
       ->delimiter(',');
@@ -203,6 +206,8 @@ Run add_backends(CLI::App&) {
     for (const BackendInfo& b : registered_backends()) {
       std::printf("%s", b.name.c_str());
       for (const std::string& f : b.weight_formats) std::printf(" %s", f.c_str());
+      std::printf("; kv");
+      for (const std::string& f : b.kv_formats) std::printf(" %s", f.c_str());
       if (const std::string why = b.unavailable(); !why.empty()) std::printf(" -- unavailable: %s", why.c_str());
       std::printf("\n");
     }

@@ -111,7 +111,7 @@ Run add_demo(CLI::App& app) {
   struct Args {
     std::string out_dir = "demo-out", size = "full", backend;
     int rows = 4700, batch = 1, threads = 0, steps = 0;
-    std::string weights;
+    std::string weights, kv;
     uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
@@ -123,6 +123,7 @@ Run add_demo(CLI::App& app) {
   app.add_option("--backend", a->backend, "backend");
   app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
   app.add_option("--weights", a->weights, "weight format (cuda: bf16 | fp8; cpu: bf16 | int8; reference: f32; default: the backend's first)");
+  app.add_option("--kv", a->kv, kKvHelp);
   app.add_option("--steps", a->steps, "Euler steps (default from config)")->check(CLI::Range(1, 100000));
   app.add_option("--seed", a->seed, "noise seed")->check(unsigned64());
   return [a] {
@@ -163,6 +164,7 @@ Run add_demo(CLI::App& app) {
     BackendOptions bo;
     bo.threads = a->threads;
     bo.weights = a->weights;
+    bo.kv = a->kv;
     const auto t0 = std::chrono::steady_clock::now();
     Session session(Model::load(ck, a->backend, bo));
     Context ctx = Context::open(ctx_path.string());
@@ -187,8 +189,8 @@ Run add_demo(CLI::App& app) {
     outs.commit();
     double total = 0;
     for (double s : r.step_seconds) total += s;
-    std::printf("Alpamayo action expert demo (%s model, backend %s, %s weights)\n", a->size.c_str(), a->backend.c_str(),
-                session.model().weights().c_str());
+    std::printf("Alpamayo action expert demo (%s model, backend %s, %s weights, %s KV cache)\n", a->size.c_str(),
+                a->backend.c_str(), session.model().weights().c_str(), session.model().kv().c_str());
     std::printf("  expert   L=%d D=%d heads=%d/%d head_dim=%d mlp=%d T=%d, %.2f B parameters\n", c.L, c.D, c.Hq, c.Hkv,
                 c.d, c.I, c.T, ck->expert_parameters() / 1e9);
     std::printf("  context  B=%d, %d cache rows\n", a->batch, a->rows);

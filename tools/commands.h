@@ -16,6 +16,10 @@ Run add_make_context(CLI::App& app);
 Run add_demo(CLI::App& app);
 Run add_backends(CLI::App& app);
 
+// --kv: the help text of `sample` and `demo` (BackendInfo::kv_formats of src/backends/registry.cpp).
+inline constexpr const char* kKvHelp =
+    "KV cache format (cpu: bf16 | int8; reference: f32 | int8; cuda: bf16; default: the backend's first)";
+
 // --release: the release whose layout a checkpoint's config.json follows, when its model_type is not a
 // known one. checkpoint_options() turns it and --vlm-config into Checkpoint::open's options.
 void add_release_option(CLI::App& app, std::string& release);

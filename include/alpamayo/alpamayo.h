@@ -22,7 +22,7 @@
 
 /* Bumped whenever a declaration or struct layout in this header changes incompatibly; also the shared
  * library's SONAME version (libalpamayo_expert.so.<ABI>). */
-#define ALPAMAYO_ABI_VERSION 1
+#define ALPAMAYO_ABI_VERSION 2
 
 #if defined(_WIN32)
 #define ALPAMAYO_API
@@ -42,8 +42,8 @@ typedef enum alpamayo_status {
   ALPAMAYO_INVALID_ARGUMENT = 1, /* null pointer, bad size/shape/dtype/value, context that does not fit */
   ALPAMAYO_IO_ERROR = 2,         /* a file or directory that is missing or cannot be read */
   ALPAMAYO_FORMAT_ERROR = 3,     /* a file that was read but is malformed (header, tensors, config keys) */
-  ALPAMAYO_UNSUPPORTED = 4,      /* unknown backend or weight format, backend that cannot run here, memory a
-                                    backend cannot read */
+  ALPAMAYO_UNSUPPORTED = 4,      /* unknown backend, weight or KV cache format, backend that cannot run here,
+                                    memory a backend cannot read */
   ALPAMAYO_OUT_OF_MEMORY = 5,
   ALPAMAYO_INVALID_STATE = 6, /* e.g. sample before bind, captures or steps that were not requested */
   ALPAMAYO_INTERNAL = 7       /* anything else (a bug) */
@@ -106,6 +106,8 @@ typedef struct alpamayo_model_options {
   const char* weights;    /* weight format; NULL or "": the backend's default (its format 0) */
   int64_t threads;        /* threads per session (host backends); 0: all cores */
   const char* vlm_config; /* alpamayo_model_open only: as for alpamayo_checkpoint_open */
+  const char* kv;         /* KV cache format ("bf16", "f32", "int8": per-row int8, docs/MATH.md); NULL or "": the
+                             backend's default. An unknown one is ALPAMAYO_UNSUPPORTED naming the offered ones */
 } alpamayo_model_options;
 
 /* Loads the checkpoint's weights into a backend (converted or packed once). The model keeps what it needs
@@ -116,9 +118,11 @@ ALPAMAYO_API alpamayo_status alpamayo_model_load(const alpamayo_checkpoint* chec
 ALPAMAYO_API alpamayo_status alpamayo_model_open(const char* dir, const alpamayo_model_options* options, alpamayo_model** out);
 ALPAMAYO_API void alpamayo_model_free(alpamayo_model* model);
 ALPAMAYO_API alpamayo_status alpamayo_model_config(const alpamayo_model* model, alpamayo_config* out);
-/* The backend's name and the weight format in use; valid while the model lives. NULL for a NULL model. */
+/* The backend's name, the weight format and the KV cache format in use; valid while the model lives. NULL for a
+ * NULL model. */
 ALPAMAYO_API const char* alpamayo_model_backend(const alpamayo_model* model);
 ALPAMAYO_API const char* alpamayo_model_weights(const alpamayo_model* model);
+ALPAMAYO_API const char* alpamayo_model_kv(const alpamayo_model* model);
 
 /* ---- tensors (DLPack) --------------------------------------------------------------------------------- */
 /* DLPack's DLDataTypeCode and DLDeviceType values. */

@@ -98,6 +98,7 @@ struct DenoiseArgs {
 struct BackendOptions {
   int threads = 0;          // 0: all cores (host backends)
   std::string weights;      // weight format; empty: the backend's default (its first format)
+  std::string kv;           // KV cache format (BackendInfo::kv_formats); empty: the backend's default (its first)
   bool profile = false;     // print a per-op time table (backends that support it)
   bool exact_freqs = false; // unrounded Fourier frequencies when the checkpoint has no buffers
   // Block weight formats (bfp8_b, bfp4_b) only: weight matrices kept in bf16 instead, any of "qkv", "o", "gate",
@@ -149,6 +150,9 @@ class BackendModel {
 struct BackendInfo {
   std::string name;
   std::vector<std::string> weight_formats;
+  // The formats its sessions hold the KV cache in (BackendOptions::kv; the first is the default): "bf16", "f32",
+  // "int8" (per-row int8, src/backends/kv_int8.h).
+  std::vector<std::string> kv_formats;
   std::function<std::unique_ptr<BackendModel>(const ExpertConfig&, const ModelWeights&, const BackendOptions&)> load;
   std::function<std::string()> unavailable = [] { return std::string(); };
 };

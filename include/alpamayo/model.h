@@ -14,7 +14,8 @@ namespace alpamayo {
 class Model {
  public:
   // Loads the checkpoint's weights into `backend` (empty: the default backend). opts.weights picks the
-  // weight format among the backend's (empty: its default). Throws Error for an unknown backend/format.
+  // weight format among the backend's (empty: its default), opts.kv the KV cache format among its kv_formats
+  // (empty: its default). Throws Error for an unknown backend or format.
   static std::shared_ptr<const Model> load(std::shared_ptr<const Checkpoint> ckpt, const std::string& backend = "",
                                            const BackendOptions& opts = {});
   // The same over caller-owned views (tests, benchmarks, embedding): `owner` is kept alive with the model.
@@ -27,6 +28,8 @@ class Model {
   const BackendModel& backend() const { return *backend_; }
   const std::string& backend_name() const { return name_; }
   std::string weights() const { return backend_->weights(); }
+  // The KV cache format in use (BackendInfo::kv_formats; the backend's first when none was asked for).
+  const std::string& kv() const { return kv_; }
   // The checkpoint's (or caller's) weight views the model was loaded from (kept alive with it): read when a
   // sample turns non-finite, to name the tensor of the failing layer.
   const ModelWeights& weight_views() const { return views_; }
@@ -35,6 +38,7 @@ class Model {
   Model() = default;
   ExpertConfig cfg_;
   std::string name_;
+  std::string kv_;
   std::shared_ptr<const void> owner_;  // what the weight views point into (checkpoint mapping)
   ModelWeights views_;
   std::unique_ptr<BackendModel> backend_;

@@ -44,8 +44,9 @@ else:  # pragma: no cover
         """The engine's error (alpamayo::Error): the message names the file, tensor or key."""
 
 
-def backends() -> list[tuple[str, list[str], str]]:
-    """Every backend of this build: (name, weight formats (the first is the default), why it cannot run here or '')."""
+def backends() -> list[tuple[str, list[str], list[str], str]]:
+    """Every backend of this build: (name, weight formats, KV cache formats (the first of each is the default), why
+    it cannot run here or '')."""
     return list(_native().backends())
 
 
@@ -137,15 +138,18 @@ class Model:
 
     checkpoint: a released Hugging Face directory (config.json + safetensors, single file or sharded).
     backend: "cpu" (default) or "reference" (`backends()` lists this build's); weights: the backend's weight
-    format ("bf16" | "int8" for cpu; default the first). threads: 0 = all cores. vlm_config: the VLM's
+    format ("bf16" | "int8" for cpu; default the first); kv: the KV cache format ("bf16" | "int8" for cpu, "f32" |
+    "int8" for reference; default the first; "int8" rounds every key and value row the expert attends to to int8
+    with one scale per row, docs/MATH.md). threads: 0 = all cores. vlm_config: the VLM's
     config.json for R1 / 1.5 checkpoints (eps, theta, layer count); release: "r1" | "1.5" | "a2" when a fork
     renamed config.json's model_type.
     """
 
     def __init__(self, checkpoint: str, backend: str = "", weights: str = "", threads: int = 0,
-                 vlm_config: str | None = None, release: str | None = None, exact_freqs: bool = False):
+                 vlm_config: str | None = None, release: str | None = None, exact_freqs: bool = False,
+                 kv: str = ""):
         self._m = _native().Model(str(checkpoint), backend or "", weights or "", int(threads), str(vlm_config or ""),
-                                  release or "", bool(exact_freqs))
+                                  release or "", bool(exact_freqs), kv=kv or "")
 
     @property
     def backend(self) -> str:
@@ -154,6 +158,11 @@ class Model:
     @property
     def weights(self) -> str:
         return self._m.weights
+
+    @property
+    def kv(self) -> str:
+        """The KV cache format in use."""
+        return self._m.kv
 
     @property
     def checkpoint(self) -> str:
@@ -174,7 +183,7 @@ class Model:
         return Session(self)
 
     def __repr__(self) -> str:
-        return f"Model({self.checkpoint!r}, backend={self.backend!r}, weights={self.weights!r})"
+        return f"Model({self.checkpoint!r}, backend={self.backend!r}, weights={self.weights!r}, kv={self.kv!r})"
 
 
 class Context:

@@ -21,12 +21,12 @@ const std::vector<BackendInfo>& registered_backends() {
   static const std::vector<BackendInfo> all = [] {
     std::vector<BackendInfo> v = {
 #ifdef ALPAMAYO_WITH_CUDA_BACKEND
-        {"cuda", {"bf16", "fp8"}, load_cuda_backend, cuda_unavailable},
+        {"cuda", {"bf16", "fp8"}, {"bf16"}, load_cuda_backend, cuda_unavailable},
 #endif
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-        {"cpu", {"bf16", "int8", "bfp8_b", "bfp4_b"}, load_cpu_backend},
+        {"cpu", {"bf16", "int8", "bfp8_b", "bfp4_b"}, {"bf16", "int8"}, load_cpu_backend},
 #endif
-        {"reference", {"f32", "bfp8_b", "bfp4_b"}, load_reference_backend},
+        {"reference", {"f32", "bfp8_b", "bfp4_b"}, {"f32", "int8"}, load_reference_backend},
     };
     std::stable_partition(v.begin(), v.end(), [](const BackendInfo& b) { return b.unavailable().empty(); });
     return v;

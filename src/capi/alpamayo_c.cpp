@@ -26,7 +26,7 @@ struct alpamayo_checkpoint {
 
 struct alpamayo_model {
   std::shared_ptr<const alpamayo::Model> m;
-  std::string backend, weights;
+  std::string backend, weights, kv;
 };
 
 struct alpamayo_context {
@@ -170,6 +170,14 @@ alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const
     throw Failure(ALPAMAYO_UNSUPPORTED, "backend " + info.name + ": unknown weight format '" + bo.weights +
                                             "' (it offers " + offered + ")");
   }
+  bo.kv = opts.kv && *opts.kv ? opts.kv : info.kv_formats.front();
+  const auto& kvs = info.kv_formats;
+  if (std::find(kvs.begin(), kvs.end(), bo.kv) == kvs.end()) {
+    std::string offered;
+    for (const auto& f : kvs) offered += (offered.empty() ? "" : ", ") + f;
+    throw Failure(ALPAMAYO_UNSUPPORTED, "backend " + info.name + ": unknown KV cache format '" + bo.kv +
+                                            "' (it offers " + offered + ")");
+  }
   require(opts.threads >= 0 && opts.threads <= 65536, ALPAMAYO_INVALID_ARGUMENT,
           "threads must be in [0, 65536] (0: all cores), found " + std::to_string(opts.threads));
   bo.threads = static_cast<int>(opts.threads);
@@ -180,6 +188,7 @@ alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const
   h->m = alpamayo::Model::load(std::move(ck), info.name, bo);
   h->backend = h->m->backend_name();
   h->weights = h->m->weights();
+  h->kv = h->m->kv();
   return h.release();
 }
 
@@ -451,6 +460,7 @@ alpamayo_status alpamayo_model_config(const alpamayo_model* model, alpamayo_conf
 const char* alpamayo_model_backend(const alpamayo_model* model) { return model ? model->backend.c_str() : nullptr; }
 
 const char* alpamayo_model_weights(const alpamayo_model* model) { return model ? model->weights.c_str() : nullptr; }
+const char* alpamayo_model_kv(const alpamayo_model* model) { return model ? model->kv.c_str() : nullptr; }
 
 alpamayo_status alpamayo_context_create(const alpamayo_context_desc* desc, alpamayo_context** out) {
   return guarded(__func__, ALPAMAYO_INVALID_ARGUMENT, [&] {

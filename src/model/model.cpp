@@ -116,6 +116,12 @@ std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const 
     for (const auto& f : info.weight_formats) offered += (offered.empty() ? "" : ", ") + f;
     throw Error("backend " + info.name + ": unknown weight format '" + o.weights + "' (it offers " + offered + ")");
   }
+  if (o.kv.empty()) o.kv = info.kv_formats.front();
+  if (std::find(info.kv_formats.begin(), info.kv_formats.end(), o.kv) == info.kv_formats.end()) {
+    std::string offered;
+    for (const auto& f : info.kv_formats) offered += (offered.empty() ? "" : ", ") + f;
+    throw Error("backend " + info.name + ": unknown KV cache format '" + o.kv + "' (it offers " + offered + ")");
+  }
   check(o.threads >= 0, "backend " + info.name + ": threads must be >= 0, found " + std::to_string(o.threads));
   parse_weight_format(o);  // checks the bf16 weights list against the format
   if (const std::string why = info.unavailable(); !why.empty())
@@ -129,6 +135,7 @@ std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const 
   m->views_ = w;
   m->cfg_ = cfg;
   m->name_ = info.name;
+  m->kv_ = o.kv;
   m->owner_ = std::move(owner);
   m->backend_ = info.load(cfg, w, o);
   return m;

@@ -380,7 +380,7 @@ static void test_bad_inputs(void) {
   EXPECT_STATUS(alpamayo_result_get_info(NULL, NULL), ALPAMAYO_INVALID_ARGUMENT, "result is NULL");
   EXPECT_STATUS(alpamayo_session_capture(NULL, ALPAMAYO_CAPTURE_EMB, 0, NULL), ALPAMAYO_INVALID_ARGUMENT, "session is NULL");
   CHECK(alpamayo_session_captured_step(NULL) == -1);
-  CHECK(alpamayo_model_backend(NULL) == NULL && alpamayo_model_weights(NULL) == NULL);
+  CHECK(alpamayo_model_backend(NULL) == NULL && alpamayo_model_weights(NULL) == NULL && alpamayo_model_kv(NULL) == NULL);
   alpamayo_checkpoint_free(NULL);
   alpamayo_model_free(NULL);
   alpamayo_context_free(NULL);
@@ -423,6 +423,14 @@ static void test_sampling(void) {
   bad.weights = "fp4";
   EXPECT_STATUS(alpamayo_model_load(ck, &bad, &model), ALPAMAYO_UNSUPPORTED, "fp4");
   bad.weights = NULL;
+  bad.kv = "fp16";  /* no backend offers it: the message names the backend, the format and the offered ones */
+  EXPECT_STATUS(alpamayo_model_load(ck, &bad, &model), ALPAMAYO_UNSUPPORTED, "unknown KV cache format 'fp16'");
+  CHECK(strstr(alpamayo_last_error(), alpamayo_backend_name(0)) && strstr(alpamayo_last_error(), "it offers"));
+  bad.backend = "reference";
+  bad.kv = "bf16";
+  EXPECT_STATUS(alpamayo_model_load(ck, &bad, &model), ALPAMAYO_UNSUPPORTED, "(it offers f32, int8)");
+  bad.backend = NULL;
+  bad.kv = NULL;
   bad.threads = -1;
   EXPECT_STATUS(alpamayo_model_load(ck, &bad, &model), ALPAMAYO_INVALID_ARGUMENT, "threads");
   CHECK(model == NULL);
@@ -445,6 +453,7 @@ static void test_sampling(void) {
     EXPECT_OK(alpamayo_model_load(ck, &mo, &model));
     CHECK(strcmp(alpamayo_model_backend(model), backend) == 0);
     CHECK(strcmp(alpamayo_model_weights(model), alpamayo_backend_format(b, 0)) == 0);
+    CHECK(alpamayo_model_kv(model) != NULL && *alpamayo_model_kv(model) != '\0');  /* the backend's default */
     alpamayo_config mc;
     EXPECT_OK(alpamayo_model_config(model, &mc));
     CHECK(memcmp(&mc, &cfg, sizeof cfg) == 0);
@@ -707,6 +716,55 @@ static void test_shared_prompts_and_guidance(void) {
   alpamayo_context_free(unguided);
 }
 
+/* The int8 KV cache on the reference backend: loads, samples bit for bit as the CLI's `--kv int8`, and differs
+ * from the default (f32) cache. */
+static void test_kv_int8(void) {
+  const char* ck_dir = tmp_path("ck");
+  const char* ctx_path = tmp_path("ctx.safetensors");
+  const char* cli_out = tmp_path("cli-kv-int8.safetensors");
+  run("%s sample --checkpoint %s --context %s --backend reference --kv int8 --threads 2 --seed 42 --all-steps --out %s ",
+      g_cli, ck_dir, ctx_path, cli_out);
+  st_file want = st_read(cli_out);
+  alpamayo_model_options mo = {0};
+  mo.backend = "reference";
+  mo.threads = 2;
+  mo.kv = "int8";
+  alpamayo_model *model = NULL, *f32 = NULL;
+  EXPECT_OK(alpamayo_model_open(ck_dir, &mo, &model));
+  CHECK(model && strcmp(alpamayo_model_kv(model), "int8") == 0 && strcmp(alpamayo_model_weights(model), "f32") == 0);
+  mo.kv = "";
+  EXPECT_OK(alpamayo_model_open(ck_dir, &mo, &f32));
+  CHECK(f32 && strcmp(alpamayo_model_kv(f32), "f32") == 0);
+  alpamayo_context* ctx = NULL;
+  EXPECT_OK(alpamayo_context_open(ctx_path, &ctx));
+  alpamayo_session *s = NULL, *s32 = NULL;
+  EXPECT_OK(alpamayo_session_create(model, &s));
+  EXPECT_OK(alpamayo_session_create(f32, &s32));
+  EXPECT_OK(alpamayo_session_bind(s, ctx, NULL));
+  EXPECT_OK(alpamayo_session_bind(s32, ctx, NULL));
+  alpamayo_sample_options so = {0};
+  so.seed = 42;
+  so.all_steps = 1;
+  alpamayo_result *r = NULL, *r32 = NULL;
+  EXPECT_OK(alpamayo_session_sample(s, &so, &r));
+  EXPECT_OK(alpamayo_session_sample(s32, &so, &r32));
+  if (r && r32) {
+    expect_same_as_file(r, &want, "reference --kv int8");
+    alpamayo_array a, b;
+    EXPECT_OK(alpamayo_result_get(r, ALPAMAYO_ACTION, &a));
+    EXPECT_OK(alpamayo_result_get(r32, ALPAMAYO_ACTION, &b));
+    CHECK(a.count == b.count && memcmp(a.data, b.data, (size_t)a.count * sizeof(float)) != 0);
+  }
+  alpamayo_result_free(r);
+  alpamayo_result_free(r32);
+  alpamayo_session_free(s);
+  alpamayo_session_free(s32);
+  alpamayo_context_free(ctx);
+  alpamayo_model_free(model);
+  alpamayo_model_free(f32);
+  st_close(&want);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s PATH_TO_alpamayo-expert\n", argv[0]);
@@ -720,6 +778,7 @@ int main(int argc, char** argv) {
   test_bad_inputs();
   test_sampling();
   test_shared_prompts_and_guidance();
+  test_kv_int8();
 
   run("rm -rf %s", g_tmp);
   if (g_failures) {

@@ -5,6 +5,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -112,9 +113,10 @@ class Problem {
   }
 
   std::shared_ptr<const Model> model(const std::string& backend, const std::string& format, int threads = 2,
-                                     const std::vector<std::string>& bf16_weights = {}) const {
+                                     const std::vector<std::string>& bf16_weights = {}, const std::string& kv = "") const {
     BackendOptions o;
     o.weights = format;
+    o.kv = kv;
     o.threads = threads;
     o.bf16_weights = bf16_weights;
     return Model::from_weights(cfg, w, store_, backend, o);
@@ -268,9 +270,42 @@ inline std::vector<Target> targets() {
   return t;
 }
 
+// The KV cache formats (BackendInfo::kv_formats): every backend, with its default weight format, under every KV
+// cache format it lists other than its first (the default, which the targets above run) that the reference also
+// lists, i.e. "int8". Its oracle is the reference with the same KV cache format (the same rounded rows,
+// docs/MATH.md "int8 KV cache") and oracle_format() of the weights.
+struct KvTarget {
+  std::string backend, format, kv;
+};
+inline std::vector<KvTarget> kv_targets() {
+  const std::vector<std::string>& ref = find_backend("reference").kv_formats;
+  std::vector<KvTarget> t;
+  for (const BackendInfo& b : registered_backends())
+    for (size_t i = 1; i < b.kv_formats.size(); ++i)
+      if (std::find(ref.begin(), ref.end(), b.kv_formats[i]) != ref.end())
+        t.push_back({b.name, b.weight_formats.front(), b.kv_formats[i]});
+  return t;
+}
+inline std::string target_name(const KvTarget& t) { return t.backend + "_" + t.format + "_kv_" + t.kv; }
+
+// The tolerance of a backend's int8 KV cache against the reference's (both round every attended key and value
+// row to int8 with one scale per row, kv_int8.h, so the rows agree). Separate from tolerance(): besides its weight
+// format's bf16 activations, the cpu backend's avx512_vnni attention also rounds each query row to int8 and the
+// probabilities to 15 bits per row and key block (docs/CPU_BACKEND.md), which the fp32 reference does not.
+// Measured on this table (cpu bf16 weights, kv int8, every kernel that reads int8 caches, AMD EPYC Zen 5; also
+// ALPAMAYO_CPU_ISA=avx2): layers PCC >= 0.999992, max-abs <= 0.63%; v_k PCC >= 0.99977, <= 2.5%; trajectories
+// <= 0.61%. Bounds about 2.5x those.
+inline constexpr Tolerance kKvInt8Tolerance = {0.9999, 0.016, 0.999, 0.06, 0.016};
+inline Tolerance kv_tolerance(const std::string& kv) {
+  if (kv == "int8") return kKvInt8Tolerance;
+  ADD_FAILURE() << "no tolerance stated for KV cache format '" << kv << "': add it to kv_tolerance()";
+  return {1, 0, 1, 0, 0};
+}
+
 // A backend that cannot run on this machine (a GPU backend without a GPU) is reported as skipped, never
 // as passed. Returns the reason, empty when the target runs.
 inline std::string unavailable(const Target& t) { return find_backend(t.backend).unavailable(); }
+inline std::string unavailable(const KvTarget& t) { return find_backend(t.backend).unavailable(); }
 #define SKIP_IF_UNAVAILABLE(t)                                                  \
   if (const std::string why = unavailable(t); !why.empty()) GTEST_SKIP() << (t).backend << ": " << why
 

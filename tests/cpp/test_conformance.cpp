@@ -74,14 +74,8 @@ TEST_P(Conformance, MatchesTheReference) {
   EXPECT_EQ(got.r.v0, ref.r.v0) << at;
 }
 
-TEST_P(Conformance, DeterministicAcrossRunsRebindsAndSessions) {
-  const auto& [tg, si] = GetParam();
-  const Shape& sh = shapes()[si];
-  SKIP_IF_UNAVAILABLE(tg);
-  Problem p(sh);
-  auto m = p.model(tg.backend, tg.format);
-  const std::string at = tg.backend + "/" + tg.format + " " + sh.name;
-
+// Bitwise determinism of model m (built from p): same inputs twice, rebinding, two sessions at once.
+void expect_deterministic(Problem& p, const Shape& sh, const std::shared_ptr<const Model>& m, const std::string& at) {
   Session s(m);
   s.bind(p.context());
   const SampleResult a = s.sample({.seed = 5});
@@ -118,8 +112,75 @@ TEST_P(Conformance, DeterministicAcrossRunsRebindsAndSessions) {
   EXPECT_EQ(r2.action, b.action) << at << ": concurrent session 2";
 }
 
+TEST_P(Conformance, DeterministicAcrossRunsRebindsAndSessions) {
+  const auto& [tg, si] = GetParam();
+  const Shape& sh = shapes()[si];
+  SKIP_IF_UNAVAILABLE(tg);
+  Problem p(sh);
+  expect_deterministic(p, sh, p.model(tg.backend, tg.format), tg.backend + "/" + tg.format + " " + sh.name);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
                          ::testing::Combine(::testing::ValuesIn(targets()),
+                                            ::testing::Range(0, static_cast<int>(shapes().size()))),
+                         [](const auto& info) {
+                           return target_name(std::get<0>(info.param)) + "_" + shapes()[std::get<1>(info.param)].name;
+                         });
+
+// The KV cache formats other than a backend's default (kv_targets(): "int8"), on every shape: the backend with its
+// default weight format and that KV cache format against the reference with the same KV cache format, under
+// kv_tolerance(); bitwise determinism as above. A backend that silently ignored the option would match within the
+// tolerance too, so the result must also differ from the same backend with its default KV cache format.
+class ConformanceKv : public ::testing::TestWithParam<std::tuple<KvTarget, int>> {};
+
+TEST_P(ConformanceKv, MatchesTheReference) {
+  const auto& [tg, si] = GetParam();
+  const Shape& sh = shapes()[si];
+  SKIP_IF_UNAVAILABLE(tg);
+  Problem p(sh);
+  const Tolerance tol = kv_tolerance(tg.kv);
+  const int cap_step = 0;
+  const RunOut ref = run(p.model("reference", oracle_format(tg.format), 2, {}, tg.kv), p.context(), cap_step);
+  const RunOut got = run(p.model(tg.backend, tg.format, 2, {}, tg.kv), p.context(), cap_step);
+  const std::string at = tg.backend + "/" + tg.format + " kv " + tg.kv + " " + sh.name;
+
+  ASSERT_EQ(got.cap.step, cap_step) << at;
+  ASSERT_EQ(got.cap.layers.size(), size_t(sh.L)) << at;
+  expect_layer_close(compare(got.cap.emb, ref.cap.emb), tol, at + " action_in_proj output at step 0");
+  for (int l = 0; l < sh.L; ++l)
+    expect_layer_close(compare(got.cap.layers[l], ref.cap.layers[l]), tol, at + " layer " + std::to_string(l));
+  expect_layer_close(compare(got.cap.hidden, ref.cap.hidden), tol, at + " final hidden");
+  const size_t n = size_t(p.batch()) * sh.T * 2;
+  ASSERT_EQ(got.r.v_steps.size(), n * sh.steps) << at;
+  for (int k = 0; k < sh.steps; ++k)
+    expect_sampler_close(compare(got.r.v_steps.data() + k * n, ref.r.v_steps.data() + k * n, n), tol,
+                         at + " v_" + std::to_string(k));
+  expect_sampler_close(compare(got.r.action, ref.r.action), tol, at + " action x_N");
+  double dev = 0, extent = 0;
+  for (size_t i = 0; i < got.r.xyz.size(); ++i) {
+    dev = std::max(dev, double(std::fabs(got.r.xyz[i] - ref.r.xyz[i])));
+    extent = std::max(extent, double(std::fabs(ref.r.xyz[i])));
+  }
+  if (std::getenv("ALPAMAYO_CONFORMANCE_REPORT"))
+    std::printf("  %-60s %.2e m of %.1f m\n", (at + " trajectory").c_str(), dev, extent);
+  EXPECT_LE(dev, tol.traj_rel * extent) << at << " trajectory deviation in metres, of " << extent << " m";
+  EXPECT_EQ(got.r.v0, ref.r.v0) << at;
+  EXPECT_EQ(p.model(tg.backend, tg.format, 2, {}, tg.kv)->kv(), tg.kv) << at;
+  EXPECT_NE(run(p.model(tg.backend, tg.format), p.context(), cap_step).r.action, got.r.action)
+      << at << ": the KV cache format must matter";
+}
+
+TEST_P(ConformanceKv, DeterministicAcrossRunsRebindsAndSessions) {
+  const auto& [tg, si] = GetParam();
+  const Shape& sh = shapes()[si];
+  SKIP_IF_UNAVAILABLE(tg);
+  Problem p(sh);
+  expect_deterministic(p, sh, p.model(tg.backend, tg.format, 2, {}, tg.kv),
+                       tg.backend + "/" + tg.format + " kv " + tg.kv + " " + sh.name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ConformanceKv,
+                         ::testing::Combine(::testing::ValuesIn(kv_targets()),
                                             ::testing::Range(0, static_cast<int>(shapes().size()))),
                          [](const auto& info) {
                            return target_name(std::get<0>(info.param)) + "_" + shapes()[std::get<1>(info.param)].name;
@@ -166,6 +227,10 @@ TEST_P(SeamErrors, ModelLoadingChecksFormatsAndWeights) {
   SKIP_IF_UNAVAILABLE(tg);
   Problem p(shapes()[0]);
   test::expect_error([&] { p.model(tg.backend, "fp64"); }, {"unknown weight format 'fp64'", tg.format});
+  const std::vector<std::string>& kvs = find_backend(tg.backend).kv_formats;
+  test::expect_error([&] { p.model(tg.backend, tg.format, 2, {}, "fp16"); },
+                     {"backend " + tg.backend, "unknown KV cache format 'fp16'", "it offers " + kvs.front()});
+  EXPECT_EQ(p.model(tg.backend, tg.format)->kv(), kvs.front());
   Problem bad(shapes()[0]);
   bad.w.expert.layers[1].down.shape = {5, 5};
   test::expect_error([&] { bad.model(tg.backend, tg.format); }, {"expected shape", "[5, 5]"});
@@ -286,6 +351,11 @@ TEST(Conformance, EveryBackendIsTested) {
   for (const Target& t : targets()) has_ref |= t.backend == "reference";
   EXPECT_TRUE(has_ref);
   EXPECT_EQ(find_backend(backend_names().front()).name, backend_names().front());
+  // Every backend states its KV cache formats; the reference's int8 is the oracle of every other int8 cache.
+  for (const BackendInfo& b : registered_backends()) EXPECT_FALSE(b.kv_formats.empty()) << b.name;
+  bool ref_kv_int8 = false;
+  for (const KvTarget& t : kv_targets()) ref_kv_int8 |= t.backend == "reference" && t.kv == "int8";
+  EXPECT_TRUE(ref_kv_int8);
   test::expect_error([] { find_backend("tpu"); }, {"unknown backend 'tpu'", "reference"});
 }
 
@@ -366,11 +436,25 @@ TEST(Conformance, CpuPortableBlockKernelMatchesTheReference) {
 // Every attention kernel of the cpu backend (forced here) on the shapes with one and several key chunks per
 // sample and with shared prompts, against the fp32 reference; the kernels this machine (or ALPAMAYO_CPU_ISA)
 // cannot run are listed as skipped with the reason.
-class CpuAttentionKernels : public ::testing::TestWithParam<cpu::AttnKernel> {};
+// Each attention kernel with each cache it reads (bf16; int8 against the reference's int8 cache).
+struct CpuKernelCache {
+  cpu::AttnKernel kernel;
+  std::string kv;
+};
+std::vector<CpuKernelCache> cpu_kernel_caches() {
+  std::vector<CpuKernelCache> v;
+  for (const std::string kv : {"bf16", "int8"})
+    for (cpu::AttnKernel k : cpu::kAttnKernels)
+      if (!(k == cpu::AttnKernel::Avx512Bf16 && kv == "int8") && !(k == cpu::AttnKernel::Avx512Vnni && kv == "bf16"))
+        v.push_back({k, kv});
+  return v;
+}
+class CpuAttentionKernels : public ::testing::TestWithParam<CpuKernelCache> {};
 
 TEST_P(CpuAttentionKernels, MatchTheReference) {
-  const cpu::AttnKernel kernel = GetParam();
-  if (const std::string why = cpu::attn_kernel_unavailable(kernel); !why.empty())
+  const cpu::AttnKernel kernel = GetParam().kernel;
+  const std::string kv = GetParam().kv;
+  if (const std::string why = cpu::attn_kernel_unavailable(kernel, kv == "int8"); !why.empty())
     GTEST_SKIP() << "attention kernel " << cpu::attn_kernel_name(kernel) << " skipped: " << why;
   for (int si : {1, 2, 6}) {
     const Shape& sh = shapes()[si];
@@ -378,6 +462,7 @@ TEST_P(CpuAttentionKernels, MatchTheReference) {
     BackendOptions o;
     o.threads = 2;
     o.weights = "bf16";
+    o.kv = kv;
     auto bm = load_cpu_backend(p.cfg, p.w, o);
     auto sess = bm->new_session();
     static_cast<cpu::CpuSession*>(sess.get())->set_attention_kernel(kernel);
@@ -393,12 +478,13 @@ TEST_P(CpuAttentionKernels, MatchTheReference) {
     std::vector<float> x = gaussian_noise(11, int64_t(b.kv.B) * p.cfg.T * p.cfg.A);
     const std::vector<float> times = euler_time_grid(sh.steps);
     sess->denoise({.x = x.data(), .times = times.data(), .steps = sh.steps});
-    const RunOut ref = run(p.model("reference", "f32"), p.context(), 0);
-    const std::string at = sh.name + " attention " + cpu::attn_kernel_name(kernel);
+    const bool int8 = kv == "int8";
+    const RunOut ref = run(p.model("reference", "f32", 2, {}, int8 ? "int8" : ""), p.context(), 0);
+    const std::string at = sh.name + " attention " + cpu::attn_kernel_name(kernel) + " kv " + kv;
+    const Tolerance tol = int8 ? kv_tolerance("int8") : tolerance("bf16");
     for (int l = 0; l < sh.L; ++l)
-      expect_layer_close(compare(sess->captures().layers[l], ref.cap.layers[l]), tolerance("bf16"),
-                         at + " layer " + std::to_string(l));
-    expect_sampler_close(compare(x, ref.r.action), tolerance("bf16"), at + " x_N");
+      expect_layer_close(compare(sess->captures().layers[l], ref.cap.layers[l]), tol, at + " layer " + std::to_string(l));
+    expect_sampler_close(compare(x, ref.r.action), tol, at + " x_N");
   }
 }
 
@@ -512,8 +598,11 @@ TEST(Conformance, CpuMatmulKernelChoiceAndErrors) {
   EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bmb).matmul_kernel(), "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, CpuAttentionKernels, ::testing::ValuesIn(cpu::kAttnKernels),
-                         [](const auto& info) { return std::string(cpu::attn_kernel_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Kernels, CpuAttentionKernels, ::testing::ValuesIn(cpu_kernel_caches()),
+                         [](const auto& info) {
+                           return std::string(cpu::attn_kernel_name(info.param.kernel)) +
+                                  (info.param.kv == "int8" ? "_kv_int8" : "");
+                         });
 
 // ALPAMAYO_CPU_KERNELS forces the attention kernel at load; a name that is unknown or cannot run here is an
 // error naming the candidates.

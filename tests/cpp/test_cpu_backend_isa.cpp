@@ -80,13 +80,19 @@ TEST(AttentionSelection, NamesAndAvailability) {
 TEST(AttentionSelection, UnknownOrUnrunnableNamesAreErrors) {
   test::expect_error([] { attn_kernel_from_name("amx", "ALPAMAYO_CPU_KERNELS"); },
                      {"ALPAMAYO_CPU_KERNELS", "unknown attention kernel \"amx\"",
-                      "avx512_bf16, avx512_fma, avx2_fma, portable", "runnable here"});
-  for (AttnKernel k : kAttnKernels)
-    if (const std::string why = attn_kernel_unavailable(k); !why.empty()) {
-      test::expect_error([&] { attn_kernel_from_name(attn_kernel_name(k), "ALPAMAYO_CPU_KERNELS"); },
-                         {"\"" + std::string(attn_kernel_name(k)) + "\" cannot run here", why, "portable"});
-      std::printf("attention kernel %s not runnable here: %s\n", attn_kernel_name(k), why.c_str());
-    }
+                      "avx512_bf16, avx512_vnni, avx512_fma, avx2_fma, portable", "runnable here"});
+  for (bool int8 : {false, true})
+    for (AttnKernel k : kAttnKernels)
+      if (const std::string why = attn_kernel_unavailable(k, int8); !why.empty()) {
+        test::expect_error([&] { attn_kernel_from_name(attn_kernel_name(k), "ALPAMAYO_CPU_KERNELS", int8); },
+                           {"\"" + std::string(attn_kernel_name(k)) + "\" cannot run here", why, "portable"});
+        std::printf("attention kernel %s not runnable here on a%s cache: %s\n", attn_kernel_name(k),
+                    int8 ? "n int8" : " bf16", why.c_str());
+      }
+  // Each cache has its own dot-product kernel; the fp32 and portable kernels read both.
+  EXPECT_NE(attn_kernel_unavailable(AttnKernel::Avx512Vnni, false), "");
+  EXPECT_NE(attn_kernel_unavailable(AttnKernel::Avx512Bf16, true), "");
+  EXPECT_EQ(attn_kernel_unavailable(AttnKernel::Portable, true), "");
 }
 
 TEST(AttentionSelection, FastestRunnableOrForced) {
@@ -116,7 +122,7 @@ TEST(AttentionSelection, FastestRunnableOrForced) {
 TEST(Peaks, MeasuredWhereRunnable) {
   const Peaks& p = measured_peaks(1);
   EXPECT_EQ(&p, &measured_peaks(1));  // cached
-  ASSERT_EQ(p.entries.size(), 5u);
+  ASSERT_EQ(p.entries.size(), 6u);
   for (const PeakEntry& e : p.entries) {
     std::printf("  %-16s %8.1f %s %s\n", e.instruction.c_str(), e.rate, e.unit.c_str(), e.why_not.c_str());
     if (e.why_not.empty())
@@ -127,6 +133,10 @@ TEST(Peaks, MeasuredWhereRunnable) {
   EXPECT_EQ(p.of("vfmadd231ps ymm") > 0, isa().has(kAvx2Fma));
   EXPECT_EQ(p.of("vdpbf16ps zmm") > 0, isa().has(kAvx512 | kAvx512Bf16));
   EXPECT_GE(p.best_bf16_unit(), p.of("vfmadd231ps ymm"));
+  // A kernel doing half its work on each of two instructions: their harmonic mean.
+  const double a = p.of("vpdpbusd zmm"), b = p.of("vpdpwssd zmm");
+  if (a > 0 && b > 0) EXPECT_NEAR(p.of("vpdpbusd zmm + vpdpwssd zmm"), 2 / (1 / a + 1 / b), 1e-9 * a);
+  else EXPECT_EQ(p.of("vpdpbusd zmm + vpdpwssd zmm"), 0.0);
 }
 
 TEST(Peaks, StepFloorFromTheConfig) {

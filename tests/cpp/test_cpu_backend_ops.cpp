@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <tuple>
@@ -11,8 +12,10 @@
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/attention.h"
+#include "backends/kv_int8.h"
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kv_quant.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
 #include "backends/reference/ops.h"
@@ -49,30 +52,74 @@ struct AttnCase {
   bool spike = false;  // last own key aligned with a query: scores far above the running max
 };
 
-// Every attention kernel; one this machine (or ALPAMAYO_CPU_ISA) cannot run is skipped, with the reason.
-class AttentionKernel : public ::testing::TestWithParam<std::tuple<AttnCase, AttnKernel>> {};
+// Every attention kernel on a bf16 and on an int8 cache; one this machine (or ALPAMAYO_CPU_ISA) cannot run, or that
+// does not read that cache, is skipped, with the reason.
+struct KernelCache {
+  AttnKernel kernel;
+  bool int8;
+};
+// The kernels with each cache they read: avx512_bf16 reads bf16 only, avx512_vnni int8 only, the others both.
+std::vector<KernelCache> kernel_caches() {
+  std::vector<KernelCache> v;
+  for (bool int8 : {false, true})
+    for (AttnKernel k : kAttnKernels)
+      if (!(k == AttnKernel::Avx512Bf16 && int8) && !(k == AttnKernel::Avx512Vnni && !int8)) v.push_back({k, int8});
+  return v;
+}
+class AttentionKernel : public ::testing::TestWithParam<std::tuple<AttnCase, KernelCache>> {};
 
 TEST_P(AttentionKernel, MatchesReference) {
-  const auto [c, kernel] = GetParam();
-  if (const std::string why = attn_kernel_unavailable(kernel); !why.empty())
-    GTEST_SKIP() << "attention kernel " << attn_kernel_name(kernel) << " skipped: " << why;
+  const auto [c, kc_] = GetParam();
+  const AttnKernel kernel = kc_.kernel;
+  const bool int8 = kc_.int8;
+  if (const std::string why = attn_kernel_unavailable(kernel, int8); !why.empty())
+    GTEST_SKIP() << "attention kernel " << attn_kernel_name(kernel) << (int8 ? " (int8 cache)" : "")
+                 << " skipped: " << why;
   std::mt19937 rng(7);
   const int group = c.Hq / c.Hkv;
   // Scores of a few units so the softmax is neither flat nor one-hot.
-  const auto q = rand_bf16(size_t(c.T) * c.Hq * c.d, 1.5f, rng), ko = rand_bf16(size_t(c.T) * c.Hkv * c.d, 1.f, rng),
+  auto q = rand_bf16(size_t(c.T) * c.Hq * c.d, 1.5f, rng), ko = rand_bf16(size_t(c.T) * c.Hkv * c.d, 1.f, rng),
              vo = rand_bf16(size_t(c.T) * c.Hkv * c.d, 1.f, rng), kc = rand_bf16(size_t(c.Hkv) * c.P * c.d, 1.f, rng),
              vc = rand_bf16(size_t(c.Hkv) * c.P * c.d, 1.f, rng);
   if (c.spike)  // exercises the kernel's fallback from the fused path to the exact block
     for (int h = 0; h < c.Hkv; ++h)
       for (int i = 0; i < c.d; ++i)
-        const_cast<std::vector<float>&>(ko)[(size_t(c.T - 1) * c.Hkv + h) * c.d + i] =
+        ko[(size_t(c.T - 1) * c.Hkv + h) * c.d + i] =
             bf16_round(32.f * q[(size_t(c.T - 1) * c.Hq + h * group) * c.d + i]);
+  // An int8 cache: every key and value row quantised (kv_int8.h); the oracle attends to the dequantised rows.
+  std::vector<uint8_t> ko8(ko.size()), kc8(kc.size());
+  std::vector<int8_t> vo8(vo.size()), vc8(vc.size());
+  std::vector<float> kos(ko.size() / c.d), vos(kos.size()), kcs(kc.size() / c.d), vcs(kcs.size());
+  if (int8) {
+    auto quantise = [&](std::vector<float>& k, std::vector<float>& v, uint8_t* k8, int8_t* v8, float* ks, float* vs) {
+      for (size_t r = 0; r < k.size() / c.d; ++r) {
+        ks[r] = store_int8_key_row(k.data() + r * c.d, c.d, k8 + r * c.d);
+        vs[r] = store_int8_value_row(v.data() + r * c.d, c.d, v8 + r * c.d);
+        for (int i = 0; i < c.d; ++i) {
+          k[r * c.d + i] = float(int(k8[r * c.d + i]) - 128) * ks[r];
+          v[r * c.d + i] = float(v8[r * c.d + i]) * vs[r];
+        }
+      }
+    };
+    quantise(ko, vo, ko8.data(), vo8.data(), kos.data(), vos.data());
+    quantise(kc, vc, kc8.data(), vc8.data(), kcs.data(), vcs.data());
+  }
   std::vector<float> ref(q.size());
   ref::attention(q.data(), ko.data(), vo.data(), kc.data(), vc.data(), c.T, c.Hq, c.Hkv, c.d, c.P, c.S, ref.data());
+  // avx512_vnni also rounds each query row to int8 (its scale: the row's largest |q| / 127, as kv_int8.h): its
+  // oracle attends with those queries; what that rounding costs against the exact queries is printed.
+  std::vector<float> ref_exact_q;
+  if (kernel == AttnKernel::Avx512Vnni) {
+    ref_exact_q = ref;
+    std::vector<int8_t> q8(c.d);
+    for (size_t r = 0; r < q.size() / c.d; ++r)
+      dequantize_row_s8(q8.data(), quantize_row_s8(q.data() + r * c.d, c.d, q8.data()), c.d, q.data() + r * c.d);
+    ref::attention(q.data(), ko.data(), vo.data(), kc.data(), vc.data(), c.T, c.Hq, c.Hkv, c.d, c.P, c.S, ref.data());
+  }
 
   const AttnGeometry g = AttnGeometry::make(c.d, group, c.T);
   AttnScratch scratch;
-  scratch.resize(g, attn_kernel_is_fp32(kernel));
+  scratch.resize(g, attn_kernel_is_fp32(kernel), int8);
   std::vector<float> out(q.size(), NAN);
   auto to_bf16 = [](const float* x, size_t n) {
     std::vector<uint16_t> v(n);
@@ -87,16 +134,36 @@ TEST_P(AttentionKernel, MatchesReference) {
           const float* x = q.data() + (size_t(t) * c.Hq + h * group + hh) * c.d;
           qp[size_t(i) * g.Rp + hh * c.T + t] = f32_to_bf16(x[2 * i]) | (uint32_t(f32_to_bf16(x[2 * i + 1])) << 16);
         }
-    std::vector<float> kown(size_t(c.T) * c.d), vown(kown.size());
-    for (int t = 0; t < c.T; ++t)
+    std::vector<float> kown(size_t(c.T) * c.d), vown(kown.size()), kos_h(c.T), vos_h(c.T);
+    std::vector<uint8_t> kown8(kown.size());
+    std::vector<int8_t> vown8(kown.size());
+    for (int t = 0; t < c.T; ++t) {
+      const size_t src = size_t(t) * c.Hkv + h;
       for (int i = 0; i < c.d; ++i) {
-        kown[size_t(t) * c.d + i] = ko[(size_t(t) * c.Hkv + h) * c.d + i];
-        vown[size_t(t) * c.d + i] = vo[(size_t(t) * c.Hkv + h) * c.d + i];
+        kown[size_t(t) * c.d + i] = ko[src * c.d + i];
+        vown[size_t(t) * c.d + i] = vo[src * c.d + i];
+        kown8[size_t(t) * c.d + i] = ko8[src * c.d + i];
+        vown8[size_t(t) * c.d + i] = vo8[src * c.d + i];
       }
+      kos_h[t] = kos[src];
+      vos_h[t] = vos[src];
+    }
     const auto kcb = to_bf16(kc.data() + size_t(h) * c.P * c.d, size_t(c.P) * c.d),
                vcb = to_bf16(vc.data() + size_t(h) * c.P * c.d, size_t(c.P) * c.d), kob = to_bf16(kown.data(), kown.size()),
                vob = to_bf16(vown.data(), vown.size());
-    const KeyRows kv{kcb.data(), vcb.data(), c.S, kob.data(), vob.data()};
+    KeyRows kv{kcb.data(), vcb.data(), c.S, kob.data(), vob.data()};
+    if (int8) {
+      const size_t off = size_t(h) * c.P;
+      kv.int8 = true;
+      kv.k8_cache = kc8.data() + off * c.d;
+      kv.v8_cache = vc8.data() + off * c.d;
+      kv.ks_cache = kcs.data() + off;
+      kv.vs_cache = vcs.data() + off;
+      kv.k8_own = kown8.data();
+      kv.v8_own = vown8.data();
+      kv.ks_own = kos_h.data();
+      kv.vs_own = vos_h.data();
+    }
     const int n = c.S + c.T;
     AlignedBuf<float> O(size_t(c.chunks) * g.Rp * g.dp), m(size_t(c.chunks) * g.Rp), l(size_t(c.chunks) * g.Rp);
     for (int ch = 0; ch < c.chunks; ++ch) {
@@ -110,8 +177,16 @@ TEST_P(AttentionKernel, MatchesReference) {
   // bf16 probabilities (avx512_bf16, portable) differ from the oracle by their rounding: relative 2^-9 per
   // weight, averaging out over keys; measured <= 0.1% of the largest output, bound 0.5%. The fp32 kernels
   // differ by summation order and the exp2 polynomial only: bound 0.01%.
-  const double bound = attn_kernel_is_fp32(kernel) ? 1e-4 : 5e-3;
-  EXPECT_LE(max_diff(out.data(), ref.data(), ref.size()), bound * max_abs(ref)) << attn_kernel_name(kernel);
+  // avx512_vnni rounds the probabilities (times the value scales) to 15 bits per row and block: measured <= 2.1e-4
+  // of the largest output, bound 1e-3.
+  const double bound = kernel == AttnKernel::Avx512Vnni ? 1e-3 : attn_kernel_is_fp32(kernel) ? 1e-4 : 5e-3;
+  const double err = max_diff(out.data(), ref.data(), ref.size());
+  std::printf("[ measured ] %s%s: max |out - oracle| = %.2e of the largest output", attn_kernel_name(kernel),
+              int8 ? " (int8 cache)" : "", err / max_abs(ref));
+  if (!ref_exact_q.empty())
+    std::printf("; against exact queries %.2e", max_diff(out.data(), ref_exact_q.data(), ref.size()) / max_abs(ref));
+  std::printf("\n");
+  EXPECT_LE(err, bound * max_abs(ref)) << attn_kernel_name(kernel);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -119,13 +194,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(AttnCase{64, 4, 2, 128, 300, 290, 1}, AttnCase{64, 4, 2, 128, 300, 290, 3},
                                          AttnCase{5, 4, 4, 64, 70, 0, 1}, AttnCase{5, 6, 2, 48, 70, 70, 2},
                                          AttnCase{3, 2, 1, 32, 10, 7, 1}, AttnCase{64, 2, 1, 96, 130, 129, 2},
-                                         AttnCase{64, 4, 2, 128, 400, 390, 1, true}),
-                       ::testing::ValuesIn(kAttnKernels)),
+                                         AttnCase{64, 4, 2, 128, 400, 390, 1, true},
+                                         AttnCase{7, 4, 2, 34, 50, 45, 2}),
+                       ::testing::ValuesIn(kernel_caches())),
     [](const auto& info) {
       const AttnCase& c = std::get<0>(info.param);
-      return std::string(attn_kernel_name(std::get<1>(info.param))) + "_T" + std::to_string(c.T) + "_Hq" +
+      return std::string(attn_kernel_name(std::get<1>(info.param).kernel)) + "_T" + std::to_string(c.T) + "_Hq" +
              std::to_string(c.Hq) + "_Hkv" + std::to_string(c.Hkv) + "_d" + std::to_string(c.d) + "_S" +
-             std::to_string(c.S) + "_chunks" + std::to_string(c.chunks) + (c.spike ? "_spike" : "");
+             std::to_string(c.S) + "_chunks" + std::to_string(c.chunks) + (c.spike ? "_spike" : "") +
+             (std::get<1>(info.param).int8 ? "_int8" : "");
     });
 
 class Matmul : public ::testing::TestWithParam<std::tuple<WeightType, int, int, int>> {};
@@ -200,6 +277,43 @@ TEST(Matmul, OnednnUsesAmxExactlyWhereUsable) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Matmul,
                          ::testing::Combine(::testing::Values(WeightType::BF16, WeightType::INT8), ::testing::Values(5, 64),
                                             ::testing::Values(64, 200), ::testing::Values(64, 96)));
+
+// The int8 cache's vectorised quantisation gives quantize_row_s8's bits (kv_int8.h), bf16 and fp32 rows, with the
+// key bias, on rows of any length, with ties, zeros and non-finite values.
+TEST(CpuOps, Int8CacheRowsMatchTheDefinition) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int d : {1, 2, 7, 8, 34, 128, 130}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      std::vector<float> x(d);
+      for (float& v : x) v = bf16_round(nd(rng) * 3.f);
+      if (kind == 1) std::fill(x.begin(), x.end(), 0.f);
+      if (kind == 2) {  // ties: a = 127 / 2^k makes x * (127 / a) land on halves
+        for (int c = 0; c < d; ++c) x[c] = float(c % 255 - 127) * 0.5f;
+        x[0] = 127.f;
+      }
+      if (kind == 3) x[d / 2] = NAN;
+      if (kind == 4) x[d - 1] = -INFINITY;
+      std::vector<uint16_t> xb(d);
+      for (int c = 0; c < d; ++c) xb[c] = f32_to_bf16(x[c]);
+      std::vector<int8_t> want(d), got(d), got_b(d);
+      const float s = quantize_row_s8(x.data(), d, want.data());
+      for (int bias : {0, 128}) {
+        const float sf = quantize_row_avx2(x.data(), false, d, bias, got.data());
+        const float sb = quantize_row_avx2(xb.data(), true, d, bias, got_b.data());
+        for (float sx : {sf, sb}) {
+          if (std::isnan(s)) EXPECT_TRUE(std::isnan(sx)) << "d " << d << " kind " << kind;
+          else EXPECT_EQ(sx, s) << "d " << d << " kind " << kind;
+        }
+        for (int c = 0; c < d; ++c) {
+          const int8_t w = static_cast<int8_t>(static_cast<uint8_t>(int(want[c]) + bias));
+          ASSERT_EQ(got[c], w) << "fp32 d " << d << " kind " << kind << " c " << c << " bias " << bias;
+          ASSERT_EQ(got_b[c], w) << "bf16 d " << d << " kind " << kind << " c " << c << " bias " << bias;
+        }
+      }
+    }
+  }
+}
 
 TEST(CpuOps, RmsNormRowsBf16AndInt8) {
   std::mt19937 rng(5);

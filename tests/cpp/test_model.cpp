@@ -1,8 +1,12 @@
 // Host-side pieces: Fourier features, rope tables, the time grid, noise, sampler and action decode.
 #include <cmath>
+#include <cstring>
+#include <random>
 
 #include "alpamayo/action_space.h"
 #include "alpamayo/engine.h"
+#include "backends/kv_int8.h"
+#include "backends/reference/ops.h"
 #include "model/fourier.h"
 #include "model/sampler.h"
 #include "test_util.h"
@@ -200,6 +204,90 @@ TEST(Sampler, EulerStepsAreConsistentAndNoiseIsChecked) {
   expect_error([&] { eng.sample(o); }, {"noise", "non-finite"});
   o.noise.assign(n - 1, 0.f);
   expect_error([&] { eng.sample(o); }, {"noise", std::to_string(n)});
+}
+
+// The int8 KV cache's row quantisation (src/backends/kv_int8.h), which the reference applies to every attended
+// key and value row (ref::round_rows_s8) and the cpu backend stores.
+TEST(KvInt8, ZeroRowHasScaleZero) {
+  const std::vector<float> x(16, 0.f);
+  std::vector<int8_t> q(16, 5);
+  EXPECT_EQ(quantize_row_s8(x.data(), 16, q.data()), 0.f);
+  EXPECT_EQ(q, std::vector<int8_t>(16, 0));
+  std::vector<float> back(16, 1.f);
+  dequantize_row_s8(q.data(), 0.f, 16, back.data());
+  EXPECT_EQ(back, x);
+  const std::vector<float> negzero(4, -0.f);
+  EXPECT_EQ(quantize_row_s8(negzero.data(), 4, q.data()), 0.f);
+  EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 4), std::vector<int8_t>(4, 0));
+}
+
+TEST(KvInt8, MaxMapsTo127AndTiesRoundToEven) {
+  // a = 127: the multiplier 127 / a is exactly 1, so x * inv = x and the halves are exact ties.
+  const std::vector<float> x = {127.f, 0.5f, 1.5f, 2.5f, 3.5f, -0.5f, -2.5f, 126.5f, -126.5f, 0.49999997f, -3.f};
+  std::vector<int8_t> q(x.size());
+  EXPECT_EQ(quantize_row_s8(x.data(), static_cast<int>(x.size()), q.data()), 1.f);
+  EXPECT_EQ(q, (std::vector<int8_t>{127, 0, 2, 2, 4, 0, -2, 126, -126, 0, -3}));
+  // The largest magnitude maps to +-127 with s = a / 127, whatever its sign.
+  const std::vector<float> y = {-3.f, 1.f, 2.f};
+  std::vector<int8_t> r(3);
+  EXPECT_EQ(quantize_row_s8(y.data(), 3, r.data()), 3.f / 127.f);
+  EXPECT_EQ(r, (std::vector<int8_t>{-127, 42, 85}));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (int t = 0; t < 200; ++t) {
+    std::vector<float> z(64);
+    for (float& v : z) v = n(rng) * std::ldexp(1.f, t % 20 - 10);
+    std::vector<int8_t> qz(64);
+    const float s = quantize_row_s8(z.data(), 64, qz.data());
+    int peak = 0;
+    for (int c = 0; c < 64; ++c) {
+      peak = std::max(peak, std::abs(int(qz[c])));
+      EXPECT_LE(std::fabs(z[c] - qz[c] * s), 0.5f * s * (1 + 1e-4f)) << t << " " << c;  // round to nearest
+    }
+    EXPECT_EQ(peak, 127) << t;
+  }
+}
+
+TEST(KvInt8, RequantisingIsIdempotent) {
+  // x^ = q * s quantises again to the same q, and to a scale within one ulp of s.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (int t = 0; t < 500; ++t) {
+    const int d = 16 << (t % 4);
+    std::vector<float> x(d), xh(d);
+    for (float& v : x) v = n(rng) * std::ldexp(1.f, t % 24 - 12);
+    std::vector<int8_t> q(d), q2(d);
+    const float s = quantize_row_s8(x.data(), d, q.data());
+    dequantize_row_s8(q.data(), s, d, xh.data());
+    const float s2 = quantize_row_s8(xh.data(), d, q2.data());
+    EXPECT_EQ(q2, q) << t;
+    EXPECT_LE(std::fabs(s2 - s), std::nextafter(s, INFINITY) - s) << t;
+  }
+}
+
+TEST(KvInt8, ReferenceRoundsEveryFiniteRow) {
+  // ref::round_rows_s8 (what the reference applies to each attended row) is quantise then dequantise, row by
+  // row; a row with a non-finite value is left as it is.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n(0.f, 2.f);
+  const int rows = 5, d = 24;
+  std::vector<float> x(rows * d);
+  for (float& v : x) v = n(rng);
+  x[3 * d + 7] = NAN;
+  std::vector<float> y = x;
+  ref::round_rows_s8(y.data(), rows, d);
+  for (int r = 0; r < rows; ++r) {
+    std::vector<int8_t> q(d);
+    std::vector<float> want(d);
+    dequantize_row_s8(q.data(), quantize_row_s8(x.data() + r * d, d, q.data()), d, want.data());
+    for (int c = 0; c < d; ++c) {
+      if (r == 3)
+        EXPECT_TRUE(std::memcmp(&y[r * d + c], &x[r * d + c], 4) == 0) << c;
+      else
+        EXPECT_EQ(y[r * d + c], want[c]) << r << " " << c;
+    }
+  }
+  EXPECT_NE(y[0], x[0]);  // N(0, 2) values are not multiples of a / 127
 }
 
 }  // namespace

@@ -33,8 +33,9 @@ def cli() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def compiled_backends() -> list[tuple[str, list[str], str]]:
-    """`alpamayo-expert backends`: every backend in this build with its weight formats. Each one is tested;
-    a backend that errors fails its tests, it is never dropped from the matrix."""
+    """`alpamayo-expert backends`: every backend in this build with its weight formats (its KV cache formats, after
+    "; kv", are not part of this matrix). Each one is tested; a backend that errors fails its tests, it is never
+    dropped from the matrix."""
     p = cli_path()
     if not p.is_file():
         return [("reference", ["f32"], "")]  # the `cli` fixture fails every test with a clear message
@@ -44,6 +45,7 @@ def compiled_backends() -> list[tuple[str, list[str], str]]:
     out = []
     for line in r.stdout.splitlines():
         spec, _, why = line.partition(" -- unavailable: ")
+        spec, _, _kv = spec.partition("; kv")
         name, *formats = spec.split()
         out.append((name, formats, why))
     return out

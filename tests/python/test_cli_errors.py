@@ -29,11 +29,11 @@ def files(tmp_path):
     return dict(ck=ck, st=ck / "model.safetensors", ctx=ctx, noise=noise, tmp=tmp_path)
 
 
-def expect_error(cli, f, *must_name, checkpoint=None, context=None, noise=None):
+def expect_error(cli, f, *must_name, checkpoint=None, context=None, noise=None, extra=()):
     out = f["tmp"] / "out.safetensors"
     lay = f["tmp"] / "layers.safetensors"
     args = ["sample", "--checkpoint", checkpoint or f["ck"], "--context", context or f["ctx"],
-            "--noise", noise or f["noise"], "--out", out, "--layers-out", lay, "--all-steps"]
+            "--noise", noise or f["noise"], "--out", out, "--layers-out", lay, "--all-steps", *extra]
     r = run(cli, *args, timeout=120)
     cmd = " ".join(map(str, [cli, *args]))
     assert r.returncode > 0, f"expected a clean non-zero exit (got {r.returncode}) for: {cmd}\nstderr: {r.stderr}"
@@ -50,6 +50,34 @@ def test_sanity_valid_case_runs(cli, files):
     r = run(cli, "sample", "--checkpoint", files["ck"], "--context", files["ctx"], "--noise", files["noise"],
             "--out", files["tmp"] / "ok.safetensors")
     assert r.returncode == 0, r.stderr
+
+
+# ---- options
+def test_unknown_kv_format(cli, files):
+    """--kv: a format the backend does not offer is refused before any work, naming the backend, the format and
+    the offered ones; `backends` lists each backend's KV cache formats after '; kv'."""
+    listing = run(cli, "backends", timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    kv = {}
+    for line in listing.stdout.splitlines():
+        name, _, rest = line.partition(" -- unavailable: ")[0].partition(" ")
+        kv[name] = rest.partition("; kv ")[2].split()
+        assert kv[name], f"no KV cache formats in: {line!r}"
+    assert kv["reference"] == ["f32", "int8"]
+    expect_error(cli, files, "unknown KV cache format 'bogus'", "(it offers f32, int8)",
+                 extra=["--backend", "reference", "--kv", "bogus"])
+    expect_error(cli, files, "backend reference: unknown KV cache format 'bf16'",
+                 extra=["--backend", "reference", "--kv", "bf16"])
+    for name, formats in kv.items():
+        expect_error(cli, files, f"backend {name}: unknown KV cache format 'fp16'", ", ".join(formats),
+                     extra=["--backend", name, "--kv", "fp16"])
+
+
+def test_unknown_kv_format_demo(cli, tmp_path):
+    r = run(cli, "demo", "--size", "small", "--rows", 40, "--steps", 1, "--out-dir", tmp_path / "demo",
+            "--backend", "reference", "--kv", "bogus", timeout=300)
+    assert r.returncode > 0 and "unknown KV cache format 'bogus'" in r.stderr, r.stderr
+    assert not (tmp_path / "demo" / "trajectories.safetensors").exists()
 
 
 # ---- checkpoint

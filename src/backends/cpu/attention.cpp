@@ -12,6 +12,7 @@
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kv_quant.h"
 
 namespace alpamayo::cpu {
 
@@ -26,7 +27,7 @@ AttnGeometry AttnGeometry::make(int d, int group, int T) {
   return g;
 }
 
-void AttnScratch::resize(const AttnGeometry& g, bool fp32) {
+void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8) {
   qf.resize(fp32 ? size_t(g.dp) * g.Rp : 0);
   kf.resize(fp32 ? size_t(kKeyBlock) * g.d : 0);
   vf.resize(fp32 ? size_t(kKeyBlock) * g.dp : 0);
@@ -38,7 +39,21 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32) {
   alpha.resize(g.Rp);
   lblk.resize(g.Rp);
   zero.resize(g.dp);
+  k8ptr.resize(int8 ? kKeyBlock : 0);
+  v8ptr.resize(int8 ? kKeyBlock : 0);
+  kscale.resize(int8 ? kKeyBlock : 0);
+  vscale.resize(int8 ? kKeyBlock : 0);
+  q8.resize(int8 ? size_t(g.dp / 4) * g.Rp : 0);
+  qscale.resize(int8 ? g.Rp : 0);
+  qcorr.resize(int8 ? g.Rp : 0);
+  pmax.resize(int8 ? g.Rp : 0);
 }
+
+float store_int8_key_row(const float* x, int d, uint8_t* k8) {
+  return quantize_row_avx2(x, false, d, 128, reinterpret_cast<int8_t*>(k8));
+}
+
+float store_int8_value_row(const float* x, int d, int8_t* v8) { return quantize_row_avx2(x, false, d, 0, v8); }
 
 void init_partial(const AttnGeometry& g, float* O, float* m, float* l) {
   std::fill(O, O + size_t(g.Rp) * g.dp, 0.f);
@@ -51,6 +66,7 @@ bool cpu_has_avx512_bf16() { return isa().has(kAvx512 | kAvx512Bf16); }
 const char* attn_kernel_name(AttnKernel k) {
   switch (k) {
     case AttnKernel::Avx512Bf16: return "avx512_bf16";
+    case AttnKernel::Avx512Vnni: return "avx512_vnni";
     case AttnKernel::Avx512Fma: return "avx512_fma";
     case AttnKernel::Avx2Fma: return "avx2_fma";
     case AttnKernel::Portable: return "portable";
@@ -61,6 +77,7 @@ const char* attn_kernel_name(AttnKernel k) {
 const char* attn_kernel_instruction(AttnKernel k) {
   switch (k) {
     case AttnKernel::Avx512Bf16: return "vdpbf16ps zmm";
+    case AttnKernel::Avx512Vnni: return "vpdpbusd zmm + vpdpwssd zmm";
     case AttnKernel::Avx512Fma: return "vfmadd231ps zmm";
     case AttnKernel::Avx2Fma: return "vfmadd231ps ymm";
     case AttnKernel::Portable: return "scalar";
@@ -70,10 +87,13 @@ const char* attn_kernel_instruction(AttnKernel k) {
 
 bool attn_kernel_is_fp32(AttnKernel k) { return k == AttnKernel::Avx512Fma || k == AttnKernel::Avx2Fma; }
 
-std::string attn_kernel_unavailable(AttnKernel k) {
+std::string attn_kernel_unavailable(AttnKernel k, bool int8) {
+  if (k == AttnKernel::Avx512Bf16 && int8) return "reads only bf16 caches (not kv int8)";
+  if (k == AttnKernel::Avx512Vnni && !int8) return "reads only int8 caches (kv int8)";
   uint32_t need = 0;
   switch (k) {
     case AttnKernel::Avx512Bf16: need = kAvx512 | kAvx512Bf16; break;
+    case AttnKernel::Avx512Vnni: need = kAvx512 | kAvx512Vnni; break;
     case AttnKernel::Avx512Fma: need = kAvx512; break;
     case AttnKernel::Avx2Fma: need = kAvx2Fma; break;
     case AttnKernel::Portable: return "";
@@ -86,15 +106,16 @@ std::string attn_kernel_unavailable(AttnKernel k) {
   return why;
 }
 
-AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what) {
+AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what, bool int8) {
   std::string all, runnable;
   for (AttnKernel k : kAttnKernels) {
     all += std::string(all.empty() ? "" : ", ") + attn_kernel_name(k);
-    if (attn_kernel_unavailable(k).empty()) runnable += std::string(runnable.empty() ? "" : ", ") + attn_kernel_name(k);
+    if (attn_kernel_unavailable(k, int8).empty())
+      runnable += std::string(runnable.empty() ? "" : ", ") + attn_kernel_name(k);
   }
   for (AttnKernel k : kAttnKernels)
     if (name == attn_kernel_name(k)) {
-      if (const std::string why = attn_kernel_unavailable(k); !why.empty())
+      if (const std::string why = attn_kernel_unavailable(k, int8); !why.empty())
         throw Error(what + ": attention kernel \"" + name + "\" cannot run here: " + why + "; runnable here: " +
                     runnable);
       return k;
@@ -105,17 +126,20 @@ AttnKernel attn_kernel_from_name(const std::string& name, const std::string& wha
 
 void attend_chunk(AttnKernel kernel, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                   float* O, float* m, float* l, AttnScratch& sc) {
-  const AttnWork w{sc.kptr.data(), sc.vptr.data(), sc.s.data(), sc.p.data(), sc.v.data(), sc.alpha.data(),
-                   sc.lblk.data(), sc.zero.data(), sc.qf.data(), sc.kf.data(), sc.vf.data()};
+  const AttnWork w{sc.kptr.data(),  sc.vptr.data(),   sc.s.data(),      sc.p.data(),      sc.v.data(),
+                   sc.alpha.data(), sc.lblk.data(),   sc.zero.data(),   sc.qf.data(),     sc.kf.data(),
+                   sc.vf.data(),    sc.k8ptr.data(),  sc.v8ptr.data(),  sc.kscale.data(), sc.vscale.data(),
+                   sc.qscale.data(), sc.pmax.data(),  sc.q8.data(),     sc.qcorr.data()};
   switch (kernel) {
     case AttnKernel::Avx512Bf16: attend_chunk_avx512bf16(g, qp, kv, j0, j1, O, m, l, w); break;
+    case AttnKernel::Avx512Vnni: attend_chunk_avx512vnni(g, qp, kv, j0, j1, O, m, l, w); break;
     case AttnKernel::Avx512Fma: attend_chunk_avx512fma(g, qp, kv, j0, j1, O, m, l, w); break;
     case AttnKernel::Avx2Fma: attend_chunk_avx2fma(g, qp, kv, j0, j1, O, m, l, w); break;
     case AttnKernel::Portable: attend_chunk_portable(g, qp, kv, j0, j1, O, m, l); break;
   }
 }
 
-double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds) {
+double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds, bool int8) {
   const AttnGeometry g = AttnGeometry::make(d, group, T);
   // Random bf16 queries, keys and values of unit scale (scores of a few units, like a trained model's).
   uint64_t state = 0x9E3779B97F4A7C15ull;
@@ -138,8 +162,34 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
   kv.S = keys;
   kv.k_own = kown.data();
   kv.v_own = vown.data();
+  // The same rows as an int8 cache.
+  AlignedBuf<uint8_t> k8c(int8 ? kc.size() : 0), k8o(int8 ? kown.size() : 0);
+  AlignedBuf<int8_t> v8c(int8 ? vc.size() : 0), v8o(int8 ? vown.size() : 0);
+  AlignedBuf<float> ksc(int8 ? keys : 0), vsc(int8 ? keys : 0), kso(int8 ? T : 0), vso(int8 ? T : 0);
+  if (int8) {
+    std::vector<float> row(d);
+    auto quantise = [&](const uint16_t* k, const uint16_t* v, int rows, uint8_t* k8, int8_t* v8, float* ks, float* vs) {
+      for (int j = 0; j < rows; ++j) {
+        for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(k[size_t(j) * d + c]);
+        ks[j] = store_int8_key_row(row.data(), d, k8 + size_t(j) * d);
+        for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(v[size_t(j) * d + c]);
+        vs[j] = store_int8_value_row(row.data(), d, v8 + size_t(j) * d);
+      }
+    };
+    quantise(kc.data(), vc.data(), keys, k8c.data(), v8c.data(), ksc.data(), vsc.data());
+    quantise(kown.data(), vown.data(), T, k8o.data(), v8o.data(), kso.data(), vso.data());
+    kv.int8 = true;
+    kv.k8_cache = k8c.data();
+    kv.v8_cache = v8c.data();
+    kv.ks_cache = ksc.data();
+    kv.vs_cache = vsc.data();
+    kv.k8_own = k8o.data();
+    kv.v8_own = v8o.data();
+    kv.ks_own = kso.data();
+    kv.vs_own = vso.data();
+  }
   AttnScratch sc;
-  sc.resize(g, attn_kernel_is_fp32(k));
+  sc.resize(g, attn_kernel_is_fp32(k), int8);
   AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
   const int n = keys + T;
   double best = 1e30, total = 0;
@@ -154,20 +204,20 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
   return 4.0 * g.R * n * d / best * 1e-9;
 }
 
-AttnKernel select_attention_kernel(int d, int group, int T, int keys) {
+AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, std::string>, std::pair<AttnKernel, KernelChoice>> cache;
+  static std::map<std::tuple<int, int, int, int, bool, std::string>, std::pair<AttnKernel, KernelChoice>> cache;
   const std::string forced = forced_kernel("attention");
   std::lock_guard<std::mutex> lk(mu);
-  const auto key = std::make_tuple(d, group, T, keys, forced);
+  const auto key = std::make_tuple(d, group, T, keys, int8, forced);
   if (auto it = cache.find(key); it != cache.end()) {
     record_kernel_choice(it->second.second);
     return it->second.first;
   }
   if (!forced.empty()) {
-    const AttnKernel k = attn_kernel_from_name(forced, "ALPAMAYO_CPU_KERNELS");
+    const AttnKernel k = attn_kernel_from_name(forced, "ALPAMAYO_CPU_KERNELS", int8);
     // Timed too (briefly; the portable kernel on fewer keys), so that reports show what it achieves.
-    const double gf = time_attention_kernel(k, d, group, T, k == AttnKernel::Portable ? 128 : keys, 0.02);
+    const double gf = time_attention_kernel(k, d, group, T, k == AttnKernel::Portable ? 128 : keys, 0.02, int8);
     const KernelChoice c{"attention", attn_kernel_name(k), "forced by ALPAMAYO_CPU_KERNELS", gf,
                          attn_kernel_instruction(k)};
     cache[key] = {k, c};
@@ -177,19 +227,19 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys) {
   // The vectorised kernels that can run here; the portable one only where none can (it is never faster).
   std::vector<AttnKernel> cand;
   for (AttnKernel k : kAttnKernels)
-    if (k != AttnKernel::Portable && attn_kernel_unavailable(k).empty()) cand.push_back(k);
+    if (k != AttnKernel::Portable && attn_kernel_unavailable(k, int8).empty()) cand.push_back(k);
   AttnKernel best = AttnKernel::Portable;
   KernelChoice c{"attention", "portable", "the only kernel this CPU can run (no AVX2 + FMA)", 0.0, "scalar"};
   if (cand.size() == 1) {
     best = cand[0];
     c = {"attention", attn_kernel_name(best), "the only vectorised kernel runnable here",
-         time_attention_kernel(best, d, group, T, keys, 0.02), attn_kernel_instruction(best)};
+         time_attention_kernel(best, d, group, T, keys, 0.02, int8), attn_kernel_instruction(best)};
   } else if (cand.size() > 1) {
     // About 40 ms per kernel on one thread: the ratios between kernels are those of the full pool.
     std::string why = "fastest of";
     double best_gf = -1;
     for (AttnKernel k : cand) {
-      const double gf = time_attention_kernel(k, d, group, T, keys, 0.04);
+      const double gf = time_attention_kernel(k, d, group, T, keys, 0.04, int8);
       char buf[64];
       std::snprintf(buf, sizeof buf, " %s %.1f,", attn_kernel_name(k), gf);
       why += buf;
@@ -198,7 +248,7 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys) {
     }
     why.back() = ' ';
     why += "GFLOP/s (1 thread, d=" + std::to_string(d) + ", " + std::to_string(group * T) + " rows, " +
-           std::to_string(keys + T) + " keys)";
+           std::to_string(keys + T) + " keys" + (int8 ? ", int8 cache)" : ")");
     c = {"attention", attn_kernel_name(best), why, best_gf, attn_kernel_instruction(best)};
   }
   cache[key] = {best, c};
@@ -207,7 +257,7 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys) {
 }
 
 // Same math as the AVX-512 path (bf16 operands, fp32 accumulation, base-2 online softmax with bf16
-// probabilities), one key at a time. For CPUs without AVX512-BF16.
+// probabilities), one key at a time. For CPUs without AVX512-BF16. An int8 cache's rows are widened to q * s.
 void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                            float* O, float* m, float* l) {
   const int d = g.d, half = d / 2;
@@ -220,19 +270,30 @@ void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyR
     }
     float* o = O + size_t(r) * g.dp;
     for (int j = j0; j < j1; ++j) {
-      const uint16_t* kr = j < kv.S ? kv.k_cache + size_t(j) * d
-                           : j < kv.S + kv.S2 ? kv.k_mid + size_t(j - kv.S) * d
-                                              : kv.k_own + size_t(j - kv.S - kv.S2) * d;
-      const uint16_t* vr = j < kv.S ? kv.v_cache + size_t(j) * d
-                           : j < kv.S + kv.S2 ? kv.v_mid + size_t(j - kv.S) * d
-                                              : kv.v_own + size_t(j - kv.S - kv.S2) * d;
+      if (kv.int8) {
+        const int seg = j < kv.S ? 0 : j < kv.S + kv.S2 ? 1 : 2;
+        const size_t i = size_t(seg == 0 ? j : seg == 1 ? j - kv.S : j - kv.S - kv.S2);
+        const uint8_t* k8 = (seg == 0 ? kv.k8_cache : seg == 1 ? kv.k8_mid : kv.k8_own) + i * d;
+        const int8_t* v8 = (seg == 0 ? kv.v8_cache : seg == 1 ? kv.v8_mid : kv.v8_own) + i * d;
+        const float ks = (seg == 0 ? kv.ks_cache : seg == 1 ? kv.ks_mid : kv.ks_own)[i];
+        const float vs = (seg == 0 ? kv.vs_cache : seg == 1 ? kv.vs_mid : kv.vs_own)[i];
+        for (int c = 0; c < d; ++c) krow[c] = float(int(k8[c]) - 128) * ks, vrow[c] = float(v8[c]) * vs;
+      } else {
+        const uint16_t* kr = j < kv.S ? kv.k_cache + size_t(j) * d
+                             : j < kv.S + kv.S2 ? kv.k_mid + size_t(j - kv.S) * d
+                                                : kv.k_own + size_t(j - kv.S - kv.S2) * d;
+        const uint16_t* vr = j < kv.S ? kv.v_cache + size_t(j) * d
+                             : j < kv.S + kv.S2 ? kv.v_mid + size_t(j - kv.S) * d
+                                                : kv.v_own + size_t(j - kv.S - kv.S2) * d;
+        for (int c = 0; c < d; ++c) krow[c] = bf16_to_f32(kr[c]), vrow[c] = bf16_to_f32(vr[c]);
+      }
       float s = 0.f;
-      for (int c = 0; c < d; ++c) s += q[c] * bf16_to_f32(kr[c]);
+      for (int c = 0; c < d; ++c) s += q[c] * krow[c];
       s *= g.scale_log2;
       const float m_new = std::max(m[r], s);
       const float alpha = std::exp2(m[r] - m_new), p = std::exp2(s - m_new);
       const float pb = bf16_round(p);
-      for (int c = 0; c < d; ++c) o[c] = o[c] * alpha + pb * bf16_to_f32(vr[c]);
+      for (int c = 0; c < d; ++c) o[c] = o[c] * alpha + pb * vrow[c];
       l[r] = l[r] * alpha + p;
       m[r] = m_new;
     }

@@ -10,6 +10,12 @@
 // probabilities), avx512_fma and avx2_fma (q, k, v widened to fp32 in scratch, fp32 FMAs, fp32 probabilities)
 // and portable (plain C++, one key at a time). All compute the same partials: base-2 online softmax, fp32
 // accumulation; they differ only in rounding.
+//
+// An int8 cache (kv int8, src/backends/kv_int8.h) holds every key and value row as int8 with one fp32 scale per
+// row. avx512_vnni multiplies it directly with vpdpbusd: the queries are rounded to int8 per row once per chunk,
+// the probabilities (times the value rows' scales) to u8 per row and block, and the int32 sums scaled back to
+// fp32. The fp32 kernels and the portable one widen the int8 rows (q * s) instead of bf16 ones; avx512_bf16 reads
+// bf16 caches only, avx512_vnni int8 caches only.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -42,6 +48,13 @@ struct KeyRows {
   const uint16_t* k_mid = nullptr;
   const uint16_t* v_mid = nullptr;
   int S2 = 0;
+  // An int8 cache: every row as int8 (keys stored q + 128 as u8, values q as s8) with one fp32 scale per row,
+  // at the same row indices as the bf16 pointers above, which are then unused.
+  bool int8 = false;
+  const uint8_t *k8_cache = nullptr, *k8_mid = nullptr, *k8_own = nullptr;
+  const int8_t *v8_cache = nullptr, *v8_mid = nullptr, *v8_own = nullptr;
+  const float *ks_cache = nullptr, *vs_cache = nullptr, *ks_mid = nullptr, *vs_mid = nullptr, *ks_own = nullptr,
+              *vs_own = nullptr;
   // Optional memory the caller needs next (the thread's o_proj weights), prefetched into L2 spread
   // over the chunk's blocks so that it arrives without stalling anyone.
   const char* prefetch = nullptr;
@@ -60,11 +73,20 @@ struct AttnScratch {
   AlignedBuf<float> alpha;   // per-row rescale of O for the current block [Rp]
   AlignedBuf<float> lblk;    // per-row probability sums of the current block [Rp]
   AlignedBuf<uint16_t> zero; // a zero key/value row [dp]
-  void resize(const AttnGeometry& g, bool fp32 = false);
+  // An int8 cache's rows and scales per key of the block; avx512_vnni's int8 queries [dp/4][Rp] (4 per word),
+  // their per-row scales and int32 corrections, and the per-row maxima of a block's probabilities. Empty unless
+  // resize(g, ..., true).
+  AlignedBuf<const uint8_t*> k8ptr;
+  AlignedBuf<const int8_t*> v8ptr;
+  AlignedBuf<float> kscale, vscale, qscale, pmax;
+  AlignedBuf<uint32_t> q8;
+  AlignedBuf<int32_t> qcorr;
+  void resize(const AttnGeometry& g, bool fp32 = false, bool int8 = false);
   size_t bytes() const {
-    return (kptr.size() + vptr.size()) * sizeof(void*) +
-           (s.size() + alpha.size() + lblk.size() + qf.size() + kf.size() + vf.size()) * sizeof(float) +
-           (p.size() + v.size()) * sizeof(uint32_t) + zero.size() * sizeof(uint16_t);
+    return (kptr.size() + vptr.size() + k8ptr.size() + v8ptr.size()) * sizeof(void*) +
+           (s.size() + alpha.size() + lblk.size() + qf.size() + kf.size() + vf.size() + kscale.size() +
+            vscale.size() + qscale.size() + pmax.size()) * sizeof(float) +
+           (p.size() + v.size() + q8.size() + qcorr.size()) * sizeof(uint32_t) + zero.size() * sizeof(uint16_t);
   }
 };
 
@@ -80,24 +102,32 @@ struct AttnWork {
   float* lblk;
   const uint16_t* zero;
   float *qf, *kf, *vf;
+  const uint8_t** k8ptr;
+  const int8_t** v8ptr;
+  float *kscale, *vscale, *qscale, *pmax;
+  uint32_t* q8;
+  int32_t* qcorr;
 };
 
-enum class AttnKernel { Avx512Bf16, Avx512Fma, Avx2Fma, Portable };
-inline constexpr AttnKernel kAttnKernels[] = {AttnKernel::Avx512Bf16, AttnKernel::Avx512Fma, AttnKernel::Avx2Fma,
-                                              AttnKernel::Portable};
-const char* attn_kernel_name(AttnKernel k);   // "avx512_bf16", "avx512_fma", "avx2_fma", "portable"
+enum class AttnKernel { Avx512Bf16, Avx512Vnni, Avx512Fma, Avx2Fma, Portable };
+inline constexpr AttnKernel kAttnKernels[] = {AttnKernel::Avx512Bf16, AttnKernel::Avx512Vnni, AttnKernel::Avx512Fma,
+                                              AttnKernel::Avx2Fma, AttnKernel::Portable};
+// "avx512_bf16", "avx512_vnni", "avx512_fma", "avx2_fma", "portable"
+const char* attn_kernel_name(AttnKernel k);
 const char* attn_kernel_instruction(AttnKernel k);  // what does the multiply-adds: "vdpbf16ps zmm", ...
-// Empty when the kernel can run here (isa(), after ALPAMAYO_CPU_ISA), else why not ("needs avx512_bf16").
-std::string attn_kernel_unavailable(AttnKernel k);
+// Empty when the kernel can run here (isa(), after ALPAMAYO_CPU_ISA) on a bf16 cache (int8 = false) or an int8
+// one, else why not ("needs avx512_bf16", "reads only int8 caches (kv int8)").
+std::string attn_kernel_unavailable(AttnKernel k, bool int8 = false);
 // The kernel by name; throws alpamayo::Error naming the candidates for an unknown one or one that cannot run.
-AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what);
+AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what, bool int8 = false);
 
-// The kernel for the model's attention shape (head dim d, group * T query rows per KV head): the one forced
-// by ALPAMAYO_CPU_KERNELS=attention=NAME, else the fastest runnable one, timed once per process and shape on
-// `keys` random keys (about 0.1 s in all). Records the choice (isa.h, kernel_choices()).
-AttnKernel select_attention_kernel(int d, int group, int T, int keys = 2048);
+// The kernel for the model's attention shape (head dim d, group * T query rows per KV head) and cache (bf16 or
+// int8): the one forced by ALPAMAYO_CPU_KERNELS=attention=NAME, else the fastest runnable one, timed once per
+// process, shape and cache on `keys` random keys (about 0.1 s in all). Records the choice (isa.h,
+// kernel_choices()).
+AttnKernel select_attention_kernel(int d, int group, int T, int keys = 2048, bool int8 = false);
 // GFLOP/s of one kernel on one thread for that shape (4 * R * keys * d flops per run): for the benchmarks.
-double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds);
+double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds, bool int8 = false);
 
 // Queries of one (b, g) as bf16 pairs: qp[i * qld + r] holds (q[r][2i], q[r][2i+1]); rows >= R zero.
 // O [Rp][dp], m, l [Rp] hold the running partial; init_partial() sets the empty state.
@@ -116,6 +146,13 @@ void attend_chunk_avx512fma(const AttnGeometry& g, const uint32_t* qp, const Key
                             float* O, float* m, float* l, const AttnWork& w);
 void attend_chunk_avx2fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O,
                           float* m, float* l, const AttnWork& w);
+void attend_chunk_avx512vnni(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
+                             float* O, float* m, float* l, const AttnWork& w);
+
+// An int8 cache's rows for the kernels (cpu backend, benchmarks, tests): one row x [d] quantised per
+// kv_int8.h, the key stored as q + 128 (u8), the value as q (s8). Returns the row's scale.
+float store_int8_key_row(const float* x, int d, uint8_t* k8);
+float store_int8_value_row(const float* x, int d, int8_t* v8);
 
 // Merges n partials (O, m, l at stride Rp*dp / Rp) and writes query row r = hh*T + t (hh < group) of
 // head g*group + hh to out[t * ld + (g*group + hh) * d + c], as fp32 and/or bf16 (either may be null).

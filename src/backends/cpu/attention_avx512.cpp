@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backends/cpu/attention.h"
+#include "backends/cpu/exp2_avx512.h"
 
 #define ALP_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
 
@@ -18,22 +19,6 @@ namespace {
 
 constexpr int kQkKeys = 4;   // keys per QK register tile (x up to 4 vectors of 16 query rows)
 constexpr int kPvRows = 4;   // query rows per PV register tile (x up to 4 vectors of 16 columns)
-
-// 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, Taylor polynomial of e^(f ln2). Degree 6 (rel. error
-// ~1e-7) for the rescale factors; degree 3 (~6e-4) for the probabilities, which are rounded to bf16
-// (2^-9 = 2e-3) for PV anyway and whose fp32 sum carries the same error, so it cancels in O / l to
-// first order. Very negative x underflows to 0 through scalef.
-template <int Degree>
-ALP_BF16 inline __m512 exp2_ps(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, n);
-  constexpr float c[7] = {1.f, 6.9314718055994531e-1f, 2.4022650695910071e-1f, 5.5504108664821580e-2f,
-                          9.6181291076284772e-3f, 1.3333558146428443e-3f, 1.5403530393381606e-4f};
-  __m512 p = _mm512_set1_ps(c[Degree]);
-#pragma GCC unroll 8
-  for (int k = Degree - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[k]));
-  return _mm512_scalef_ps(p, n);
-}
 
 inline uint32_t load_pair(const uint16_t* row, int i) {
   uint32_t v;

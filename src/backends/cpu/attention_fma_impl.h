@@ -5,7 +5,7 @@
 //
 // Same partials as the vdpbf16ps kernel (attention_avx512.cpp): per key block of kKeyBlock keys, scores
 // S = Q K^T, a base-2 online-softmax update of (m, l) with the rescale factors alpha, O = O * alpha + P V. The
-// bf16 queries, keys and values are widened to fp32 in scratch (queries once per chunk, keys and values once
+// bf16 queries, keys and values (or an int8 cache's rows, as q * s) are widened to fp32 in scratch (queries once per chunk, keys and values once
 // per block) and multiplied with fp32 FMAs, the probabilities stay fp32: where vdpbf16ps issues at half the
 // rate of an fp32 FMA (Intel Sapphire / Emerald Rapids) this is the faster unit, and it runs on every AVX2 CPU.
 //
@@ -49,6 +49,16 @@ inline void widen_queries(const AttnGeometry& g, const uint32_t* qp, float* qf) 
 // dst[c] for c < n from bf16 src; dst[c] = 0 for n <= c < npad.
 inline void widen_row(const uint16_t* src, int n, int npad, float* dst) {
   for (int c = 0; c < n; ++c) dst[c] = bf16_bits_f32(uint32_t(src[c]) << 16);
+  for (int c = n; c < npad; ++c) dst[c] = 0.f;
+}
+
+// dst[c] = (k8[c] - 128) * s (an int8 cache's key) or v8[c] * s (its value) for c < n; 0 for n <= c < npad.
+inline void widen_key_s8(const uint8_t* k8, float s, int n, int npad, float* dst) {
+  for (int c = 0; c < n; ++c) dst[c] = static_cast<float>(int(k8[c]) - 128) * s;
+  for (int c = n; c < npad; ++c) dst[c] = 0.f;
+}
+inline void widen_value_s8(const int8_t* v8, float s, int n, int npad, float* dst) {
+  for (int c = 0; c < n; ++c) dst[c] = static_cast<float>(v8[c]) * s;
   for (int c = n; c < npad; ++c) dst[c] = 0.f;
 }
 
@@ -151,7 +161,23 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
   for (int jb = j0, n = 0; jb < j1; jb += n) {
     n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
     const int npad = (n + kFmaQkKeys - 1) / kFmaQkKeys * kFmaQkKeys;
-    for (int k = 0; k < npad; ++k) {
+    for (int k = 0; k < npad && kv.int8; ++k) {
+      const int j = jb + k;
+      float* kf = w.kf + size_t(k) * g.d;
+      float* vf = w.vf + size_t(k) * g.dp;
+      if (k >= n) {
+        widen_row(w.zero, g.d, g.d, kf);
+        widen_row(w.zero, g.d, g.dp, vf);
+        continue;
+      }
+      const int seg = j < kv.S ? 0 : j < kv.S + kv.S2 ? 1 : 2;
+      const size_t i = size_t(seg == 0 ? j : seg == 1 ? j - kv.S : j - kv.S - kv.S2);
+      widen_key_s8((seg == 0 ? kv.k8_cache : seg == 1 ? kv.k8_mid : kv.k8_own) + i * g.d,
+                   (seg == 0 ? kv.ks_cache : seg == 1 ? kv.ks_mid : kv.ks_own)[i], g.d, g.d, kf);
+      widen_value_s8((seg == 0 ? kv.v8_cache : seg == 1 ? kv.v8_mid : kv.v8_own) + i * g.d,
+                     (seg == 0 ? kv.vs_cache : seg == 1 ? kv.vs_mid : kv.vs_own)[i], g.d, g.dp, vf);
+    }
+    for (int k = 0; k < npad && !kv.int8; ++k) {
       const int j = jb + k;
       if (k >= n) {
         kptr[k] = vptr[k] = w.zero;
@@ -190,9 +216,12 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
     // While PV computes: L2 prefetches of the next block's cache rows and of this block's share of the
     // caller's region, spread over the row tiles (as in the vdpbf16ps kernel).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
-    const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
-    const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
-    const char* pf_v = reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
+    const size_t elem = kv.int8 ? 1 : 2;
+    const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * elem : 0;
+    const char* pf_k = kv.int8 ? reinterpret_cast<const char*>(kv.k8_cache + size_t(next0) * g.d)
+                               : reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
+    const char* pf_v = kv.int8 ? reinterpret_cast<const char*>(kv.v8_cache + size_t(next0) * g.d)
+                               : reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
     constexpr int kFmaPvRows = V::kPvRows;
     static_assert(16 % kFmaPvRows == 0);
     const int tiles = g.Rp / kFmaPvRows;

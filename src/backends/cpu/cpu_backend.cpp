@@ -14,6 +14,7 @@
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kv_quant.h"
 #include "backends/cpu/peaks.h"
 
 namespace alpamayo {
@@ -310,7 +311,10 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   // Kernels are timed on one fixed representative shape (the seed's head and layer sizes), not the model's:
   // the choice, and with it the rounding, then depends on the machine only, never on the model's sizes or
   // the thread count, and a tiny model (where overheads decide) picks what a full-size one does.
-  attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens);
+  if (!opts.kv.empty() && opts.kv != "bf16" && opts.kv != "int8")
+    throw Error("cpu backend: unknown KV cache format '" + opts.kv + "' (offered: bf16, int8)");
+  kv_int8_ = opts.kv == "int8";
+  attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens, 2048, kv_int8_);
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
@@ -364,8 +368,11 @@ void CpuSession::bind_step(const Binding& bnd) {
   cos_ = rope.cos;
   sin_ = rope.sin;
 
-  // KV caches: used in place when bf16, otherwise converted once here.
+  // KV caches: used in place when bf16, otherwise converted once here (or quantised: int8).
   owned_cache_.clear();
+  i8_prompt_.clear();
+  i8_suffix_.clear();
+  if (m_.kv_int8_) quantise_cache(kv);
   auto as_bf16 = [&](const TensorView& t) {
     if (t.dtype == DType::BF16) return static_cast<const uint16_t*>(t.data);
     owned_cache_.emplace_back(size_t(t.numel()));
@@ -376,7 +383,7 @@ void CpuSession::bind_step(const Binding& bnd) {
   v_cache_.assign(L, nullptr);
   ks_cache_.assign(kv.suffix_key.empty() ? 0 : L, nullptr);
   vs_cache_.assign(ks_cache_.size(), nullptr);
-  for (int l = 0; l < L; ++l) {
+  for (int l = 0; l < L && !m_.kv_int8_; ++l) {
     k_cache_[l] = as_bf16(kv.key[l]);
     v_cache_[l] = as_bf16(kv.value[l]);
     if (!ks_cache_.empty()) {
@@ -420,8 +427,10 @@ void CpuSession::bind_step(const Binding& bnd) {
   x_scale_.resize(M_);
   y_scale_.resize(M_);
   geo_ = AttnGeometry::make(d, Hq / Hkv, T_);
-  k_own_.resize(size_t(B_) * Hkv * T_ * d);
-  v_own_.resize(size_t(B_) * Hkv * T_ * d);
+  k_own_.resize(m_.kv_int8_ ? 0 : size_t(B_) * Hkv * T_ * d);
+  v_own_.resize(m_.kv_int8_ ? 0 : size_t(B_) * Hkv * T_ * d);
+  if (m_.kv_int8_) i8_own_.resize(size_t(B_) * Hkv * T_, d);
+  else i8_own_ = Int8Rows();
   qp_.resize(size_t(B_) * Hkv * (d / 2) * geo_.Rp);
   qbase_.assign(kv.G, 0);
   for (int p = 1; p < kv.G; ++p) qbase_[p] = qbase_[p - 1] + members_[p - 1].size() * Hkv * (d / 2) * geo_.Rp;
@@ -465,16 +474,76 @@ void CpuSession::bind_step(const Binding& bnd) {
     pt.tmp.resize(tmp);
     pt.scratch.resize(scratch);
     pt.row.resize(std::max({D, I, d}));
-    pt.attn.resize(widest, attn_kernel_is_fp32(attn_kernel_));
+    pt.attn.resize(widest, attn_kernel_is_fp32(attn_kernel_), m_.kv_int8_);
   }
 }
 
+void CpuSession::quantise_cache(const KVCache& kv) {
+  const int L = cfg_.L, Hkv = cfg_.Hkv, d = cfg_.d;
+  // The attended rows only (prompt rows after the padding, up to the valid length; suffix rows up to each sample's
+  // length), packed per (sequence, head).
+  i8_prompt_row0_.assign(size_t(kv.G) * Hkv + 1, 0);
+  for (int g = 0; g < kv.G; ++g)
+    for (int h = 0; h < Hkv; ++h)
+      i8_prompt_row0_[size_t(g) * Hkv + h + 1] = i8_prompt_row0_[size_t(g) * Hkv + h] + size_t(kv.valid_len[g] - kv.pad(g));
+  const bool suffixes = !kv.suffix_key.empty();
+  i8_suffix_row0_.assign(suffixes ? size_t(kv.B) * Hkv + 1 : 0, 0);
+  for (int b = 0; b < kv.B && suffixes; ++b)
+    for (int h = 0; h < Hkv; ++h)
+      i8_suffix_row0_[size_t(b) * Hkv + h + 1] = i8_suffix_row0_[size_t(b) * Hkv + h] + size_t(kv.suffix(b));
+  i8_prompt_.resize(L);
+  i8_suffix_.resize(suffixes ? L : 0);
+  for (int l = 0; l < L; ++l) {
+    i8_prompt_[l].resize(i8_prompt_row0_.back(), d);
+    if (suffixes) i8_suffix_[l].resize(i8_suffix_row0_.back(), d);
+  }
+  // Units of one (layer, sequence, head) over the session's pool.
+  struct Unit {
+    const TensorView *k, *v;
+    Int8Rows* out;
+    size_t src0, dst0;  // the first attended row in the tensor, in `out`
+    int64_t rows;
+  };
+  std::vector<Unit> units;
+  for (int l = 0; l < L; ++l) {
+    for (int g = 0; g < kv.G; ++g)
+      for (int h = 0; h < Hkv; ++h)
+        units.push_back({&kv.key[l], &kv.value[l], &i8_prompt_[l], (size_t(g) * Hkv + h) * kv.P + size_t(kv.pad(g)),
+                         i8_prompt_row0_[size_t(g) * Hkv + h], kv.valid_len[g] - kv.pad(g)});
+    for (int b = 0; b < kv.B && suffixes; ++b)
+      for (int h = 0; h < Hkv; ++h)
+        units.push_back({&kv.suffix_key[l], &kv.suffix_value[l], &i8_suffix_[l], (size_t(b) * Hkv + h) * kv.Q,
+                         i8_suffix_row0_[size_t(b) * Hkv + h], kv.suffix(b)});
+  }
+  // Row `row` of t quantised into row `dst` of q, from the cache's dtype (F16 through fp32).
+  auto quantise = [d](const TensorView& t, size_t row, size_t dst, int bias, void* q, std::vector<float>& tmp) {
+    const size_t off = row * d;
+    int8_t* out = static_cast<int8_t*>(q) + dst * d;
+    if (t.dtype == DType::BF16) return quantize_row_avx2(static_cast<const uint16_t*>(t.data) + off, true, d, bias, out);
+    if (t.dtype == DType::F32) return quantize_row_avx2(static_cast<const float*>(t.data) + off, false, d, bias, out);
+    const uint16_t* p = static_cast<const uint16_t*>(t.data) + off;
+    for (int c = 0; c < d; ++c) tmp[c] = f16_to_f32(p[c]);
+    return quantize_row_avx2(tmp.data(), false, d, bias, out);
+  };
+  pool_.run([&](int tid) {
+    std::vector<float> tmp(d);
+    for (size_t u = tid; u < units.size(); u += nthreads_) {
+      const Unit& un = units[u];
+      for (int64_t j = 0; j < un.rows; ++j) {
+        const size_t src = un.src0 + size_t(j), dst = un.dst0 + size_t(j);
+        un.out->ks[dst] = quantise(*un.k, src, dst, 128, un.out->k.data(), tmp);
+        un.out->vs[dst] = quantise(*un.v, src, dst, 0, un.out->v.data(), tmp);
+      }
+    }
+  });
+}
+
 void CpuSession::set_attention_kernel(AttnKernel k) {
-  if (const std::string why = attn_kernel_unavailable(k); !why.empty())
+  if (const std::string why = attn_kernel_unavailable(k, m_.kv_int8_); !why.empty())
     throw Error(std::string("cpu backend: attention kernel ") + attn_kernel_name(k) + " cannot run here: " + why);
   attn_kernel_ = k;
   if (attn_widest_.d > 0)  // already bound: the scratch of the new kernel
-    for (PerThread& pt : per_thread_) pt.attn.resize(attn_widest_, attn_kernel_is_fp32(k));
+    for (PerThread& pt : per_thread_) pt.attn.resize(attn_widest_, attn_kernel_is_fp32(k), m_.kv_int8_);
 }
 
 uint32_t* CpuSession::qptr(int b, int g) {
@@ -489,6 +558,9 @@ size_t CpuSession::step_buffer_bytes() const {
              (x_bf16_.size() + y_bf16_.size() + k_own_.size() + v_own_.size()) * sizeof(uint16_t) +
              (x_u8_.size() + y_u8_.size()) + qp_.size() * sizeof(uint32_t);
   for (const auto& c : owned_cache_) n += c.size() * sizeof(uint16_t);
+  for (const auto& c : i8_prompt_) n += c.bytes();
+  for (const auto& c : i8_suffix_) n += c.bytes();
+  n += i8_own_.bytes();
   for (const PerThread& pt : per_thread_)
     n += (pt.tmp.size() + pt.row.size()) * sizeof(float) + pt.scratch.size() + pt.attn.bytes();
   for (const auto& layer : plans_)

@@ -84,6 +84,7 @@ class CpuModel final : public BackendModel {
   std::string matmul_kernel_;  // see matmul_kernel()
   bool use_fma_ = false;       // bf16 / int8 weights on fma_kernel_ (FmaWeights) instead of oneDNN (PackedLinear)
   FmaKernel fma_kernel_ = FmaKernel::Portable;
+  bool kv_int8_ = false;    // BackendOptions::kv == "int8": sessions hold their caches as int8 (kv_int8.h)
   AttnKernel attn_kernel_;  // chosen at load (select_attention_kernel)
   HostProjections proj_;
 };
@@ -133,6 +134,26 @@ class CpuSession final : public HostLoopSession {
   std::vector<const uint16_t*> k_cache_, v_cache_;  // per layer, prompts [G, Hkv, P, d] bf16
   std::vector<const uint16_t*> ks_cache_, vs_cache_;  // per layer, suffixes [B, Hkv, Q, d] bf16 (or empty)
   std::vector<AlignedBuf<uint16_t>> owned_cache_;   // converted F32/F16 caches
+  // An int8 cache (kv int8): per layer the attended prompt and suffix rows quantised once at bind (keys stored
+  // q + 128, values q) with their per-row scales, packed: the rows of prompt g's head h from row
+  // i8_prompt_row0_[g * Hkv + h], those of sample b's suffix from i8_suffix_row0_[b * Hkv + h] (the same for every
+  // layer); the own rows [B, Hkv, T, d] quantised in each layer's rope phase.
+  struct Int8Rows {
+    AlignedBuf<uint8_t> k;
+    AlignedBuf<int8_t> v;
+    AlignedBuf<float> ks, vs;
+    void resize(size_t rows, int d) {
+      k.resize(rows * d);
+      v.resize(rows * d);
+      ks.resize(rows);
+      vs.resize(rows);
+    }
+    size_t bytes() const { return k.size() + v.size() + (ks.size() + vs.size()) * sizeof(float); }
+  };
+  std::vector<Int8Rows> i8_prompt_, i8_suffix_;  // per layer
+  std::vector<size_t> i8_prompt_row0_, i8_suffix_row0_;
+  Int8Rows i8_own_;
+  void quantise_cache(const KVCache& kv);
   std::vector<float> cos_, sin_;
   AttnGeometry geo_;
   AttnGeometry attn_widest_;                         // the widest item's geometry (scratch size)

@@ -104,8 +104,13 @@ void CpuSession::layer_phases(int tid, int l) {
         const bool is_k = hd < Hq + Hkv;
         const int g = is_k ? hd - Hq : hd - Hq - Hkv;
         if (is_k) head_norm_rope(x, d, w.k_norm.data(), eps, c, sn, pt.row.data());
-        uint16_t* dst = (is_k ? k_own_.data() : v_own_.data()) + (int64_t(b * Hkv + g) * T_ + t) * d;
-        store_bf16(x, d, dst);
+        const int64_t row = int64_t(b * Hkv + g) * T_ + t;
+        if (m_.kv_int8_) {
+          if (is_k) i8_own_.ks[row] = store_int8_key_row(x, d, i8_own_.k.data() + row * d);
+          else i8_own_.vs[row] = store_int8_value_row(x, d, i8_own_.v.data() + row * d);
+        } else {
+          store_bf16(x, d, (is_k ? k_own_.data() : v_own_.data()) + row * d);
+        }
       }
     }
   }
@@ -201,24 +206,51 @@ void CpuSession::attention_phase(int tid, int l) {
     KeyRows kv;
     AttnGeometry geo = geo_;
     geo.qld = qld(b);
-    if (it.prompt >= 0) {  // cascade: every sample of the prompt, prompt rows only
-      kv.k_cache = k_cache_[l] + prompt_off;
-      kv.v_cache = v_cache_[l] + prompt_off;
+    const bool i8kv = m_.kv_int8_;
+    kv.int8 = i8kv;
+    auto set_prompt = [&] {
       kv.S = prompt_rows;
-      geo.R = geo.Rp = it.count * geo_.Rp;
-    } else {
-      if (!shares_prompt(b)) {
+      if (i8kv) {
+        const Int8Rows& r = i8_prompt_[l];
+        const size_t row = i8_prompt_row0_[pg];
+        kv.k8_cache = r.k.data() + row * d;
+        kv.v8_cache = r.v.data() + row * d;
+        kv.ks_cache = r.ks.data() + row;
+        kv.vs_cache = r.vs.data() + row;
+      } else {
         kv.k_cache = k_cache_[l] + prompt_off;
         kv.v_cache = v_cache_[l] + prompt_off;
-        kv.S = prompt_rows;
       }
-      if (!ks_cache_.empty()) {
-        kv.k_mid = ks_cache_[l] + size_t(bg) * Q_ * d;
-        kv.v_mid = vs_cache_[l] + size_t(bg) * Q_ * d;
+    };
+    if (it.prompt >= 0) {  // cascade: every sample of the prompt, prompt rows only
+      set_prompt();
+      geo.R = geo.Rp = it.count * geo_.Rp;
+    } else {
+      if (!shares_prompt(b)) set_prompt();
+      if (i8kv ? !i8_suffix_.empty() : !ks_cache_.empty()) {
         kv.S2 = static_cast<int>(kv_.suffix(b));
+        if (i8kv) {
+          const size_t row = i8_suffix_row0_[bg];
+          const Int8Rows& r = i8_suffix_[l];
+          kv.k8_mid = r.k.data() + row * d;
+          kv.v8_mid = r.v.data() + row * d;
+          kv.ks_mid = r.ks.data() + row;
+          kv.vs_mid = r.vs.data() + row;
+        } else {
+          kv.k_mid = ks_cache_[l] + size_t(bg) * Q_ * d;
+          kv.v_mid = vs_cache_[l] + size_t(bg) * Q_ * d;
+        }
       }
-      kv.k_own = k_own_.data() + bg * T_ * d;
-      kv.v_own = v_own_.data() + bg * T_ * d;
+      const size_t own = size_t(bg) * T_;
+      if (i8kv) {
+        kv.k8_own = i8_own_.k.data() + own * d;
+        kv.v8_own = i8_own_.v.data() + own * d;
+        kv.ks_own = i8_own_.ks.data() + own;
+        kv.vs_own = i8_own_.vs.data() + own;
+      } else {
+        kv.k_own = k_own_.data() + own * d;
+        kv.v_own = v_own_.data() + own * d;
+      }
     }
     const size_t share = (size_t(pf_per_work * double(int64_t(it.j1 - it.j0) * it.count)) + 63) / 64 * 64;
     kv.prefetch = pf_base + pf_done;

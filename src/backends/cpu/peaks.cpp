@@ -68,6 +68,10 @@ double measure_once(Loop loop, long n, int threads) {
 }  // namespace
 
 double Peaks::of(const std::string& instruction) const {
+  if (const size_t plus = instruction.find(" + "); plus != std::string::npos) {
+    const double a = of(instruction.substr(0, plus)), b = of(instruction.substr(plus + 3));
+    return a > 0 && b > 0 ? 2.0 / (1.0 / a + 1.0 / b) : 0.0;
+  }
   for (const PeakEntry& e : entries)
     if (e.instruction == instruction) return e.rate;
   return 0;
@@ -113,6 +117,7 @@ const Peaks& measured_peaks(int threads) {
       {"vfmadd231ps zmm", "GFLOP/s", kAvx512, peak_loop_fma_zmm},
       {"vfmadd231ps ymm", "GFLOP/s", kAvx2Fma, peak_loop_fma_ymm},
       {"vpdpbusd zmm", "GOP/s", kAvx512 | kAvx512Vnni, peak_loop_dpbusd_zmm},
+      {"vpdpwssd zmm", "GOP/s", kAvx512 | kAvx512Vnni, peak_loop_dpwssd_zmm},
       {"vpdpbusd ymm", "GOP/s", vex_vnni ? uint32_t(kAvx2Fma | kAvxVnni) : uint32_t(kAvx512 | kAvx512Vnni),
        vex_vnni ? peak_loop_dpbusd_ymm_vex : peak_loop_dpbusd_ymm_evex},
   };

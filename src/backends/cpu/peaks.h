@@ -9,7 +9,7 @@
 namespace alpamayo::cpu {
 
 struct PeakEntry {
-  std::string instruction;  // "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm", "vpdpbusd zmm", ...
+  std::string instruction;  // "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm", "vpdpbusd zmm", "vpdpwssd zmm", ...
   std::string unit;         // "GFLOP/s" (a multiply-add is 2 flops) or "GOP/s" (int8)
   double rate = 0;          // all threads together; 0: not runnable here
   std::string why_not;      // when rate == 0
@@ -18,7 +18,8 @@ struct PeakEntry {
 struct Peaks {
   int threads = 0;
   std::vector<PeakEntry> entries;
-  // The rate of an instruction (as in KernelChoice::instruction); 0 if unknown or not runnable.
+  // The rate of an instruction (as in KernelChoice::instruction); 0 if unknown or not runnable. "A + B": a kernel
+  // doing half its work with each (avx512_vnni attention: scores on vpdpbusd, P.V on vpdpwssd), 2 / (1/A + 1/B).
   double of(const std::string& instruction) const;
   // The fastest of the fp32-capable units for bf16 operands: max(vdpbf16ps zmm, vfmadd231ps zmm, ymm).
   double best_bf16_unit(std::string* which = nullptr) const;
@@ -35,6 +36,7 @@ const Peaks& measured_peaks(int threads);
 float peak_loop_dpbf16_zmm(long iters, float seed, double* ops_per_iter);
 float peak_loop_fma_zmm(long iters, float seed, double* ops_per_iter);
 float peak_loop_dpbusd_zmm(long iters, float seed, double* ops_per_iter);
+float peak_loop_dpwssd_zmm(long iters, float seed, double* ops_per_iter);  // int16 pairs (AVX512-VNNI)
 float peak_loop_dpbusd_ymm_evex(long iters, float seed, double* ops_per_iter);  // AVX512-VNNI + VL
 float peak_loop_fma_ymm(long iters, float seed, double* ops_per_iter);
 float peak_loop_dpbusd_ymm_vex(long iters, float seed, double* ops_per_iter);   // AVX-VNNI

@@ -53,6 +53,21 @@ float peak_loop_dpbusd_zmm(long iters, float seed, double* ops_per_iter) {
   return static_cast<float>(out[0] + out[15]);
 }
 
+float peak_loop_dpwssd_zmm(long iters, float seed, double* ops_per_iter) {
+  *ops_per_iter = 12.0 * 16 * 2 * 2;  // 16 lanes x 2 products x (mul + add)
+  const __m512i a = _mm512_set1_epi32(0x00010002 + static_cast<int>(seed)), b = _mm512_set1_epi32(0x00010001);
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  for (long it = 0; it < iters; ++it)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpwssd_epi32(acc[i], a, b);
+  __m512i s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, acc[i]);
+  alignas(64) int out[16];
+  _mm512_store_si512(out, s);
+  return static_cast<float>(out[0] + out[15]);
+}
+
 float peak_loop_dpbusd_ymm_evex(long iters, float seed, double* ops_per_iter) {
   *ops_per_iter = 12.0 * 8 * 4 * 2;
   const __m256i a = _mm256_set1_epi32(0x01020304 + static_cast<int>(seed)), b = _mm256_set1_epi32(0x01010101);

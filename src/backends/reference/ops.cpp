@@ -1,5 +1,7 @@
 #include "backends/reference/ops.h"
 
+#include "backends/kv_int8.h"
+
 #include <algorithm>
 #include <cmath>
 #include <thread>
@@ -105,6 +107,16 @@ void attention(const float* q, const float* k_own, const float* v_own, const std
 void attention(const float* q, const float* k_own, const float* v_own, const float* k_cache,
                const float* v_cache, int T, int Hq, int Hkv, int d, int P, int S, float* out, int threads) {
   attention(q, k_own, v_own, {KeySegment{k_cache, v_cache, int64_t(P) * d, S}}, T, Hq, Hkv, d, out, threads);
+}
+
+void round_rows_s8(float* x, int64_t rows, int d) {
+  std::vector<int8_t> q(d);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * d;
+    if (!std::all_of(row, row + d, [](float v) { return std::isfinite(v); })) continue;
+    const float s = quantize_row_s8(row, d, q.data());
+    dequantize_row_s8(q.data(), s, d, row);
+  }
 }
 
 }  // namespace alpamayo::ref

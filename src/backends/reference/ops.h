@@ -36,6 +36,11 @@ void attention(const float* q, const float* k_own, const float* v_own, const flo
                const float* v_cache, int T, int Hq, int Hkv, int d, int P, int S, float* out,
                int threads = 1);
 
+// The int8 KV cache (kv_int8.h): replaces each of `rows` rows of d values by its per-row int8 quantisation
+// x^ = q * s (quantize_row_s8, then dequantize_row_s8), in place. A row holding a non-finite value is left as
+// it is (int8 has no NaN or Inf; the sample then fails as it would without int8).
+void round_rows_s8(float* x, int64_t rows, int d);
+
 inline float silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
 
 }  // namespace alpamayo::ref

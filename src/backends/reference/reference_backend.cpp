@@ -44,8 +44,8 @@ class ReferenceModel;
 class ReferenceSession final : public HostLoopSession {
  public:
   ReferenceSession(const ExpertConfig& cfg, const ActionProjections& proj, const ExpertWeights& w,
-                   const WeightFormat& wf, int threads)
-      : HostLoopSession(cfg, proj), proj_(proj), weights_(w), wf_(wf), threads_(threads) {}
+                   const WeightFormat& wf, int threads, bool kv_int8)
+      : HostLoopSession(cfg, proj), proj_(proj), weights_(w), wf_(wf), threads_(threads), kv_int8_(kv_int8) {}
 
  protected:
   void bind_step(const Binding& b) override {
@@ -55,14 +55,14 @@ class ReferenceSession final : public HostLoopSession {
 
   size_t step_buffer_bytes() const override { return (rope_.cos.size() + rope_.sin.size()) * sizeof(float); }
   std::unique_ptr<HostLoopSession> new_sibling() const override {
-    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, wf_, threads_);
+    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, wf_, threads_, kv_int8_);
   }
 
   void step(const float* emb, float* hidden, float* const* layers) override {
     const int M = kv_.B * rope_.T, D = cfg_.D;
     std::vector<float> h(emb, emb + int64_t(M) * D);
     for (int l = 0; l < cfg_.L; ++l) {
-      reference_layer(cfg_, weights_.layers[l], wf_, kv_, l, rope_, threads_, h.data());
+      reference_layer(cfg_, weights_.layers[l], wf_, kv_, l, rope_, threads_, h.data(), {}, kv_int8_);
       if (layers) std::copy(h.begin(), h.end(), layers[l]);
     }
     ref::rms_norm(h.data(), to_f32(weights_.final_norm).data(), M, D, cfg_.rms_eps, hidden);
@@ -73,6 +73,7 @@ class ReferenceSession final : public HostLoopSession {
   const ExpertWeights& weights_;  // views into the checkpoint, which the Model keeps alive
   const WeightFormat& wf_;
   int threads_;
+  bool kv_int8_;  // the int8 KV cache (reference_layer)
   KVCache kv_;
   RopeTables rope_;
 };
@@ -85,12 +86,16 @@ class ReferenceModel final : public BackendModel {
         weights_(w.expert),
         wf_(parse_weight_format(opts)),
         proj_(cfg, w, opts.exact_freqs),
-        threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())) {}
+        threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())),
+        kv_int8_(opts.kv == "int8") {
+    check(opts.kv.empty() || opts.kv == "f32" || opts.kv == "int8",
+          "backend reference: unknown KV cache format '" + opts.kv + "' (it offers f32, int8)");
+  }
   std::string name() const override { return "reference"; }
   std::string weights() const override { return wf_.name; }
   size_t weight_bytes() const override { return 0; }
   std::unique_ptr<BackendSession> new_session() const override {
-    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, wf_, threads_);
+    return std::make_unique<ReferenceSession>(cfg_, proj_, weights_, wf_, threads_, kv_int8_);
   }
 
  private:
@@ -99,22 +104,45 @@ class ReferenceModel final : public BackendModel {
   WeightFormat wf_;
   ref::Projections proj_;
   int threads_;
+  bool kv_int8_;
 };
 
 }  // namespace
 
 void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const WeightFormat& wf, const KVCache& kv,
-                     int layer, const RopeTables& rope, int threads, float* h, const LayerProbe& probe) {
+                     int layer, const RopeTables& rope, int threads, float* h, const LayerProbe& probe,
+                     bool kv_int8) {
   const int B = kv.B, T = rope.T, D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d, I = cfg.I, P = kv.P;
   const int M = B * T;
   std::vector<float> a(int64_t(M) * D), q(int64_t(M) * Hq * d), k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d),
       att(int64_t(M) * Hq * d), tmp(int64_t(M) * D), g(int64_t(M) * I), u(int64_t(M) * I);
   const RefLayer w(lw, wf);
-  const std::vector<float> key = to_f32(kv.key[layer]), value = to_f32(kv.value[layer]);
+  std::vector<float> key = to_f32(kv.key[layer]), value = to_f32(kv.value[layer]);
   std::vector<float> skey, svalue;
   if (!kv.suffix_key.empty()) {
     skey = to_f32(kv.suffix_key[layer]);
     svalue = to_f32(kv.suffix_value[layer]);
+  }
+  if (kv_int8) {
+    // The int8 KV cache: every cache row some sample attends to, rows of d per (prompt g, head, position)
+    // and per (sample b, head, suffix position), becomes x^ = q * s. Rows no sample reads (padding, garbage)
+    // are left alone.
+    std::vector<bool> used(kv.G, false);
+    for (int b = 0; b < B; ++b) used[kv.prompt(b)] = true;
+    for (int g = 0; g < kv.G; ++g)
+      if (used[g])
+        for (int hd = 0; hd < Hkv; ++hd) {
+          const int64_t off = ((int64_t(g) * Hkv + hd) * P + kv.pad(g)) * d, rows = kv.valid_len[g] - kv.pad(g);
+          ref::round_rows_s8(key.data() + off, rows, d);
+          ref::round_rows_s8(value.data() + off, rows, d);
+        }
+    for (int b = 0; b < B; ++b)
+      if (kv.suffix(b) > 0)
+        for (int hd = 0; hd < Hkv; ++hd) {
+          const int64_t off = (int64_t(b) * Hkv + hd) * kv.Q * d;
+          ref::round_rows_s8(skey.data() + off, kv.suffix(b), d);
+          ref::round_rows_s8(svalue.data() + off, kv.suffix(b), d);
+        }
   }
   ref::rms_norm(h, w.input_norm.data(), M, D, cfg.rms_eps, a.data());
   if (probe && !probe("input_layernorm", a.data(), int64_t(M) * D)) return;
@@ -135,6 +163,10 @@ void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const Weig
     const float* s = rope.sin.data() + int64_t(b) * T * d;
     ref::rope_apply(q.data() + int64_t(b) * T * Hq * d, T, Hq, d, c, s);
     ref::rope_apply(k.data() + int64_t(b) * T * Hkv * d, T, Hkv, d, c, s);
+    if (kv_int8) {  // the sample's own T x Hkv key rows (after norm and rope) and value rows
+      ref::round_rows_s8(k.data() + int64_t(b) * T * Hkv * d, int64_t(T) * Hkv, d);
+      ref::round_rows_s8(v.data() + int64_t(b) * T * Hkv * d, int64_t(T) * Hkv, d);
+    }
     // Prompt rows after its left padding, then this sample's suffix rows (docs/MATH.md section 2).
     const int g = kv.prompt(b);
     const int64_t pad = kv.pad(g), poff = (int64_t(g) * Hkv * P + pad) * d;

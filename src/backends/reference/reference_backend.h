@@ -14,7 +14,11 @@ std::unique_ptr<BackendModel> load_reference_backend(const ExpertConfig& cfg, co
 // to measure one layer on a given input). kv: the bound cache, of which layer `layer` is read.
 // probe (optional): called after each stage with its output ("q_proj", ..., "output after attention", ...,
 // "output after the MLP"); returning false stops the layer there (the non-finite diagnosis, session.cpp).
+// kv_int8: the int8 KV cache (BackendOptions::kv "int8", kv_int8.h): every key and value row the layer attends
+// to (the sample's prompt rows, its suffix rows, its own K after q/k norm and rope, its own V) is replaced by
+// its per-row quantisation x^ = q * s before the attention, which then runs in fp32 as usual.
 using LayerProbe = std::function<bool(const char* stage, const float* out, int64_t n)>;
 void reference_layer(const ExpertConfig& cfg, const LayerWeights& w, const WeightFormat& wf, const KVCache& kv,
-                     int layer, const RopeTables& rope, int threads, float* h, const LayerProbe& probe = {});
+                     int layer, const RopeTables& rope, int threads, float* h, const LayerProbe& probe = {},
+                     bool kv_int8 = false);
 }  // namespace alpamayo
