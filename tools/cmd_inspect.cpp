@@ -37,7 +37,7 @@ Run add_inspect(CLI::App& app) {
   auto a = std::make_shared<Args>();
   app.add_option("checkpoint", a->dir, "checkpoint directory")->required();
   app.add_flag("--kernels", a->kernels,
-               "cpu backend: time the kernels as loading a model does (attention, bf16 and int8 weight matmuls), "
+               "cpu backend: time the kernels as loading a model does (attention on bf16 and int8 caches, bf16 and int8 weight matmuls), "
                "print the choice per op and the instruction peaks (~1 s)");
   app.add_option("--threads", a->threads, "with --kernels: threads the peaks are measured on (0: all cores)");
   app.add_option("--vlm-config", a->vlm, "the VLM's config.json (or its text_config)");
@@ -68,7 +68,8 @@ Run add_inspect(CLI::App& app) {
     // The instruction sets the cpu backend may use here (after ALPAMAYO_CPU_ISA).
     std::printf("cpu isa      %s\n", cpu::isa().describe().c_str());
     if (a->kernels) {
-      cpu::select_attention_kernel(cpu::kRepHeadDim, cpu::kRepGroup, cpu::kRepTokens);
+      for (bool kv_int8 : {false, true})
+        cpu::select_attention_kernel(cpu::kRepHeadDim, cpu::kRepGroup, cpu::kRepTokens, 2048, kv_int8);
       const int k_model = std::max({c.D, c.Hq * c.d, c.I});
       for (cpu::WeightType t : {cpu::WeightType::BF16, cpu::WeightType::INT8}) cpu::select_matmul_kernel(t, k_model);
       for (const cpu::KernelChoice& k : cpu::kernel_choices())

@@ -343,6 +343,17 @@ TEST(Conformance, ResultsAreBitwiseIndependentOfThreadCount) {
             << target_name(tg) << " " << shapes()[si].name << ": " << t << " threads against 1";
     }
   }
+  // And with each non-default KV cache (int8: the own rows are quantised by whichever thread runs their rope).
+  for (const KvTarget& tg : kv_targets()) {
+    if (!unavailable(tg).empty()) continue;  // reported above
+    for (int si : {4, 6}) {
+      Problem p(shapes()[si]);
+      const SampleResult one = run(p.model(tg.backend, tg.format, 1, {}, tg.kv), p.context(), -1).r;
+      for (int t : {2, 3})
+        EXPECT_EQ(run(p.model(tg.backend, tg.format, t, {}, tg.kv), p.context(), -1).r.action, one.action)
+            << target_name(tg) << " " << shapes()[si].name << ": " << t << " threads against 1";
+    }
+  }
 }
 
 TEST(Conformance, EveryBackendIsTested) {

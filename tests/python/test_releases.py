@@ -229,7 +229,7 @@ def test_make_checkpoint_writes_the_release_shape(cli, tmp_path, layout):
 
 def test_inspect_kernels_names_the_kernel_of_every_op(cli, tmp_path, monkeypatch):
     """`inspect --kernels` times the kernels as loading a model does and names the choice for each op: the
-    attention and both weight formats' matmuls; a forced kernel says so, and an unknown one is an error that
+    attention on a bf16 and on an int8 cache and both weight formats' matmuls; a forced kernel says so, and an unknown one is an error that
     lists the candidates."""
     ck = make_checkpoint(tmp_path / "ck", TINY)
     out, _ = inspect(cli, ck, "--kernels")
@@ -238,7 +238,7 @@ def test_inspect_kernels_names_the_kernel_of_every_op(cli, tmp_path, monkeypatch
         pytest.skip("this build has no cpu backend")
     line = re.compile(r"^cpu kernel\s+(\S+)\s+(\S+)\s+.*; (.*)$", re.M)
     ops = {m.group(1): (m.group(2), m.group(3)) for m in line.finditer(out)}
-    assert set(ops) == {"attention", "matmul_bf16", "matmul_int8"}, out
+    assert set(ops) == {"attention", "attention_kv_int8", "matmul_bf16", "matmul_int8"}, out
     for op, (kernel, why) in ops.items():
         assert why.startswith("fastest of") or why == "only one", f"{op}: {kernel} ({why})"
     assert re.search(r"^cpu peak\s+\S+", out, re.M), out

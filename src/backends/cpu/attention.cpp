@@ -207,6 +207,8 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
 AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8) {
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, int, bool, std::string>, std::pair<AttnKernel, KernelChoice>> cache;
+  // Recorded as op "attention" (bf16 caches) or "attention_kv_int8"; ALPAMAYO_CPU_KERNELS=attention=NAME forces both.
+  const std::string op = int8 ? "attention_kv_int8" : "attention";
   const std::string forced = forced_kernel("attention");
   std::lock_guard<std::mutex> lk(mu);
   const auto key = std::make_tuple(d, group, T, keys, int8, forced);
@@ -218,7 +220,7 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8)
     const AttnKernel k = attn_kernel_from_name(forced, "ALPAMAYO_CPU_KERNELS", int8);
     // Timed too (briefly; the portable kernel on fewer keys), so that reports show what it achieves.
     const double gf = time_attention_kernel(k, d, group, T, k == AttnKernel::Portable ? 128 : keys, 0.02, int8);
-    const KernelChoice c{"attention", attn_kernel_name(k), "forced by ALPAMAYO_CPU_KERNELS", gf,
+    const KernelChoice c{op, attn_kernel_name(k), "forced by ALPAMAYO_CPU_KERNELS", gf,
                          attn_kernel_instruction(k)};
     cache[key] = {k, c};
     record_kernel_choice(c);
@@ -229,10 +231,10 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8)
   for (AttnKernel k : kAttnKernels)
     if (k != AttnKernel::Portable && attn_kernel_unavailable(k, int8).empty()) cand.push_back(k);
   AttnKernel best = AttnKernel::Portable;
-  KernelChoice c{"attention", "portable", "the only kernel this CPU can run (no AVX2 + FMA)", 0.0, "scalar"};
+  KernelChoice c{op, "portable", "the only kernel this CPU can run (no AVX2 + FMA)", 0.0, "scalar"};
   if (cand.size() == 1) {
     best = cand[0];
-    c = {"attention", attn_kernel_name(best), "the only vectorised kernel runnable here",
+    c = {op, attn_kernel_name(best), "the only vectorised kernel runnable here",
          time_attention_kernel(best, d, group, T, keys, 0.02, int8), attn_kernel_instruction(best)};
   } else if (cand.size() > 1) {
     // About 40 ms per kernel on one thread: the ratios between kernels are those of the full pool.
@@ -249,7 +251,7 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8)
     why.back() = ' ';
     why += "GFLOP/s (1 thread, d=" + std::to_string(d) + ", " + std::to_string(group * T) + " rows, " +
            std::to_string(keys + T) + " keys" + (int8 ? ", int8 cache)" : ")");
-    c = {"attention", attn_kernel_name(best), why, best_gf, attn_kernel_instruction(best)};
+    c = {op, attn_kernel_name(best), why, best_gf, attn_kernel_instruction(best)};
   }
   cache[key] = {best, c};
   record_kernel_choice(c);

@@ -294,8 +294,9 @@ void attend_chunk_avx512vnni(const AttnGeometry& g, const uint32_t* qp, const Ke
     // vdpbf16ps kernel).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
     const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d : 0;
-    const char* pf_k = reinterpret_cast<const char*>(kv.k8_cache + size_t(next0) * g.d);
-    const char* pf_v = reinterpret_cast<const char*>(kv.v8_cache + size_t(next0) * g.d);
+    // (No pointer into the rows unless there are rows: a chunk without cache rows has none.)
+    const char* pf_k = pf_bytes ? reinterpret_cast<const char*>(kv.k8_cache + size_t(next0) * g.d) : nullptr;
+    const char* pf_v = pf_bytes ? reinterpret_cast<const char*>(kv.v8_cache + size_t(next0) * g.d) : nullptr;
     const size_t pf_step = (pf_bytes / 64 + g.Rp / kPvRows - 1) / (g.Rp / kPvRows) * 64;
     size_t pf_off = 0;
     const size_t ex_block = ((kv.prefetch_bytes * kKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;

@@ -370,8 +370,6 @@ void CpuSession::bind_step(const Binding& bnd) {
 
   // KV caches: used in place when bf16, otherwise converted once here (or quantised: int8).
   owned_cache_.clear();
-  i8_prompt_.clear();
-  i8_suffix_.clear();
   if (m_.kv_int8_) quantise_cache(kv);
   auto as_bf16 = [&](const TensorView& t) {
     if (t.dtype == DType::BF16) return static_cast<const uint16_t*>(t.data);
@@ -429,8 +427,7 @@ void CpuSession::bind_step(const Binding& bnd) {
   geo_ = AttnGeometry::make(d, Hq / Hkv, T_);
   k_own_.resize(m_.kv_int8_ ? 0 : size_t(B_) * Hkv * T_ * d);
   v_own_.resize(m_.kv_int8_ ? 0 : size_t(B_) * Hkv * T_ * d);
-  if (m_.kv_int8_) i8_own_.resize(size_t(B_) * Hkv * T_, d);
-  else i8_own_ = Int8Rows();
+  if (m_.kv_int8_) i8_own_.ensure(size_t(B_) * Hkv * T_, d);
   qp_.resize(size_t(B_) * Hkv * (d / 2) * geo_.Rp);
   qbase_.assign(kv.G, 0);
   for (int p = 1; p < kv.G; ++p) qbase_[p] = qbase_[p - 1] + members_[p - 1].size() * Hkv * (d / 2) * geo_.Rp;
@@ -494,8 +491,8 @@ void CpuSession::quantise_cache(const KVCache& kv) {
   i8_prompt_.resize(L);
   i8_suffix_.resize(suffixes ? L : 0);
   for (int l = 0; l < L; ++l) {
-    i8_prompt_[l].resize(i8_prompt_row0_.back(), d);
-    if (suffixes) i8_suffix_[l].resize(i8_suffix_row0_.back(), d);
+    i8_prompt_[l].ensure(i8_prompt_row0_.back(), d);
+    if (suffixes) i8_suffix_[l].ensure(i8_suffix_row0_.back(), d);
   }
   // Units of one (layer, sequence, head) over the session's pool.
   struct Unit {

@@ -311,7 +311,7 @@ void CpuSession::print_profile(double step_ms) const {
   std::vector<long long> keys(B_);
   for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
   const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);
-  std::vector<OpFloor> floors = step_floors(work, m_.opts_.weights, nthreads_);
+  std::vector<OpFloor> floors = step_floors(work, m_.opts_.weights, nthreads_, m_.kv_int8_);
   floors[0].actual_ms = 1e3 * (phase_s_[kQkv] + phase_s_[kOproj] + phase_s_[kGateUp] + phase_s_[kDown]);
   floors[1].actual_ms = 1e3 * phase_s_[kAttn];
   std::fprintf(stderr, "%s", format_floors(floors, nthreads_, "  ").c_str());

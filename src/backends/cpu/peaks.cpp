@@ -155,7 +155,7 @@ StepWork step_work(int L, int D, int Hq, int Hkv, int d, int I, int T, const std
   return w;
 }
 
-std::vector<OpFloor> step_floors(const StepWork& w, const std::string& weights, int threads) {
+std::vector<OpFloor> step_floors(const StepWork& w, const std::string& weights, int threads, bool kv_int8) {
   const Peaks& p = measured_peaks(threads);
   const std::vector<KernelChoice> choices = kernel_choices();
   auto chosen = [&](const std::string& op) {
@@ -179,8 +179,8 @@ std::vector<OpFloor> step_floors(const StepWork& w, const std::string& weights, 
     out.push_back(f);
   }
   {
-    const KernelChoice c = chosen("attention");
-    OpFloor f{"attention", c.kernel, c.instruction, w.attention_gflop};
+    const KernelChoice c = chosen(kv_int8 ? "attention_kv_int8" : "attention");
+    OpFloor f{c.op, c.kernel, c.instruction, w.attention_gflop};
     f.peak = c.instruction.empty() ? 0 : p.of(c.instruction);
     if (f.peak <= 0) {
       std::string which;

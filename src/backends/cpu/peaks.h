@@ -62,8 +62,8 @@ struct StepWork {
 };
 // Per step of B samples of T tokens; attended[b]: keys sample b attends to (prompt + suffix + own rows).
 StepWork step_work(int L, int D, int Hq, int Hkv, int d, int I, int T, const std::vector<long long>& attended);
-// weights: the weight format ("bf16", "int8", "bfp8_b", ...).
-std::vector<OpFloor> step_floors(const StepWork& w, const std::string& weights, int threads);
+// weights: the weight format ("bf16", "int8", "bfp8_b", ...); kv_int8: an int8 KV cache (op "attention_kv_int8").
+std::vector<OpFloor> step_floors(const StepWork& w, const std::string& weights, int threads, bool kv_int8 = false);
 // A table (one line per op, then the total), each line starting with `indent`.
 std::string format_floors(const std::vector<OpFloor>& f, int threads, const std::string& indent);
 
