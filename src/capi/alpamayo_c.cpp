@@ -162,22 +162,19 @@ alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const
   const alpamayo_model_options opts = o ? *o : alpamayo_model_options{};
   const alpamayo::BackendInfo& info = backend_info(opts.backend);
   alpamayo::BackendOptions bo;
-  bo.weights = opts.weights && *opts.weights ? opts.weights : info.weight_formats.front();
-  const auto& fmts = info.weight_formats;
-  if (std::find(fmts.begin(), fmts.end(), bo.weights) == fmts.end()) {
-    std::string offered;
-    for (const auto& f : fmts) offered += (offered.empty() ? "" : ", ") + f;
-    throw Failure(ALPAMAYO_UNSUPPORTED, "backend " + info.name + ": unknown weight format '" + bo.weights +
-                                            "' (it offers " + offered + ")");
-  }
-  bo.kv = opts.kv && *opts.kv ? opts.kv : info.kv_formats.front();
-  const auto& kvs = info.kv_formats;
-  if (std::find(kvs.begin(), kvs.end(), bo.kv) == kvs.end()) {
-    std::string offered;
-    for (const auto& f : kvs) offered += (offered.empty() ? "" : ", ") + f;
-    throw Failure(ALPAMAYO_UNSUPPORTED, "backend " + info.name + ": unknown KV cache format '" + bo.kv +
-                                            "' (it offers " + offered + ")");
-  }
+  // The requested format (NULL or "": the backend's first) if the backend offers it.
+  auto choose = [&](const char* requested, const std::vector<std::string>& fmts, const char* what) {
+    const std::string f = requested && *requested ? requested : fmts.front();
+    if (std::find(fmts.begin(), fmts.end(), f) == fmts.end()) {
+      std::string offered;
+      for (const auto& o : fmts) offered += (offered.empty() ? "" : ", ") + o;
+      throw Failure(ALPAMAYO_UNSUPPORTED, "backend " + info.name + ": unknown " + what + " '" + f + "' (it offers " +
+                                              offered + ")");
+    }
+    return f;
+  };
+  bo.weights = choose(opts.weights, info.weight_formats, "weight format");
+  bo.kv = choose(opts.kv, info.kv_formats, "KV cache format");
   require(opts.threads >= 0 && opts.threads <= 65536, ALPAMAYO_INVALID_ARGUMENT,
           "threads must be in [0, 65536] (0: all cores), found " + std::to_string(opts.threads));
   bo.threads = static_cast<int>(opts.threads);

@@ -37,19 +37,10 @@ namespace {
 
 using namespace conformance;
 
-class Conformance : public ::testing::TestWithParam<std::tuple<Target, int>> {};
-
-TEST_P(Conformance, MatchesTheReference) {
-  const auto& [tg, si] = GetParam();
-  const Shape& sh = shapes()[si];
-  Problem p(sh);
-  const Tolerance tol = tolerance(tg.format);
-  const int cap_step = 0;  // same input x_0 on both sides: the layers are compared without the sampler's gain
-  SKIP_IF_UNAVAILABLE(tg);
-  const RunOut ref = run(p.model("reference", oracle_format(tg.format)), p.context(), cap_step);
-  const RunOut got = run(p.model(tg.backend, tg.format), p.context(), cap_step);
-  const std::string at = tg.backend + "/" + tg.format + " " + sh.name;
-
+// got against ref under tol: the captured step's action_in_proj output, layers and final hidden state, every v_k,
+// the action, the trajectory (relative to its extent) and v0.
+void expect_run_close(const RunOut& got, const RunOut& ref, const Tolerance& tol, const Shape& sh, int batch,
+                      int cap_step, const std::string& at) {
   ASSERT_EQ(got.cap.step, cap_step) << at;
   ASSERT_EQ(got.cap.layers.size(), size_t(sh.L)) << at;
   expect_layer_close(compare(got.cap.emb, ref.cap.emb), tol, at + " action_in_proj output at step " + std::to_string(cap_step));
@@ -57,7 +48,7 @@ TEST_P(Conformance, MatchesTheReference) {
     expect_layer_close(compare(got.cap.layers[l], ref.cap.layers[l]), tol, at + " layer " + std::to_string(l));
   expect_layer_close(compare(got.cap.hidden, ref.cap.hidden), tol, at + " final hidden");
 
-  const size_t n = size_t(p.batch()) * sh.T * 2;
+  const size_t n = size_t(batch) * sh.T * 2;
   ASSERT_EQ(got.r.v_steps.size(), n * sh.steps) << at;
   for (int k = 0; k < sh.steps; ++k)
     expect_sampler_close(compare(got.r.v_steps.data() + k * n, ref.r.v_steps.data() + k * n, n), tol,
@@ -72,6 +63,22 @@ TEST_P(Conformance, MatchesTheReference) {
     std::printf("  %-60s %.2e m of %.1f m\n", (at + " trajectory").c_str(), dev, extent);
   EXPECT_LE(dev, tol.traj_rel * extent) << at << " trajectory deviation in metres, of " << extent << " m";
   EXPECT_EQ(got.r.v0, ref.r.v0) << at;
+}
+
+class Conformance : public ::testing::TestWithParam<std::tuple<Target, int>> {};
+
+TEST_P(Conformance, MatchesTheReference) {
+  const auto& [tg, si] = GetParam();
+  const Shape& sh = shapes()[si];
+  Problem p(sh);
+  const Tolerance tol = tolerance(tg.format);
+  const int cap_step = 0;  // same input x_0 on both sides: the layers are compared without the sampler's gain
+  SKIP_IF_UNAVAILABLE(tg);
+  const RunOut ref = run(p.model("reference", oracle_format(tg.format)), p.context(), cap_step);
+  const RunOut got = run(p.model(tg.backend, tg.format), p.context(), cap_step);
+  const std::string at = tg.backend + "/" + tg.format + " " + sh.name;
+
+  expect_run_close(got, ref, tol, sh, p.batch(), cap_step, at);
 }
 
 // Bitwise determinism of model m (built from p): same inputs twice, rebinding, two sessions at once.
@@ -144,27 +151,7 @@ TEST_P(ConformanceKv, MatchesTheReference) {
   const RunOut got = run(p.model(tg.backend, tg.format, 2, {}, tg.kv), p.context(), cap_step);
   const std::string at = tg.backend + "/" + tg.format + " kv " + tg.kv + " " + sh.name;
 
-  ASSERT_EQ(got.cap.step, cap_step) << at;
-  ASSERT_EQ(got.cap.layers.size(), size_t(sh.L)) << at;
-  expect_layer_close(compare(got.cap.emb, ref.cap.emb), tol, at + " action_in_proj output at step 0");
-  for (int l = 0; l < sh.L; ++l)
-    expect_layer_close(compare(got.cap.layers[l], ref.cap.layers[l]), tol, at + " layer " + std::to_string(l));
-  expect_layer_close(compare(got.cap.hidden, ref.cap.hidden), tol, at + " final hidden");
-  const size_t n = size_t(p.batch()) * sh.T * 2;
-  ASSERT_EQ(got.r.v_steps.size(), n * sh.steps) << at;
-  for (int k = 0; k < sh.steps; ++k)
-    expect_sampler_close(compare(got.r.v_steps.data() + k * n, ref.r.v_steps.data() + k * n, n), tol,
-                         at + " v_" + std::to_string(k));
-  expect_sampler_close(compare(got.r.action, ref.r.action), tol, at + " action x_N");
-  double dev = 0, extent = 0;
-  for (size_t i = 0; i < got.r.xyz.size(); ++i) {
-    dev = std::max(dev, double(std::fabs(got.r.xyz[i] - ref.r.xyz[i])));
-    extent = std::max(extent, double(std::fabs(ref.r.xyz[i])));
-  }
-  if (std::getenv("ALPAMAYO_CONFORMANCE_REPORT"))
-    std::printf("  %-60s %.2e m of %.1f m\n", (at + " trajectory").c_str(), dev, extent);
-  EXPECT_LE(dev, tol.traj_rel * extent) << at << " trajectory deviation in metres, of " << extent << " m";
-  EXPECT_EQ(got.r.v0, ref.r.v0) << at;
+  expect_run_close(got, ref, tol, sh, p.batch(), cap_step, at);
   EXPECT_EQ(p.model(tg.backend, tg.format, 2, {}, tg.kv)->kv(), tg.kv) << at;
   EXPECT_NE(run(p.model(tg.backend, tg.format), p.context(), cap_step).r.action, got.r.action)
       << at << ": the KV cache format must matter";
