@@ -62,20 +62,9 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> k8c(int8 ? kc.size() : 0), k8o(int8 ? ko.size() : 0);
   std::vector<int8_t> v8c(int8 ? vc.size() : 0), v8o(int8 ? vo.size() : 0);
   std::vector<float> ksc(int8 ? size_t(S) * caches : 0), vsc(ksc.size()), kso(int8 ? T : 0), vso(kso.size());
-  {
-    std::vector<float> row(d);
-    auto quantise = [&](const uint16_t* k, const uint16_t* v, size_t rows, uint8_t* k8, int8_t* v8, float* ks, float* vs) {
-      for (size_t j = 0; j < rows; ++j) {
-        for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(k[j * d + c]);
-        ks[j] = store_int8_key_row(row.data(), d, k8 + j * d);
-        for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(v[j * d + c]);
-        vs[j] = store_int8_value_row(row.data(), d, v8 + j * d);
-      }
-    };
-    if (int8) {
-      quantise(kc.data(), vc.data(), size_t(S) * caches, k8c.data(), v8c.data(), ksc.data(), vsc.data());
-      quantise(ko.data(), vo.data(), T, k8o.data(), v8o.data(), kso.data(), vso.data());
-    }
+  if (int8) {
+    store_int8_rows(kc.data(), vc.data(), size_t(S) * caches, d, k8c.data(), v8c.data(), ksc.data(), vsc.data());
+    store_int8_rows(ko.data(), vo.data(), T, d, k8o.data(), v8o.data(), kso.data(), vso.data());
   }
   AlignedBuf<uint32_t> qp(size_t(d / 2) * g.Rp);
   for (size_t i = 0; i < qp.size(); ++i) qp[i] = f32_to_bf16(nd(rng)) | (uint32_t(f32_to_bf16(nd(rng))) << 16);

@@ -55,6 +55,14 @@ float store_int8_key_row(const float* x, int d, uint8_t* k8) {
 
 float store_int8_value_row(const float* x, int d, int8_t* v8) { return quantize_row_avx2(x, false, d, 0, v8); }
 
+void store_int8_rows(const uint16_t* k, const uint16_t* v, size_t rows, int d, uint8_t* k8, int8_t* v8, float* ks,
+                     float* vs) {
+  for (size_t j = 0; j < rows; ++j) {
+    ks[j] = quantize_row_avx2(k + j * d, true, d, 128, reinterpret_cast<int8_t*>(k8) + j * d);
+    vs[j] = quantize_row_avx2(v + j * d, true, d, 0, v8 + j * d);
+  }
+}
+
 void init_partial(const AttnGeometry& g, float* O, float* m, float* l) {
   std::fill(O, O + size_t(g.Rp) * g.dp, 0.f);
   std::fill(m, m + g.Rp, -INFINITY);
@@ -167,17 +175,8 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
   AlignedBuf<int8_t> v8c(int8 ? vc.size() : 0), v8o(int8 ? vown.size() : 0);
   AlignedBuf<float> ksc(int8 ? keys : 0), vsc(int8 ? keys : 0), kso(int8 ? T : 0), vso(int8 ? T : 0);
   if (int8) {
-    std::vector<float> row(d);
-    auto quantise = [&](const uint16_t* k, const uint16_t* v, int rows, uint8_t* k8, int8_t* v8, float* ks, float* vs) {
-      for (int j = 0; j < rows; ++j) {
-        for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(k[size_t(j) * d + c]);
-        ks[j] = store_int8_key_row(row.data(), d, k8 + size_t(j) * d);
-        for (int c = 0; c < d; ++c) row[c] = bf16_to_f32(v[size_t(j) * d + c]);
-        vs[j] = store_int8_value_row(row.data(), d, v8 + size_t(j) * d);
-      }
-    };
-    quantise(kc.data(), vc.data(), keys, k8c.data(), v8c.data(), ksc.data(), vsc.data());
-    quantise(kown.data(), vown.data(), T, k8o.data(), v8o.data(), kso.data(), vso.data());
+    store_int8_rows(kc.data(), vc.data(), keys, d, k8c.data(), v8c.data(), ksc.data(), vsc.data());
+    store_int8_rows(kown.data(), vown.data(), T, d, k8o.data(), v8o.data(), kso.data(), vso.data());
     kv.int8 = true;
     kv.k8_cache = k8c.data();
     kv.v8_cache = v8c.data();

@@ -153,6 +153,9 @@ void attend_chunk_avx512vnni(const AttnGeometry& g, const uint32_t* qp, const Ke
 // kv_int8.h, the key stored as q + 128 (u8), the value as q (s8). Returns the row's scale.
 float store_int8_key_row(const float* x, int d, uint8_t* k8);
 float store_int8_value_row(const float* x, int d, int8_t* v8);
+// `rows` bf16 key and value rows of d as an int8 cache's rows and scales (benchmarks, kernel timing).
+void store_int8_rows(const uint16_t* k, const uint16_t* v, size_t rows, int d, uint8_t* k8, int8_t* v8, float* ks,
+                     float* vs);
 
 // Merges n partials (O, m, l at stride Rp*dp / Rp) and writes query row r = hh*T + t (hh < group) of
 // head g*group + hh to out[t * ld + (g*group + hh) * d + c], as fp32 and/or bf16 (either may be null).
