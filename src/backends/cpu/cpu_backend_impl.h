@@ -14,6 +14,7 @@
 #include "backends/cpu/attention.h"
 #include "backends/cpu/bfp_matmul.h"
 #include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/huge_buf.h"
 #include "backends/cpu/packed_matmul.h"
 #include "backends/cpu/thread_pool.h"
 #include "backends/weight_formats.h"
@@ -139,12 +140,12 @@ class CpuSession final : public HostLoopSession {
   // i8_prompt_row0_[g * Hkv + h], those of sample b's suffix from i8_suffix_row0_[b * Hkv + h] (the same for every
   // layer); the own rows [B, Hkv, T, d] quantised in each layer's rope phase.
   struct Int8Rows {
-    AlignedBuf<uint8_t> k;
-    AlignedBuf<int8_t> v;
+    HugeArray<uint8_t> k;  // fresh pages, first touched by the quantising threads in parallel
+    HugeArray<int8_t> v;
     AlignedBuf<float> ks, vs;
     // Room for `rows` rows of d, kept from an earlier bind where it fits: a new context of the same sizes (the
-    // next camera frame's) then costs only the quantisation, not 600 MB of fresh pages (1.8 s at the seed's size
-    // on our VMs, against 0.07 s for the quantisation).
+    // next camera frame's) then costs only the quantisation, not 600 MB of fresh pages (seconds on our VMs at
+    // the seed's size, against 0.07 s for the quantisation).
     void ensure(size_t rows, int d) {
       if (k.size() < rows * d) {
         k.resize(rows * d);

@@ -51,4 +51,21 @@ class HugeBuf {
   size_t n_ = 0;
 };
 
+// n elements of T in a HugeBuf: zero until written (fresh pages), not zeroed by us, so the first touch of a large
+// buffer happens where it is filled, on the threads that fill it.
+template <class T>
+class HugeArray {
+ public:
+  void resize(size_t n) {
+    buf_ = HugeBuf(n * sizeof(T));
+    n_ = n;
+  }
+  T* data() const { return static_cast<T*>(buf_.data()); }
+  size_t size() const { return n_; }
+
+ private:
+  HugeBuf buf_;
+  size_t n_ = 0;
+};
+
 }  // namespace alpamayo::cpu
