@@ -87,17 +87,17 @@ int main(int argc, char** argv) {
     }
   }
   auto rows_of = [&](int c) {
-    KeyRows r{kc.data() + c * kc1.size(), vc.data() + c * vc1.size(), S, ko.data(), vo.data()};
+    KeyRows r;
+    r.k_cache = kc.data() + c * kc1.size();
+    r.v_cache = vc.data() + c * vc1.size();
+    r.S = S;
+    r.k_own = ko.data();
+    r.v_own = vo.data();
     if (int8) {
       r.int8 = true;
-      r.k8_cache = k8c.data() + c * kc1.size();
-      r.v8_cache = v8c.data() + c * vc1.size();
-      r.ks_cache = ksc.data() + size_t(c) * S;
-      r.vs_cache = vsc.data() + size_t(c) * S;
-      r.k8_own = k8o.data();
-      r.v8_own = v8o.data();
-      r.ks_own = kso.data();
-      r.vs_own = vso.data();
+      r.i8[0] = {k8c.data() + c * kc1.size(), v8c.data() + c * vc1.size(), ksc.data() + size_t(c) * S,
+                 vsc.data() + size_t(c) * S};
+      r.i8[2] = {k8o.data(), v8o.data(), kso.data(), vso.data()};
     }
     return r;
   };

@@ -151,18 +151,17 @@ TEST_P(AttentionKernel, MatchesReference) {
     const auto kcb = to_bf16(kc.data() + size_t(h) * c.P * c.d, size_t(c.P) * c.d),
                vcb = to_bf16(vc.data() + size_t(h) * c.P * c.d, size_t(c.P) * c.d), kob = to_bf16(kown.data(), kown.size()),
                vob = to_bf16(vown.data(), vown.size());
-    KeyRows kv{kcb.data(), vcb.data(), c.S, kob.data(), vob.data()};
+    KeyRows kv;
+    kv.k_cache = kcb.data();
+    kv.v_cache = vcb.data();
+    kv.S = c.S;
+    kv.k_own = kob.data();
+    kv.v_own = vob.data();
     if (int8) {
       const size_t off = size_t(h) * c.P;
       kv.int8 = true;
-      kv.k8_cache = kc8.data() + off * c.d;
-      kv.v8_cache = vc8.data() + off * c.d;
-      kv.ks_cache = kcs.data() + off;
-      kv.vs_cache = vcs.data() + off;
-      kv.k8_own = kown8.data();
-      kv.v8_own = vown8.data();
-      kv.ks_own = kos_h.data();
-      kv.vs_own = vos_h.data();
+      kv.i8[0] = {kc8.data() + off * c.d, vc8.data() + off * c.d, kcs.data() + off, vcs.data() + off};
+      kv.i8[2] = {kown8.data(), vown8.data(), kos_h.data(), vos_h.data()};
     }
     const int n = c.S + c.T;
     AlignedBuf<float> O(size_t(c.chunks) * g.Rp * g.dp), m(size_t(c.chunks) * g.Rp), l(size_t(c.chunks) * g.Rp);

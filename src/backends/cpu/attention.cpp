@@ -178,14 +178,8 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
     store_int8_rows(kc.data(), vc.data(), keys, d, k8c.data(), v8c.data(), ksc.data(), vsc.data());
     store_int8_rows(kown.data(), vown.data(), T, d, k8o.data(), v8o.data(), kso.data(), vso.data());
     kv.int8 = true;
-    kv.k8_cache = k8c.data();
-    kv.v8_cache = v8c.data();
-    kv.ks_cache = ksc.data();
-    kv.vs_cache = vsc.data();
-    kv.k8_own = k8o.data();
-    kv.v8_own = v8o.data();
-    kv.ks_own = kso.data();
-    kv.vs_own = vso.data();
+    kv.i8[0] = {k8c.data(), v8c.data(), ksc.data(), vsc.data()};
+    kv.i8[2] = {k8o.data(), v8o.data(), kso.data(), vso.data()};
   }
   AttnScratch sc;
   sc.resize(g, attn_kernel_is_fp32(k), int8);
@@ -273,12 +267,10 @@ void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyR
     for (int j = j0; j < j1; ++j) {
       if (kv.int8) {
         const int seg = j < kv.S ? 0 : j < kv.S + kv.S2 ? 1 : 2;
-        const size_t i = size_t(seg == 0 ? j : seg == 1 ? j - kv.S : j - kv.S - kv.S2);
-        const uint8_t* k8 = (seg == 0 ? kv.k8_cache : seg == 1 ? kv.k8_mid : kv.k8_own) + i * d;
-        const int8_t* v8 = (seg == 0 ? kv.v8_cache : seg == 1 ? kv.v8_mid : kv.v8_own) + i * d;
-        const float ks = (seg == 0 ? kv.ks_cache : seg == 1 ? kv.ks_mid : kv.ks_own)[i];
-        const float vs = (seg == 0 ? kv.vs_cache : seg == 1 ? kv.vs_mid : kv.vs_own)[i];
-        for (int c = 0; c < d; ++c) krow[c] = float(int(k8[c]) - 128) * ks, vrow[c] = float(v8[c]) * vs;
+        const size_t i = size_t(j - (seg == 0 ? 0 : seg == 1 ? kv.S : kv.S + kv.S2));
+        const KeyRows::Int8Segment& sg = kv.i8[seg];
+        for (int c = 0; c < d; ++c)
+          krow[c] = float(int(sg.k[i * d + c]) - 128) * sg.ks[i], vrow[c] = float(sg.v[i * d + c]) * sg.vs[i];
       } else {
         const uint16_t* kr = j < kv.S ? kv.k_cache + size_t(j) * d
                              : j < kv.S + kv.S2 ? kv.k_mid + size_t(j - kv.S) * d

@@ -48,13 +48,15 @@ struct KeyRows {
   const uint16_t* k_mid = nullptr;
   const uint16_t* v_mid = nullptr;
   int S2 = 0;
-  // An int8 cache: every row as int8 (keys stored q + 128 as u8, values q as s8) with one fp32 scale per row,
-  // at the same row indices as the bf16 pointers above, which are then unused.
+  // An int8 cache: every row as int8 (keys stored q + 128 as u8, values q as s8) with one fp32 scale per row; the
+  // segments cache, mid and own (i8[0..2]) at the same row indices as the bf16 pointers above, then unused.
+  struct Int8Segment {
+    const uint8_t* k = nullptr;
+    const int8_t* v = nullptr;
+    const float *ks = nullptr, *vs = nullptr;
+  };
   bool int8 = false;
-  const uint8_t *k8_cache = nullptr, *k8_mid = nullptr, *k8_own = nullptr;
-  const int8_t *v8_cache = nullptr, *v8_mid = nullptr, *v8_own = nullptr;
-  const float *ks_cache = nullptr, *vs_cache = nullptr, *ks_mid = nullptr, *vs_mid = nullptr, *ks_own = nullptr,
-              *vs_own = nullptr;
+  Int8Segment i8[3];
   // Optional memory the caller needs next (the thread's o_proj weights), prefetched into L2 spread
   // over the chunk's blocks so that it arrives without stalling anyone.
   const char* prefetch = nullptr;

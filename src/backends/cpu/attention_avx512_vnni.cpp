@@ -282,11 +282,12 @@ void attend_chunk_avx512vnni(const AttnGeometry& g, const uint32_t* qp, const Ke
         continue;
       }
       const int seg = j < kv.S ? 0 : j < kv.S + kv.S2 ? 1 : 2;
-      const size_t i = size_t(seg == 0 ? j : seg == 1 ? j - kv.S : j - kv.S - kv.S2);
-      kptr[k] = (seg == 0 ? kv.k8_cache : seg == 1 ? kv.k8_mid : kv.k8_own) + i * g.d;
-      vptr[k] = (seg == 0 ? kv.v8_cache : seg == 1 ? kv.v8_mid : kv.v8_own) + i * g.d;
-      ks[k] = (seg == 0 ? kv.ks_cache : seg == 1 ? kv.ks_mid : kv.ks_own)[i];
-      vs[k] = (seg == 0 ? kv.vs_cache : seg == 1 ? kv.vs_mid : kv.vs_own)[i];
+      const size_t i = size_t(j - (seg == 0 ? 0 : seg == 1 ? kv.S : kv.S + kv.S2));
+      const KeyRows::Int8Segment& sg = kv.i8[seg];
+      kptr[k] = sg.k + i * g.d;
+      vptr[k] = sg.v + i * g.d;
+      ks[k] = sg.ks[i];
+      vs[k] = sg.vs[i];
     }
     pack_values(g, vptr, npad, V2);
     // The next block's cache rows stream in from memory while this one computes, and this block's share of the
@@ -295,8 +296,8 @@ void attend_chunk_avx512vnni(const AttnGeometry& g, const uint32_t* qp, const Ke
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
     const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d : 0;
     // (No pointer into the rows unless there are rows: a chunk without cache rows has none.)
-    const char* pf_k = pf_bytes ? reinterpret_cast<const char*>(kv.k8_cache + size_t(next0) * g.d) : nullptr;
-    const char* pf_v = pf_bytes ? reinterpret_cast<const char*>(kv.v8_cache + size_t(next0) * g.d) : nullptr;
+    const char* pf_k = pf_bytes ? reinterpret_cast<const char*>(kv.i8[0].k + size_t(next0) * g.d) : nullptr;
+    const char* pf_v = pf_bytes ? reinterpret_cast<const char*>(kv.i8[0].v + size_t(next0) * g.d) : nullptr;
     const size_t pf_step = (pf_bytes / 64 + g.Rp / kPvRows - 1) / (g.Rp / kPvRows) * 64;
     size_t pf_off = 0;
     const size_t ex_block = ((kv.prefetch_bytes * kKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;

@@ -171,11 +171,10 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
         continue;
       }
       const int seg = j < kv.S ? 0 : j < kv.S + kv.S2 ? 1 : 2;
-      const size_t i = size_t(seg == 0 ? j : seg == 1 ? j - kv.S : j - kv.S - kv.S2);
-      widen_key_s8((seg == 0 ? kv.k8_cache : seg == 1 ? kv.k8_mid : kv.k8_own) + i * g.d,
-                   (seg == 0 ? kv.ks_cache : seg == 1 ? kv.ks_mid : kv.ks_own)[i], g.d, g.d, kf);
-      widen_value_s8((seg == 0 ? kv.v8_cache : seg == 1 ? kv.v8_mid : kv.v8_own) + i * g.d,
-                     (seg == 0 ? kv.vs_cache : seg == 1 ? kv.vs_mid : kv.vs_own)[i], g.d, g.dp, vf);
+      const size_t i = size_t(j - (seg == 0 ? 0 : seg == 1 ? kv.S : kv.S + kv.S2));
+      const KeyRows::Int8Segment& sg = kv.i8[seg];
+      widen_key_s8(sg.k + i * g.d, sg.ks[i], g.d, g.d, kf);
+      widen_value_s8(sg.v + i * g.d, sg.vs[i], g.d, g.dp, vf);
     }
     for (int k = 0; k < npad && !kv.int8; ++k) {
       const int j = jb + k;
@@ -218,9 +217,9 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
     const size_t elem = kv.int8 ? 1 : 2;
     const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * elem : 0;
-    const char* pf_k = kv.int8 ? reinterpret_cast<const char*>(kv.k8_cache + size_t(next0) * g.d)
+    const char* pf_k = kv.int8 ? reinterpret_cast<const char*>(kv.i8[0].k + size_t(next0) * g.d)
                                : reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
-    const char* pf_v = kv.int8 ? reinterpret_cast<const char*>(kv.v8_cache + size_t(next0) * g.d)
+    const char* pf_v = kv.int8 ? reinterpret_cast<const char*>(kv.i8[0].v + size_t(next0) * g.d)
                                : reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
     constexpr int kFmaPvRows = V::kPvRows;
     static_assert(16 % kFmaPvRows == 0);

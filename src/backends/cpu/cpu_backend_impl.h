@@ -157,6 +157,10 @@ class CpuSession final : public HostLoopSession {
       }
     }
     size_t bytes() const { return k.size() + v.size() + (ks.size() + vs.size()) * sizeof(float); }
+    // The rows from `row` on, as the attention kernels read them.
+    KeyRows::Int8Segment segment(size_t row, int d) const {
+      return {k.data() + row * d, v.data() + row * d, ks.data() + row, vs.data() + row};
+    }
   };
   std::vector<Int8Rows> i8_prompt_, i8_suffix_;  // per layer
   std::vector<size_t> i8_prompt_row0_, i8_suffix_row0_;

@@ -211,12 +211,7 @@ void CpuSession::attention_phase(int tid, int l) {
     auto set_prompt = [&] {
       kv.S = prompt_rows;
       if (i8kv) {
-        const Int8Rows& r = i8_prompt_[l];
-        const size_t row = i8_prompt_row0_[pg];
-        kv.k8_cache = r.k.data() + row * d;
-        kv.v8_cache = r.v.data() + row * d;
-        kv.ks_cache = r.ks.data() + row;
-        kv.vs_cache = r.vs.data() + row;
+        kv.i8[0] = i8_prompt_[l].segment(i8_prompt_row0_[pg], d);
       } else {
         kv.k_cache = k_cache_[l] + prompt_off;
         kv.v_cache = v_cache_[l] + prompt_off;
@@ -230,12 +225,7 @@ void CpuSession::attention_phase(int tid, int l) {
       if (i8kv ? !i8_suffix_.empty() : !ks_cache_.empty()) {
         kv.S2 = static_cast<int>(kv_.suffix(b));
         if (i8kv) {
-          const size_t row = i8_suffix_row0_[bg];
-          const Int8Rows& r = i8_suffix_[l];
-          kv.k8_mid = r.k.data() + row * d;
-          kv.v8_mid = r.v.data() + row * d;
-          kv.ks_mid = r.ks.data() + row;
-          kv.vs_mid = r.vs.data() + row;
+          kv.i8[1] = i8_suffix_[l].segment(i8_suffix_row0_[bg], d);
         } else {
           kv.k_mid = ks_cache_[l] + size_t(bg) * Q_ * d;
           kv.v_mid = vs_cache_[l] + size_t(bg) * Q_ * d;
@@ -243,10 +233,7 @@ void CpuSession::attention_phase(int tid, int l) {
       }
       const size_t own = size_t(bg) * T_;
       if (i8kv) {
-        kv.k8_own = i8_own_.k.data() + own * d;
-        kv.v8_own = i8_own_.v.data() + own * d;
-        kv.ks_own = i8_own_.ks.data() + own;
-        kv.vs_own = i8_own_.vs.data() + own;
+        kv.i8[2] = i8_own_.segment(own, d);
       } else {
         kv.k_own = k_own_.data() + own * d;
         kv.v_own = v_own_.data() + own * d;
