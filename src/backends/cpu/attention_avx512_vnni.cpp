@@ -29,7 +29,7 @@ constexpr int kQkKeys = 4;  // keys per QK register tile (x up to 4 vectors of 1
 constexpr int kPvRows = 4;  // query rows per PV register tile (x up to 4 vectors of 16 columns)
 
 // acc += the dot products of u8 x s8 quadruples (vpdpbusd) / int16 pairs (vpdpwssd). In asm: GCC 12 expands the
-// intrinsics with a copy of the accumulator per call (PV ran at 60% of the peak, a register copy per dot).
+// intrinsics with a copy of the accumulator per call (the PV tile's disassembly showed one register copy per dot).
 inline void dpbusd(__m512i& acc, __m512i u8, __m512i s8) { asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "vm"(s8)); }
 inline void dpwssd(__m512i& acc, __m512i a, __m512i b) { asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b)); }
 

@@ -1,6 +1,6 @@
 // The int8 cache's quantisation at bind (kv_int8.h) for bf16 and fp32 rows, on AVX2: the same bits as
 // quantize_row_s8 (the row maximum is exact, 127 / a and x * (127 / a) are single IEEE operations, and
-// vcvtps2dq rounds to nearest even like the scalar code's magic-number rounding for |v| <= 127), about 20 times
+// vcvtps2dq rounds to nearest even like the scalar code's magic-number rounding for |v| <= 127), 11-13 times
 // faster than the scalar loop, which a compiler does not vectorise (a max reduction over floats). An ISA
 // translation unit (AVX2 flags, CMakeLists.txt): only plain loops and intrinsics, nothing from headers inline.
 #include <immintrin.h>
