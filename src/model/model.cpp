@@ -110,18 +110,16 @@ std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const 
                                                  const BackendOptions& opts) {
   const BackendInfo& info = find_backend(backend.empty() ? backend_names().front() : backend);
   BackendOptions o = opts;
-  if (o.weights.empty()) o.weights = info.weight_formats.front();
-  if (std::find(info.weight_formats.begin(), info.weight_formats.end(), o.weights) == info.weight_formats.end()) {
+  // An empty format means the backend's first; one it does not offer is an error naming those it does.
+  auto choose = [&](std::string& f, const std::vector<std::string>& fmts, const char* what) {
+    if (f.empty()) f = fmts.front();
+    if (std::find(fmts.begin(), fmts.end(), f) != fmts.end()) return;
     std::string offered;
-    for (const auto& f : info.weight_formats) offered += (offered.empty() ? "" : ", ") + f;
-    throw Error("backend " + info.name + ": unknown weight format '" + o.weights + "' (it offers " + offered + ")");
-  }
-  if (o.kv.empty()) o.kv = info.kv_formats.front();
-  if (std::find(info.kv_formats.begin(), info.kv_formats.end(), o.kv) == info.kv_formats.end()) {
-    std::string offered;
-    for (const auto& f : info.kv_formats) offered += (offered.empty() ? "" : ", ") + f;
-    throw Error("backend " + info.name + ": unknown KV cache format '" + o.kv + "' (it offers " + offered + ")");
-  }
+    for (const auto& x : fmts) offered += (offered.empty() ? "" : ", ") + x;
+    throw Error("backend " + info.name + ": unknown " + what + " '" + f + "' (it offers " + offered + ")");
+  };
+  choose(o.weights, info.weight_formats, "weight format");
+  choose(o.kv, info.kv_formats, "KV cache format");
   check(o.threads >= 0, "backend " + info.name + ": threads must be >= 0, found " + std::to_string(o.threads));
   parse_weight_format(o);  // checks the bf16 weights list against the format
   if (const std::string why = info.unavailable(); !why.empty())
