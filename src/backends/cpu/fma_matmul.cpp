@@ -175,7 +175,7 @@ size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
     return size_t(std::max(M, 0)) * ((std::max(K, 0) + g - 1) / g * g) * elem + 64;
   }
   const size_t xf = (size_t(std::max(M, 0)) * std::max(K, 0) + 15) / 16 * 16;
-  return (xf + size_t(kFmaKBlock) * 64) * sizeof(float);
+  return (xf + size_t(kFmaKBlock) * 64 + size_t(std::max(M, 0)) * 64) * sizeof(float);
 }
 
 namespace {

@@ -1,10 +1,16 @@
 // The AVX-512F kernel of fma_matmul.h (compiled with AVX-512 flags, CMakeLists.txt; called only where
 // isa().has(kAvx512)). Panels of 64 columns; per span, panel and block of kKB rows of K the bf16 (or s8) weights
-// are widened into an fp32 block in L1 (16 KB) and multiplied with every row of x (widened once per call) by a
-// register tile of up to 6 rows x 64 columns: 24 zmm accumulators, 4 weight vectors per k, one broadcast per row.
-// Accumulators start at 0 and go back to y between K blocks, so each output element is the single fp32 FMA chain
-// over k = 0..K-1 (fma_matmul.h). The weights are prefetched into L2 256 KB ahead of the block being widened,
-// spread over the row tiles.
+// are widened into an fp32 block (32 KB) and multiplied with every row of x by a register tile of up to 6 rows x
+// 64 columns: 24 zmm accumulators, 4 weight vectors per k, one broadcast per row. Accumulators start at 0; between
+// the blocks of a span they go through a contiguous panel buffer (yb, [M][64]) and reach y only at the span's
+// ends, so each output element is the single fp32 FMA chain over k = 0..K-1 (fma_matmul.h). x is widened once
+// per call, block by block, so that a row tile's rows of a block are one contiguous stretch. The weights are
+// prefetched into L2 256 KB ahead of the block being widened and the next block into L1, spread over the row tiles.
+//
+// Why these three (bench_matmul --fma, one thread, AMD EPYC Zen 5, the seed's slices: 197-214 -> 232-237 GFLOP/s
+// hot, 168-208 -> 219-232 cold, of a 268-274 peak): the partial sums had gone back to y itself every 64 rows of K,
+// and y's rows lie N floats apart, often a multiple of 4 KB, so a panel's 64 rows fell into the same few L1 sets
+// and came back from L2 at the start of every tile; x's rows, K floats apart, did the same in fewer sets.
 //
 // Nothing here may instantiate an inline or template function with external linkage (std::min, containers):
 // the linker could keep this AVX-512 copy for every other translation unit. Everything is in an anonymous
@@ -23,7 +29,7 @@ namespace {
 
 constexpr int kNR = 64;  // columns per panel: 4 zmm
 constexpr int kMR = 6;   // rows per register tile
-constexpr int kKB = 64;  // rows of K per widened block: 64 x 64 fp32 = 16 KB
+constexpr int kKB = 128;  // rows of K per widened block: 128 x 64 fp32 = 32 KB
 static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit fma_scratch_bytes()");
 static_assert(kFmaKSpan % kKB == 0, "K blocks must not straddle spans");
 
@@ -37,35 +43,28 @@ __attribute__((always_inline)) inline __m512 widen16(__m256i v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 
-// xf[m][k] = x[m][k] as fp32, [M][K] dense.
-void widen_x(const uint16_t* x, int M, int ldx, int K, float* xf) {
-  for (int m = 0; m < M; ++m) {
-    const uint16_t* src = x + int64_t(m) * ldx;
-    float* dst = xf + int64_t(m) * K;
-    int k = 0;
-    for (; k + 16 <= K; k += 16)
-      _mm512_storeu_ps(dst + k, widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k))));
-    if (k < K) {
-      const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1);
-      _mm512_mask_storeu_ps(dst + k, mask, widen16(_mm256_maskz_loadu_epi16(mask, src + k)));
-    }
-  }
+// 16 (or the masked first ones) activations widened to fp32: bf16 exactly, int8 (u8 = q + 128) as q.
+__attribute__((always_inline)) inline __m512 widen_x16(const uint16_t* src, __mmask16 m) {
+  return widen16(_mm256_maskz_loadu_epi16(m, src));
+}
+__attribute__((always_inline)) inline __m512 widen_x16(const uint8_t* src, __mmask16 m) {
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, src)), _mm512_set1_epi32(128)));
 }
 
-// int8 activations: xf[m][k] = x[m][k] - 128 (the quantized value q), exact.
-void widen_x(const uint8_t* x, int M, int ldx, int K, float* xf) {
-  const __m512i shift = _mm512_set1_epi32(128);
-  for (int m = 0; m < M; ++m) {
-    const uint8_t* src = x + int64_t(m) * ldx;
-    float* dst = xf + int64_t(m) * K;
-    int k = 0;
-    for (; k + 16 <= K; k += 16)
-      _mm512_storeu_ps(dst + k, _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                                    _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k))), shift)));
-    if (k < K) {
-      const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1);
-      _mm512_mask_storeu_ps(dst + k, mask,
-                            _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, src + k)), shift)));
+// x widened to fp32 block by block: block b (rows k0 = b * kKB .. k0 + kb of K) holds [M][kb] at xf + k0 * M, so a
+// row tile reads its rows of a block from one contiguous stretch.
+template <class X>
+void widen_x(const X* x, int M, int ldx, int K, float* xf) {
+  for (int k0 = 0; k0 < K; k0 += kKB) {
+    const int kb = imin(kKB, K - k0);
+    float* dst = xf + int64_t(k0) * M;
+    for (int m = 0; m < M; ++m, dst += kb) {
+      const X* src = x + int64_t(m) * ldx + k0;
+      for (int k = 0; k < kb; k += 16) {
+        const int c = imin(16, kb - k);
+        const __mmask16 mask = static_cast<__mmask16>((1u << c) - 1);
+        _mm512_mask_storeu_ps(dst + k, mask, widen_x16(src + k, mask));
+      }
     }
   }
 }
@@ -82,15 +81,17 @@ void widen_block(const int8_t* src, int kb, float* dst) {
     _mm512_store_ps(dst + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)))));
 }
 
-// y[r][0..64) (columns masked by mask[j]) (+)= sum over the block's kb rows, for R rows of xf.
+// Rows [0, R) of a register tile over the block's kb rows: the sums start at 0 (yin == nullptr) or at yin's
+// (row stride ldin) and go to yout (row stride ldout), columns masked by mask[j].
 template <int R>
-void tile(const float* xf, int ldxf, const float* wb, int kb, float* y, int ldy, bool first, const __mmask16* mask) {
+void tile(const float* xf, int ldxf, const float* wb, int kb, const float* yin, int ldin, float* yout, int ldout,
+          const __mmask16* mask) {
   __m512 acc[R][4];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j)
-      acc[r][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask[j], y + int64_t(r) * ldy + 16 * j);
+      acc[r][j] = yin ? _mm512_maskz_loadu_ps(mask[j], yin + int64_t(r) * ldin + 16 * j) : _mm512_setzero_ps();
   for (int k = 0; k < kb; ++k) {
     const float* w = wb + k * kNR;
     const __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16), w2 = _mm512_load_ps(w + 32),
@@ -107,18 +108,18 @@ void tile(const float* xf, int ldxf, const float* wb, int kb, float* y, int ldy,
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(y + int64_t(r) * ldy + 16 * j, mask[j], acc[r][j]);
+    for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(yout + int64_t(r) * ldout + 16 * j, mask[j], acc[r][j]);
 }
 
-void tile_rows(int R, const float* xf, int ldxf, const float* wb, int kb, float* y, int ldy, bool first,
-               const __mmask16* mask) {
+void tile_rows(int R, const float* xf, int ldxf, const float* wb, int kb, const float* yin, int ldin, float* yout,
+               int ldout, const __mmask16* mask) {
   switch (R) {
-    case 6: tile<6>(xf, ldxf, wb, kb, y, ldy, first, mask); break;
-    case 5: tile<5>(xf, ldxf, wb, kb, y, ldy, first, mask); break;
-    case 4: tile<4>(xf, ldxf, wb, kb, y, ldy, first, mask); break;
-    case 3: tile<3>(xf, ldxf, wb, kb, y, ldy, first, mask); break;
-    case 2: tile<2>(xf, ldxf, wb, kb, y, ldy, first, mask); break;
-    default: tile<1>(xf, ldxf, wb, kb, y, ldy, first, mask); break;
+    case 6: tile<6>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 5: tile<5>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 4: tile<4>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 3: tile<3>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 2: tile<2>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
+    default: tile<1>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
   }
 }
 
@@ -128,6 +129,7 @@ void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy
   if (M <= 0 || N <= 0) return;
   float* xf = scratch;
   float* wb = scratch + (int64_t(M) * K + 15) / 16 * 16;  // 64-byte aligned (scratch is)
+  float* yb = wb + kFmaKBlock * 64;                           // [M][64]: one panel's partial sums
   widen_x(x, M, ldx, K, xf);
   const int panels = (N + kNR - 1) / kNR, tiles = (M + kMR - 1) / kMR;
   constexpr int kLines = kKB * kNR * int(sizeof(T)) / 64;  // cache lines of one packed block
@@ -145,6 +147,7 @@ void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy
       float* yp = y + int64_t(p) * kNR;
       for (int k0 = s0; k0 < s1; k0 += kKB) {
         const int kb = imin(kKB, s1 - k0);
+        const bool last = k0 + kb == s1;
         widen_block(src, kb, wb);
         src += kb * kNR;
         // The weights are read strictly sequentially; prefetching past their end is harmless.
@@ -152,9 +155,15 @@ void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy
         for (int t = 0; t < tiles; ++t) {
           const int l0 = t * per_tile, l1 = imin(kLines, l0 + per_tile);
           for (int l = l0; l < l1; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+          for (int l = l0; l < l1; ++l) _mm_prefetch(reinterpret_cast<const char*>(src) + 64 * l, _MM_HINT_T0);
           const int m0 = t * kMR;
-          tile_rows(imin(kMR, M - m0), xf + int64_t(m0) * K + k0, K, wb, kb, yp + int64_t(m0) * ldy, ldy, k0 == 0,
-                    mask);
+          // Between blocks of a span the sums stay in yb; they come from y (if an earlier span left some) and go
+          // back to it only at the span's ends.
+          const float* yin = k0 == 0 ? nullptr : k0 == s0 ? yp + int64_t(m0) * ldy : yb + m0 * kNR;
+          const int ldin = k0 == s0 ? ldy : kNR;
+          float* yout = last ? yp + int64_t(m0) * ldy : yb + m0 * kNR;
+          tile_rows(imin(kMR, M - m0), xf + int64_t(k0) * M + int64_t(m0) * kb, kb, wb, kb, yin, ldin, yout,
+                    last ? ldy : kNR, mask);
         }
       }
     }
