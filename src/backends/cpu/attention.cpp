@@ -28,12 +28,12 @@ AttnGeometry AttnGeometry::make(int d, int group, int T) {
 }
 
 void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8) {
-  qf.resize(fp32 ? size_t(g.dp) * g.Rp : 0);
+  qf.resize(fp32 ? size_t(g.dp) * (g.Rp + kFmaPad) : 0);
   kf.resize(fp32 ? size_t(kKeyBlock) * g.d : 0);
-  vf.resize(fp32 ? size_t(kKeyBlock) * g.dp : 0);
+  vf.resize(fp32 ? size_t(kKeyBlock) * (g.dp + kFmaPad) : 0);
   kptr.resize(kKeyBlock);
   vptr.resize(kKeyBlock);
-  s.resize(size_t(kKeyBlock) * g.Rp);
+  s.resize(size_t(kKeyBlock) * (g.Rp + kFmaPad));
   p.resize(size_t(kKeyBlock / 2) * g.Rp);
   v.resize(size_t(kKeyBlock / 2) * g.dp);
   alpha.resize(g.Rp);

@@ -33,12 +33,12 @@ inline float bf16_bits_f32(uint32_t bits_in_high_half) {
   return f;
 }
 
-// qf[c][r] (row stride Rp) from the bf16 pairs qp[i][r] (row stride qld): c = 2i, 2i + 1.
-inline void widen_queries(const AttnGeometry& g, const uint32_t* qp, float* qf) {
+// qf[c][r] (row stride ls) from the bf16 pairs qp[i][r] (row stride qld): c = 2i, 2i + 1.
+inline void widen_queries(const AttnGeometry& g, int ls, const uint32_t* qp, float* qf) {
   for (int i = 0; i < g.d / 2; ++i) {
     const uint32_t* src = qp + size_t(i) * g.qld;
-    float* even = qf + size_t(2 * i) * g.Rp;
-    float* odd = even + g.Rp;
+    float* even = qf + size_t(2 * i) * ls;
+    float* odd = even + ls;
     for (int r = 0; r < g.Rp; ++r) {
       even[r] = bf16_bits_f32(src[r] << 16);
       odd[r] = bf16_bits_f32(src[r] & 0xffff0000u);
@@ -64,7 +64,7 @@ inline void widen_value_s8(const int8_t* v8, float s, int n, int npad, float* ds
 
 // S[k][row] = sum_c qf[c][row] * kf[k][c] for NQV vectors of query rows and V::kQkKeys keys.
 template <class V, int NQV>
-inline void fma_qk_tile(const float* qf, int Rp, int d, const float* kf, float* S) {
+inline void fma_qk_tile(const float* qf, int ls, int d, const float* kf, float* S) {
   constexpr int kFmaQkKeys = V::kQkKeys;
   typename V::F acc[NQV][kFmaQkKeys];
 #pragma GCC unroll 16
@@ -74,7 +74,7 @@ inline void fma_qk_tile(const float* qf, int Rp, int d, const float* kf, float* 
   for (int c = 0; c < d; ++c) {
     typename V::F q[NQV];
 #pragma GCC unroll 16
-    for (int v = 0; v < NQV; ++v) q[v] = V::load(qf + size_t(c) * Rp + v * V::W);
+    for (int v = 0; v < NQV; ++v) q[v] = V::load(qf + size_t(c) * ls + v * V::W);
 #pragma GCC unroll 16
     for (int k = 0; k < kFmaQkKeys; ++k) {
       const typename V::F kb = V::set1(kf[size_t(k) * d + c]);
@@ -85,38 +85,41 @@ inline void fma_qk_tile(const float* qf, int Rp, int d, const float* kf, float* 
 #pragma GCC unroll 16
   for (int k = 0; k < kFmaQkKeys; ++k)
 #pragma GCC unroll 16
-    for (int v = 0; v < NQV; ++v) V::store(S + size_t(k) * Rp + v * V::W, acc[v][k]);
+    for (int v = 0; v < NQV; ++v) V::store(S + size_t(k) * ls + v * V::W, acc[v][k]);
 }
 
 // Online-softmax update for one block of n valid keys (npad >= n): scores -> fp32 probabilities in place
 // (keys >= n get 0), m and l updated, O's rescale factors left in alpha.
 template <class V>
-inline void fma_softmax_block(const AttnGeometry& g, int n, int npad, float* S, float* m, float* l, float* alpha) {
+inline void fma_softmax_block(const AttnGeometry& g, int ls, int n, int npad, float* S, float* m, float* l,
+                              float* alpha) {
   const typename V::F scale = V::set1(g.scale_log2);
   for (int r = 0; r < g.Rp; r += V::W) {
     typename V::F mx = V::set1(-INFINITY);
-    for (int k = 0; k < n; ++k) mx = V::max(mx, V::load(S + size_t(k) * g.Rp + r));
+    for (int k = 0; k < n; ++k) mx = V::max(mx, V::load(S + size_t(k) * ls + r));
     const typename V::F m_old = V::loadu(m + r);
     const typename V::F m_new = V::max(m_old, V::mul(mx, scale));
     // m_old is -inf before the first block: clamp so that alpha is 0 rather than NaN.
     const typename V::F a = V::exp2(V::max(V::sub(m_old, m_new), V::set1(-200.f)));
     typename V::F sum = V::zero();
     for (int k = 0; k < n; ++k) {
-      float* s = S + size_t(k) * g.Rp + r;
+      float* s = S + size_t(k) * ls + r;
       const typename V::F p = V::exp2(V::fmsub(V::load(s), scale, m_new));
       V::store(s, p);
       sum = V::add(sum, p);
     }
-    for (int k = n; k < npad; ++k) V::store(S + size_t(k) * g.Rp + r, V::zero());
+    for (int k = n; k < npad; ++k) V::store(S + size_t(k) * ls + r, V::zero());
     V::storeu(l + r, V::fmadd(V::loadu(l + r), a, sum));
     V::storeu(m + r, m_new);
     V::storeu(alpha + r, a);
   }
 }
 
-// O[row][c] = O[row][c] * alpha[row] + sum_k P[k][row] * vf[k][c] for V::kPvRows rows and NCV column vectors.
+// O[row][c] = O[row][c] * alpha[row] + sum_k P[k][row] * vf[k][c] for V::kPvRows rows and NCV column vectors
+// (row strides: P ls, vf lv, O dp).
 template <class V, int NCV>
-inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npad, const float* alpha, float* O) {
+inline void fma_pv_tile(const float* P, int ls, const float* vf, int lv, int dp, int npad, const float* alpha,
+                        float* O) {
   constexpr int kFmaPvRows = V::kPvRows;
   typename V::F acc[kFmaPvRows][NCV];
 #pragma GCC unroll 16
@@ -128,10 +131,10 @@ inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npa
   for (int k = 0; k < npad; ++k) {
     typename V::F vv[NCV];
 #pragma GCC unroll 16
-    for (int c = 0; c < NCV; ++c) vv[c] = V::load(vf + size_t(k) * dp + c * V::W);
+    for (int c = 0; c < NCV; ++c) vv[c] = V::load(vf + size_t(k) * lv + c * V::W);
 #pragma GCC unroll 16
     for (int r = 0; r < kFmaPvRows; ++r) {
-      const typename V::F pb = V::set1(P[size_t(k) * Rp + r]);
+      const typename V::F pb = V::set1(P[size_t(k) * ls + r]);
 #pragma GCC unroll 16
       for (int c = 0; c < NCV; ++c) acc[r][c] = V::fmadd(pb, vv[c], acc[r][c]);
     }
@@ -143,9 +146,9 @@ inline void fma_pv_tile(const float* P, int Rp, const float* vf, int dp, int npa
 }
 
 template <class V, int NQV>
-inline void fma_qk_rows(const AttnGeometry& g, const float* qf, const float* kf, int npad, float* S) {
+inline void fma_qk_rows(const AttnGeometry& g, int ls, const float* qf, const float* kf, int npad, float* S) {
   for (int k = 0; k < npad; k += V::kQkKeys)
-    fma_qk_tile<V, NQV>(qf, g.Rp, g.d, kf + size_t(k) * g.d, S + size_t(k) * g.Rp);
+    fma_qk_tile<V, NQV>(qf, ls, g.d, kf + size_t(k) * g.d, S + size_t(k) * ls);
 }
 
 template <class V>
@@ -156,7 +159,9 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
   const uint16_t** kptr = w.kptr;
   const uint16_t** vptr = w.vptr;
   float* S = w.s;
-  widen_queries(g, qp, w.qf);
+  // Padded row strides (attention.h, kFmaPad) for the queries and scores (ls) and the values (lv).
+  const int ls = g.Rp + kFmaPad, lv = g.dp + kFmaPad;
+  widen_queries(g, ls, qp, w.qf);
   size_t ex_off = 0;  // progress through kv.prefetch
   for (int jb = j0, n = 0; jb < j1; jb += n) {
     n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
@@ -164,7 +169,7 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
     for (int k = 0; k < npad && kv.int8; ++k) {
       const int j = jb + k;
       float* kf = w.kf + size_t(k) * g.d;
-      float* vf = w.vf + size_t(k) * g.dp;
+      float* vf = w.vf + size_t(k) * lv;
       if (k >= n) {
         widen_row(w.zero, g.d, g.d, kf);
         widen_row(w.zero, g.d, g.dp, vf);
@@ -191,7 +196,7 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
         vptr[k] = kv.v_own + size_t(j - kv.S - kv.S2) * g.d;
       }
       widen_row(kptr[k], g.d, g.d, w.kf + size_t(k) * g.d);
-      widen_row(vptr[k], g.d, g.dp, w.vf + size_t(k) * g.dp);
+      widen_row(vptr[k], g.d, g.dp, w.vf + size_t(k) * lv);
     }
     constexpr int kQkRows = V::kQkVecs * V::W;
     for (int r = 0; r < g.Rp; r += kQkRows) {
@@ -199,19 +204,19 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
       const float* q = w.qf + r;
       float* s = S + r;
       if (nqv == V::kQkVecs) {
-        fma_qk_rows<V, V::kQkVecs>(g, q, w.kf, npad, s);
+        fma_qk_rows<V, V::kQkVecs>(g, ls, q, w.kf, npad, s);
       } else if constexpr (V::kQkVecs > 1) {
         // Rp is a multiple of 16: the rest is 1 to kQkVecs - 1 vectors.
-        if (nqv == 1) fma_qk_rows<V, 1>(g, q, w.kf, npad, s);
+        if (nqv == 1) fma_qk_rows<V, 1>(g, ls, q, w.kf, npad, s);
         else if constexpr (V::kQkVecs > 2) {
-          if (nqv == 2) fma_qk_rows<V, 2>(g, q, w.kf, npad, s);
+          if (nqv == 2) fma_qk_rows<V, 2>(g, ls, q, w.kf, npad, s);
           else if constexpr (V::kQkVecs > 3) {
-            if (nqv == 3) fma_qk_rows<V, 3>(g, q, w.kf, npad, s);
+            if (nqv == 3) fma_qk_rows<V, 3>(g, ls, q, w.kf, npad, s);
           }
         }
       }
     }
-    fma_softmax_block<V>(g, n, npad, S, m, l, w.alpha);
+    fma_softmax_block<V>(g, ls, n, npad, S, m, l, w.alpha);
     // While PV computes: L2 prefetches of the next block's cache rows and of this block's share of the
     // caller's region, spread over the row tiles (as in the vdpbf16ps kernel).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
@@ -223,34 +228,35 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
                                : reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
     constexpr int kFmaPvRows = V::kPvRows;
     static_assert(16 % kFmaPvRows == 0);
-    const int tiles = g.Rp / kFmaPvRows;
+    // Column strips outer, row tiles inner: a strip of the widened values (128 keys x 64 columns, 32 KB) stays in
+    // L1 while every row tile uses it, and consecutive row tiles share the probabilities' cache lines.
+    constexpr int kPvCols = V::kPvVecs * V::W;
+    const int strips = (g.dp + kPvCols - 1) / kPvCols;
+    const int tiles = g.Rp / kFmaPvRows * strips;
     const size_t pf_step = (pf_bytes / 64 + tiles - 1) / tiles * 64;
     size_t pf_off = 0;
     const size_t ex_block = ((kv.prefetch_bytes * kKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;
     const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
     const size_t ex_step = ((ex_end - ex_off) / 64 + tiles - 1) / tiles * 64;
-    constexpr int kPvCols = V::kPvVecs * V::W;
-    for (int r = 0; r < g.Rp; r += kFmaPvRows) {
-      for (size_t e = pf_off + pf_step; pf_off < e && pf_off < pf_bytes; pf_off += 64) {
-        _mm_prefetch(pf_k + pf_off, _MM_HINT_T1);
-        _mm_prefetch(pf_v + pf_off, _MM_HINT_T1);
-      }
-      for (size_t e = ex_off + ex_step; ex_off < e && ex_off < ex_end; ex_off += 64)
-        _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
-      for (int c = 0; c < g.dp; c += kPvCols) {
+    for (int c = 0; c < g.dp; c += kPvCols) {
+      for (int r = 0; r < g.Rp; r += kFmaPvRows) {
+        for (size_t e = pf_off + pf_step; pf_off < e && pf_off < pf_bytes; pf_off += 64) {
+          _mm_prefetch(pf_k + pf_off, _MM_HINT_T1);
+          _mm_prefetch(pf_v + pf_off, _MM_HINT_T1);
+        }
+        for (size_t e = ex_off + ex_step; ex_off < e && ex_off < ex_end; ex_off += 64)
+          _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
         const float* p = S + r;
-        const float* v = w.vf + c;
-        float* o = O + size_t(r) * g.dp + c;
         const float* a = w.alpha + r;
         if (g.dp - c >= kPvCols) {
-          fma_pv_tile<V, V::kPvVecs>(p, g.Rp, v, g.dp, npad, a, o);
+          fma_pv_tile<V, V::kPvVecs>(p, ls, w.vf + c, lv, g.dp, npad, a, O + size_t(r) * g.dp + c);
         } else {
           // The last columns: pairs of vectors, then one.
           int cc = c;
           for (; g.dp - cc >= 2 * V::W; cc += 2 * V::W)
-            fma_pv_tile<V, 2>(p, g.Rp, w.vf + cc, g.dp, npad, a, O + size_t(r) * g.dp + cc);
+            fma_pv_tile<V, 2>(p, ls, w.vf + cc, lv, g.dp, npad, a, O + size_t(r) * g.dp + cc);
           for (; cc < g.dp; cc += V::W)
-            fma_pv_tile<V, 1>(p, g.Rp, w.vf + cc, g.dp, npad, a, O + size_t(r) * g.dp + cc);
+            fma_pv_tile<V, 1>(p, ls, w.vf + cc, lv, g.dp, npad, a, O + size_t(r) * g.dp + cc);
         }
       }
     }
