@@ -1,7 +1,9 @@
 // The AVX-512F kernel of fma_matmul.h (compiled with AVX-512 flags, CMakeLists.txt; called only where
 // isa().has(kAvx512)). Panels of 64 columns; per span, panel and block of kKB rows of K the bf16 (or s8) weights
-// are widened into an fp32 block (32 KB) and multiplied with every row of x by a register tile of up to 6 rows x
-// 64 columns: 24 zmm accumulators, 4 weight vectors per k, one broadcast per row. Accumulators start at 0; between
+// are multiplied with every row of x by a register tile of up to 6 rows x 64 columns: 24 zmm accumulators, 4
+// weight vectors per k, one broadcast per row. The block's first tile reads the packed weights, widens them in
+// registers and leaves them, fp32, in a 32 KB block that the other tiles read (a separate widening pass stalled
+// on the weights' loads: 2-4% slower with the weights streamed from memory on two threads, as in a step). Accumulators start at 0; between
 // the blocks of a span they go through a contiguous panel buffer (yb, [M][64]) and reach y only at the span's
 // ends, so each output element is the single fp32 FMA chain over k = 0..K-1 (fma_matmul.h). x is widened once
 // per call, block by block, so that a row tile's rows of a block are one contiguous stretch. The weights are
@@ -18,6 +20,7 @@
 // GCC 12's avx512fintrin.h leaves the pass-through operand of _mm512_cvtepu16_epi32 / _mm512_slli_epi32
 // undefined on purpose, and -Wmaybe-uninitialized reports it once inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <cstdint>
@@ -69,23 +72,21 @@ void widen_x(const X* x, int M, int ldx, int K, float* xf) {
   }
 }
 
-// dst [kb][64] fp32 = src [kb][64] bf16.
-void widen_block(const uint16_t* src, int kb, float* dst) {
-  for (int i = 0; i < kb * kNR; i += 16)
-    _mm512_store_ps(dst + i, widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+// 16 packed weights widened to fp32 (exact).
+__attribute__((always_inline)) inline __m512 widen_w16(const uint16_t* src) {
+  return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
 }
-
-// dst [kb][64] fp32 = src [kb][64] s8.
-void widen_block(const int8_t* src, int kb, float* dst) {
-  for (int i = 0; i < kb * kNR; i += 16)
-    _mm512_store_ps(dst + i, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)))));
+__attribute__((always_inline)) inline __m512 widen_w16(const int8_t* src) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
 }
 
 // Rows [0, R) of a register tile over the block's kb rows: the sums start at 0 (yin == nullptr) or at yin's
-// (row stride ldin) and go to yout (row stride ldout), columns masked by mask[j].
-template <int R>
-void tile(const float* xf, int ldxf, const float* wb, int kb, const float* yin, int ldin, float* yout, int ldout,
-          const __mmask16* mask) {
+// (row stride ldin) and go to yout (row stride ldout), columns masked by mask[j]. kWiden: the block's first tile
+// reads the packed weights src ([kb][64] of T) itself, widens them in registers and leaves them in wb for the
+// other tiles; its loads from memory are then spread over its FMAs instead of stalling a separate pass.
+template <int R, bool kWiden, class T>
+void tile(const float* xf, int ldxf, const T* src, float* wb, int kb, const float* yin, int ldin, float* yout,
+          int ldout, const __mmask16* mask) {
   __m512 acc[R][4];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -93,9 +94,24 @@ void tile(const float* xf, int ldxf, const float* wb, int kb, const float* yin, 
     for (int j = 0; j < 4; ++j)
       acc[r][j] = yin ? _mm512_maskz_loadu_ps(mask[j], yin + int64_t(r) * ldin + 16 * j) : _mm512_setzero_ps();
   for (int k = 0; k < kb; ++k) {
-    const float* w = wb + k * kNR;
-    const __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16), w2 = _mm512_load_ps(w + 32),
-                 w3 = _mm512_load_ps(w + 48);
+    float* w = wb + k * kNR;
+    __m512 w0, w1, w2, w3;
+    if constexpr (kWiden) {
+      const T* s = src + k * kNR;
+      w0 = widen_w16(s);
+      w1 = widen_w16(s + 16);
+      w2 = widen_w16(s + 32);
+      w3 = widen_w16(s + 48);
+      _mm512_store_ps(w, w0);
+      _mm512_store_ps(w + 16, w1);
+      _mm512_store_ps(w + 32, w2);
+      _mm512_store_ps(w + 48, w3);
+    } else {
+      w0 = _mm512_load_ps(w);
+      w1 = _mm512_load_ps(w + 16);
+      w2 = _mm512_load_ps(w + 32);
+      w3 = _mm512_load_ps(w + 48);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 b = _mm512_set1_ps(xf[int64_t(r) * ldxf + k]);
@@ -111,15 +127,16 @@ void tile(const float* xf, int ldxf, const float* wb, int kb, const float* yin, 
     for (int j = 0; j < 4; ++j) _mm512_mask_storeu_ps(yout + int64_t(r) * ldout + 16 * j, mask[j], acc[r][j]);
 }
 
-void tile_rows(int R, const float* xf, int ldxf, const float* wb, int kb, const float* yin, int ldin, float* yout,
-               int ldout, const __mmask16* mask) {
+template <bool kWiden, class T>
+void tile_rows(int R, const float* xf, int ldxf, const T* src, float* wb, int kb, const float* yin, int ldin,
+               float* yout, int ldout, const __mmask16* mask) {
   switch (R) {
-    case 6: tile<6>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
-    case 5: tile<5>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
-    case 4: tile<4>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
-    case 3: tile<3>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
-    case 2: tile<2>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
-    default: tile<1>(xf, ldxf, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 6: tile<6, kWiden>(xf, ldxf, src, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 5: tile<5, kWiden>(xf, ldxf, src, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 4: tile<4, kWiden>(xf, ldxf, src, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 3: tile<3, kWiden>(xf, ldxf, src, wb, kb, yin, ldin, yout, ldout, mask); break;
+    case 2: tile<2, kWiden>(xf, ldxf, src, wb, kb, yin, ldin, yout, ldout, mask); break;
+    default: tile<1, kWiden>(xf, ldxf, src, wb, kb, yin, ldin, yout, ldout, mask); break;
   }
 }
 
@@ -148,7 +165,7 @@ void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy
       for (int k0 = s0; k0 < s1; k0 += kKB) {
         const int kb = imin(kKB, s1 - k0);
         const bool last = k0 + kb == s1;
-        widen_block(src, kb, wb);
+        const T* blk = src;
         src += kb * kNR;
         // The weights are read strictly sequentially; prefetching past their end is harmless.
         const char* next = reinterpret_cast<const char*>(src) + kAhead;
@@ -162,8 +179,10 @@ void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy
           const float* yin = k0 == 0 ? nullptr : k0 == s0 ? yp + int64_t(m0) * ldy : yb + m0 * kNR;
           const int ldin = k0 == s0 ? ldy : kNR;
           float* yout = last ? yp + int64_t(m0) * ldy : yb + m0 * kNR;
-          tile_rows(imin(kMR, M - m0), xf + int64_t(k0) * M + int64_t(m0) * kb, kb, wb, kb, yin, ldin, yout,
-                    last ? ldy : kNR, mask);
+          const float* xt = xf + int64_t(k0) * M + int64_t(m0) * kb;
+          const int R = imin(kMR, M - m0), ldout = last ? ldy : kNR;
+          if (t == 0) tile_rows<true>(R, xt, kb, blk, wb, kb, yin, ldin, yout, ldout, mask);
+          else tile_rows<false>(R, xt, kb, blk, wb, kb, yin, ldin, yout, ldout, mask);
         }
       }
     }
