@@ -160,7 +160,8 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
       for (int kk = 0; kk < Kg; ++kk)
         for (int j = 0; j < pw; ++j) {
           const int n = p * pw + j;
-          const uint16_t got = w.data()[size_t(p) * Kg * pw + (size_t(kk / g) * pw + j) * g + kk % g];
+          const uint16_t got =
+              w.data()[size_t(p) * Kg * pw + (size_t(kk / g) * pw + fma_packed_slot(k, false, j)) * g + kk % g];
           EXPECT_EQ(got, n < N && kk < K ? f32_to_bf16(W[size_t(n) * K + kk]) : uint16_t(0)) << fma_kernel_name(k);
         }
   }
@@ -177,12 +178,28 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
       for (int kk = 0; kk < K2; ++kk) {
         const int k0 = kk / kFmaKSpan * kFmaKSpan, ks = std::min(kFmaKSpan, K2 - k0), ksg = (ks + g - 1) / g * g;
         const int r = kk - k0;
-        const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ksg * pw + (size_t(r / g) * pw + n % pw) * g + r % g;
+        const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ksg * pw +
+                          (size_t(r / g) * pw + fma_packed_slot(k, false, n % pw)) * g + r % g;
         ASSERT_EQ(w.data()[at], f32_to_bf16(W2[size_t(n) * K2 + kk])) << fma_kernel_name(k) << " n=" << n << " k=" << kk;
       }
   }
   FmaWeights bad;
   EXPECT_THROW(bad.pack(FmaKernel::Portable, W.data(), 0, N), Error);
+  // The slots are a permutation of each panel's columns: avx512_fma's bf16 rows pair column c with c + 16.
+  for (FmaKernel k : kFmaKernels)
+    for (bool int8 : {false, true}) {
+      const int pw = fma_panel_width(k);
+      std::vector<int> seen(pw, 0);
+      for (int j = 0; j < pw; ++j) {
+        const int s = fma_packed_slot(k, int8, j);
+        ASSERT_TRUE(s >= 0 && s < pw) << fma_kernel_name(k);
+        ++seen[s];
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), pw) << fma_kernel_name(k);
+    }
+  EXPECT_EQ(fma_packed_slot(FmaKernel::Avx512, false, 16), 1);
+  EXPECT_EQ(fma_packed_slot(FmaKernel::Avx512, false, 33), 34);
+  EXPECT_EQ(fma_packed_slot(FmaKernel::Avx512, true, 16), 16);
 }
 
 // int8 weights: s8 values, x as u8 = q + 128; y = sum_k q w exactly up to fp32 rounding of the sums.

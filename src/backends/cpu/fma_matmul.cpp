@@ -88,6 +88,11 @@ bool fma_kernel_from_name(const std::string& name, FmaKernel* k) {
 
 int fma_panel_width(FmaKernel k) { return k == FmaKernel::Avx2 || k == FmaKernel::Portable ? 16 : 64; }
 
+int fma_packed_slot(FmaKernel k, bool int8, int j) {
+  if (k != FmaKernel::Avx512 || int8) return j;
+  return j / 32 * 32 + j % 16 * 2 + j % 32 / 16;
+}
+
 namespace {
 // k per packed group: the dot-product kernels keep a group of k of one column side by side.
 int k_group(FmaKernel k) { return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKernel::Avx512Bf16 ? 2 : 1; }
@@ -118,7 +123,7 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
         const int n = p * w + j;
         for (int kk = 0; kk < ksq; ++kk) {
           const T v = n < N && kk < ks ? get(n, k0 + kk) : T(0);
-          panel[(size_t(kk / g) * w + j) * g + kk % g] = v;
+          panel[(size_t(kk / g) * w + fma_packed_slot(k, std::is_same_v<T, int8_t>, j)) * g + kk % g] = v;
         }
       }
     }

@@ -61,6 +61,11 @@ inline constexpr FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Av
                                             FmaKernel::Avx2, FmaKernel::Portable};
 // Output columns per packed panel.
 int fma_panel_width(FmaKernel k);
+// Where column j (< fma_panel_width(k)) of a panel sits within a packed row (a k-group's row for the dot-product
+// kernels): j itself, except for avx512_fma's bf16 weights, whose 32-column halves are interleaved (columns c and
+// c + 16 side by side in one 32-bit word), so that one shift and one mask widen a 32-weight load to two zmm of
+// fp32 where a zero-extension and a shift widened 16 (on Intel both take the FMA ports' issue slots).
+int fma_packed_slot(FmaKernel k, bool int8, int j);
 
 // The weights' element type: bf16 (x bf16), or int8 (x u8 = q + 128, the cpu backend's int8 activations).
 enum class FmaType { BF16, INT8 };

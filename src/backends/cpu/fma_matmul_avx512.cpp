@@ -72,12 +72,21 @@ void widen_x(const X* x, int M, int ldx, int K, float* xf) {
   }
 }
 
-// 16 packed weights widened to fp32 (exact).
-__attribute__((always_inline)) inline __m512 widen_w16(const uint16_t* src) {
-  return widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+// One packed row of 64 weights widened to fp32 (exact), columns 16j..16j+15 in w[j]. bf16 rows hold columns c and
+// c + 16 of each half in one 32-bit word (fma_packed_slot): the low half shifted up and the high half masked are
+// the two zmm, two operations per 32 weights.
+__attribute__((always_inline)) inline void widen_row64(const uint16_t* src, __m512* w) {
+  const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+  const __m512i a = _mm512_loadu_si512(src), b = _mm512_loadu_si512(src + 32);
+  w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16));
+  w[1] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
+  w[2] = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+  w[3] = _mm512_castsi512_ps(_mm512_and_si512(b, hi));
 }
-__attribute__((always_inline)) inline __m512 widen_w16(const int8_t* src) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
+__attribute__((always_inline)) inline void widen_row64(const int8_t* src, __m512* w) {
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+    w[j] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16 * j))));
 }
 
 // Rows [0, R) of a register tile over the block's kb rows: the sums start at 0 (yin == nullptr) or at yin's
@@ -97,11 +106,12 @@ void tile(const float* xf, int ldxf, const T* src, float* wb, int kb, const floa
     float* w = wb + k * kNR;
     __m512 w0, w1, w2, w3;
     if constexpr (kWiden) {
-      const T* s = src + k * kNR;
-      w0 = widen_w16(s);
-      w1 = widen_w16(s + 16);
-      w2 = widen_w16(s + 32);
-      w3 = widen_w16(s + 48);
+      __m512 v[4];
+      widen_row64(src + k * kNR, v);
+      w0 = v[0];
+      w1 = v[1];
+      w2 = v[2];
+      w3 = v[3];
       _mm512_store_ps(w, w0);
       _mm512_store_ps(w + 16, w1);
       _mm512_store_ps(w + 32, w2);
