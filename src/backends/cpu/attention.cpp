@@ -33,7 +33,7 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8) {
   vf.resize(fp32 ? size_t(kKeyBlock) * (g.dp + kFmaPad) : 0);
   kptr.resize(kKeyBlock);
   vptr.resize(kKeyBlock);
-  s.resize(size_t(kKeyBlock) * (g.Rp + kFmaPad));
+  s.resize(size_t(kKeyBlock) * (g.Rp + (fp32 ? kFmaPad : 0)));
   p.resize(size_t(kKeyBlock / 2) * g.Rp);
   v.resize(size_t(kKeyBlock / 2) * g.dp);
   alpha.resize(g.Rp);

@@ -3,13 +3,14 @@
 // are multiplied with every row of x by a register tile of up to 6 rows x 64 columns: 24 zmm accumulators, 4
 // weight vectors per k, one broadcast per row. The block's first tile reads the packed weights, widens them in
 // registers and leaves them, fp32, in a 32 KB block that the other tiles read (a separate widening pass stalled
-// on the weights' loads: 2-4% slower with the weights streamed from memory on two threads, as in a step). Accumulators start at 0; between
-// the blocks of a span they go through a contiguous panel buffer (yb, [M][64]) and reach y only at the span's
-// ends, so each output element is the single fp32 FMA chain over k = 0..K-1 (fma_matmul.h). x is widened once
-// per call, block by block, so that a row tile's rows of a block are one contiguous stretch. The weights are
-// prefetched into L2 256 KB ahead of the block being widened and the next block into L1, spread over the row tiles.
+// on the weights' loads: 2-4% slower with the weights streamed from memory on two threads, as in a step).
+// Accumulators start at 0; between the blocks of a span they go through a contiguous panel buffer (yb, [M][64])
+// and reach y only at the span's ends, so each output element is the single fp32 FMA chain over k = 0..K-1
+// (fma_matmul.h). x is widened once per call, block by block, so that a row tile's rows of a block are one
+// contiguous stretch. The weights are prefetched into L2 256 KB ahead of the block in use and the next block into
+// L1, spread over the row tiles.
 //
-// Why these three (bench_matmul --fma, one thread, AMD EPYC Zen 5, the seed's slices: 197-214 -> 232-237 GFLOP/s
+// Why the panel buffer and the block-wise x (bench_matmul --fma, one thread, AMD EPYC Zen 5, the seed's slices: 197-214 -> 232-237 GFLOP/s
 // hot, 168-208 -> 219-232 cold, of a 268-274 peak): the partial sums had gone back to y itself every 64 rows of K,
 // and y's rows lie N floats apart, often a multiple of 4 KB, so a panel's 64 rows fell into the same few L1 sets
 // and came back from L2 at the start of every tile; x's rows, K floats apart, did the same in fewer sets.
@@ -18,7 +19,7 @@
 // the linker could keep this AVX-512 copy for every other translation unit. Everything is in an anonymous
 // namespace or a plain loop; `nm -C` of the object shows no weak symbols.
 // GCC 12's avx512fintrin.h leaves the pass-through operand of _mm512_cvtepu16_epi32 / _mm512_slli_epi32
-// undefined on purpose, and -Wmaybe-uninitialized reports it once inlined here.
+// undefined on purpose, and -Wmaybe-uninitialized (or -Wuninitialized) reports it once inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
@@ -103,32 +104,19 @@ void tile(const float* xf, int ldxf, const T* src, float* wb, int kb, const floa
     for (int j = 0; j < 4; ++j)
       acc[r][j] = yin ? _mm512_maskz_loadu_ps(mask[j], yin + int64_t(r) * ldin + 16 * j) : _mm512_setzero_ps();
   for (int k = 0; k < kb; ++k) {
-    float* w = wb + k * kNR;
-    __m512 w0, w1, w2, w3;
-    if constexpr (kWiden) {
-      __m512 v[4];
-      widen_row64(src + k * kNR, v);
-      w0 = v[0];
-      w1 = v[1];
-      w2 = v[2];
-      w3 = v[3];
-      _mm512_store_ps(w, w0);
-      _mm512_store_ps(w + 16, w1);
-      _mm512_store_ps(w + 32, w2);
-      _mm512_store_ps(w + 48, w3);
-    } else {
-      w0 = _mm512_load_ps(w);
-      w1 = _mm512_load_ps(w + 16);
-      w2 = _mm512_load_ps(w + 32);
-      w3 = _mm512_load_ps(w + 48);
+    float* wk = wb + k * kNR;
+    __m512 w[4];
+    if constexpr (kWiden) widen_row64(src + k * kNR, w);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (kWiden) _mm512_store_ps(wk + 16 * j, w[j]);
+      else w[j] = _mm512_load_ps(wk + 16 * j);
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 b = _mm512_set1_ps(xf[int64_t(r) * ldxf + k]);
-      acc[r][0] = _mm512_fmadd_ps(b, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(b, w1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(b, w2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(b, w3, acc[r][3]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_fmadd_ps(b, w[j], acc[r][j]);
     }
   }
 #pragma GCC unroll 8
