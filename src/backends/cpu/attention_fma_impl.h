@@ -4,7 +4,9 @@
 // compiled for its own ISA, and no weak symbol (scripts/check-isa-objects.sh).
 //
 // Same partials as the vdpbf16ps kernel (attention_avx512.cpp): per key block of kKeyBlock keys, scores
-// S = Q K^T, a base-2 online-softmax update of (m, l) with the rescale factors alpha, O = O * alpha + P V. The
+// S = Q K^T, a base-2 online-softmax update of (m, l) with the rescale factors alpha, O = O * alpha + P V; after
+// a short first block, the exponentials are taken in the QK tiles' epilogue against the running max (no max pass,
+// no second pass over S, no rescale of O), with the exact block as the fallback when a score jumps. The
 // bf16 queries, keys and values (or an int8 cache's rows, as q * s) are widened to fp32 in scratch (queries once per chunk, keys and values once
 // per block) and multiplied with fp32 FMAs, the probabilities stay fp32: where vdpbf16ps issues at half the
 // rate of an fp32 FMA (Intel Sapphire / Emerald Rapids) this is the faster unit, and it runs on every AVX2 CPU.
@@ -62,11 +64,10 @@ inline void widen_value_s8(const int8_t* v8, float s, int n, int npad, float* ds
   for (int c = n; c < npad; ++c) dst[c] = 0.f;
 }
 
-// S[k][row] = sum_c qf[c][row] * kf[k][c] for NQV vectors of query rows and V::kQkKeys keys.
+// acc[v][k] = sum_c qf[c][v * W + lane] * kf[k][c] for NQV vectors of query rows and V::kQkKeys keys.
 template <class V, int NQV>
-inline void fma_qk_tile(const float* qf, int ls, int d, const float* kf, float* S) {
+inline void fma_qk_acc(const float* qf, int ls, int d, const float* kf, typename V::F (&acc)[NQV][V::kQkKeys]) {
   constexpr int kFmaQkKeys = V::kQkKeys;
-  typename V::F acc[NQV][kFmaQkKeys];
 #pragma GCC unroll 16
   for (int v = 0; v < NQV; ++v)
 #pragma GCC unroll 16
@@ -82,10 +83,39 @@ inline void fma_qk_tile(const float* qf, int ls, int d, const float* kf, float* 
       for (int v = 0; v < NQV; ++v) acc[v][k] = V::fmadd(q[v], kb, acc[v][k]);
     }
   }
+}
+
+// Raw scores S[k][row] (row stride ls), for the exact block.
+template <class V, int NQV>
+inline void fma_qk_tile(const float* qf, int ls, int d, const float* kf, float* S) {
+  typename V::F acc[NQV][V::kQkKeys];
+  fma_qk_acc<V, NQV>(qf, ls, d, kf, acc);
 #pragma GCC unroll 16
-  for (int k = 0; k < kFmaQkKeys; ++k)
+  for (int k = 0; k < V::kQkKeys; ++k)
 #pragma GCC unroll 16
     for (int v = 0; v < NQV; ++v) V::store(S + size_t(k) * ls + v * V::W, acc[v][k]);
+}
+
+// The fused block: probabilities P[k][row] = 2^(score * scale - m[row]) against the running max m, which stays
+// fixed for the block so that O needs no rescale; keys >= nvalid get 0; row sums added to lsum. A score far above
+// m shows up as a huge (or infinite, or NaN) row sum, which the caller checks.
+template <class V, int NQV>
+inline void fma_qk_exp_tile(const float* qf, int ls, int d, const float* kf, int nvalid, const float* m,
+                            typename V::F scale, float* P, float* lsum) {
+  typename V::F acc[NQV][V::kQkKeys];
+  fma_qk_acc<V, NQV>(qf, ls, d, kf, acc);
+#pragma GCC unroll 16
+  for (int v = 0; v < NQV; ++v) {
+    const typename V::F mv = V::loadu(m + v * V::W);
+    typename V::F sum = V::loadu(lsum + v * V::W);
+#pragma GCC unroll 16
+    for (int k = 0; k < V::kQkKeys; ++k) {
+      const typename V::F p = k < nvalid ? V::exp2(V::fmsub(acc[v][k], scale, mv)) : V::zero();
+      V::store(P + size_t(k) * ls + v * V::W, p);
+      sum = V::add(sum, p);
+    }
+    V::storeu(lsum + v * V::W, sum);
+  }
 }
 
 // Online-softmax update for one block of n valid keys (npad >= n): scores -> fp32 probabilities in place
@@ -116,7 +146,7 @@ inline void fma_softmax_block(const AttnGeometry& g, int ls, int n, int npad, fl
 }
 
 // O[row][c] = O[row][c] * alpha[row] + sum_k P[k][row] * vf[k][c] for V::kPvRows rows and NCV column vectors
-// (row strides: P ls, vf lv, O dp).
+// (row strides: P ls, vf lv, O dp); alpha == nullptr: no rescale (a fused block).
 template <class V, int NCV>
 inline void fma_pv_tile(const float* P, int ls, const float* vf, int lv, int dp, int npad, const float* alpha,
                         float* O) {
@@ -124,9 +154,10 @@ inline void fma_pv_tile(const float* P, int ls, const float* vf, int lv, int dp,
   typename V::F acc[kFmaPvRows][NCV];
 #pragma GCC unroll 16
   for (int r = 0; r < kFmaPvRows; ++r) {
-    const typename V::F a = V::set1(alpha[r]);
+    const typename V::F a = V::set1(alpha ? alpha[r] : 1.f);
 #pragma GCC unroll 16
-    for (int c = 0; c < NCV; ++c) acc[r][c] = V::mul(V::loadu(O + size_t(r) * dp + c * V::W), a);
+    for (int c = 0; c < NCV; ++c)
+      acc[r][c] = alpha ? V::mul(V::loadu(O + size_t(r) * dp + c * V::W), a) : V::loadu(O + size_t(r) * dp + c * V::W);
   }
   for (int k = 0; k < npad; ++k) {
     typename V::F vv[NCV];
@@ -146,9 +177,38 @@ inline void fma_pv_tile(const float* P, int ls, const float* vf, int lv, int dp,
 }
 
 template <class V, int NQV>
-inline void fma_qk_rows(const AttnGeometry& g, int ls, const float* qf, const float* kf, int npad, float* S) {
-  for (int k = 0; k < npad; k += V::kQkKeys)
-    fma_qk_tile<V, NQV>(qf, ls, g.d, kf + size_t(k) * g.d, S + size_t(k) * ls);
+inline void fma_qk_rows(const AttnGeometry& g, int ls, const float* qf, const float* kf, int n, int npad,
+                        const float* m, float* lsum, float* S) {
+  const typename V::F scale = V::set1(g.scale_log2);
+  for (int k = 0; k < npad; k += V::kQkKeys) {
+    if (m) fma_qk_exp_tile<V, NQV>(qf, ls, g.d, kf + size_t(k) * g.d, n - k, m, scale, S + size_t(k) * ls, lsum);
+    else fma_qk_tile<V, NQV>(qf, ls, g.d, kf + size_t(k) * g.d, S + size_t(k) * ls);
+  }
+}
+
+// Scores (m == nullptr) or fused probabilities against m (rows sums into lsum) for all query rows of a block.
+template <class V>
+inline void fma_qk_block(const AttnGeometry& g, int ls, const float* qf, const float* kf, int n, int npad,
+                         const float* m, float* lsum, float* S) {
+  constexpr int kQkRows = V::kQkVecs * V::W;
+  for (int r = 0; r < g.Rp; r += kQkRows) {
+    const int nqv = (g.Rp - r) / V::W < V::kQkVecs ? (g.Rp - r) / V::W : V::kQkVecs;
+    const float* q = qf + r;
+    const float* mr = m ? m + r : nullptr;
+    float* s = S + r;
+    if (nqv == V::kQkVecs) {
+      fma_qk_rows<V, V::kQkVecs>(g, ls, q, kf, n, npad, mr, lsum + r, s);
+    } else if constexpr (V::kQkVecs > 1) {
+      // Rp is a multiple of 16: the rest is 1 to kQkVecs - 1 vectors.
+      if (nqv == 1) fma_qk_rows<V, 1>(g, ls, q, kf, n, npad, mr, lsum + r, s);
+      else if constexpr (V::kQkVecs > 2) {
+        if (nqv == 2) fma_qk_rows<V, 2>(g, ls, q, kf, n, npad, mr, lsum + r, s);
+        else if constexpr (V::kQkVecs > 3) {
+          if (nqv == 3) fma_qk_rows<V, 3>(g, ls, q, kf, n, npad, mr, lsum + r, s);
+        }
+      }
+    }
+  }
 }
 
 template <class V>
@@ -163,8 +223,13 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
   const int ls = g.Rp + kFmaPad, lv = g.dp + kFmaPad;
   widen_queries(g, ls, qp, w.qf);
   size_t ex_off = 0;  // progress through kv.prefetch
+  bool first = true;
+  // The first block only establishes the running max (exact two-pass path), so it is kept short.
+  constexpr int kFirstBlock = 16;
+  static_assert(kFirstBlock % kFmaQkKeys == 0);
   for (int jb = j0, n = 0; jb < j1; jb += n) {
-    n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
+    const int want = first ? kFirstBlock : kKeyBlock;
+    n = j1 - jb < want ? j1 - jb : want;
     const int npad = (n + kFmaQkKeys - 1) / kFmaQkKeys * kFmaQkKeys;
     for (int k = 0; k < npad && kv.int8; ++k) {
       const int j = jb + k;
@@ -198,25 +263,24 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
       widen_row(kptr[k], g.d, g.d, w.kf + size_t(k) * g.d);
       widen_row(vptr[k], g.d, g.dp, w.vf + size_t(k) * lv);
     }
-    constexpr int kQkRows = V::kQkVecs * V::W;
-    for (int r = 0; r < g.Rp; r += kQkRows) {
-      const int nqv = (g.Rp - r) / V::W < V::kQkVecs ? (g.Rp - r) / V::W : V::kQkVecs;
-      const float* q = w.qf + r;
-      float* s = S + r;
-      if (nqv == V::kQkVecs) {
-        fma_qk_rows<V, V::kQkVecs>(g, ls, q, w.kf, npad, s);
-      } else if constexpr (V::kQkVecs > 1) {
-        // Rp is a multiple of 16: the rest is 1 to kQkVecs - 1 vectors.
-        if (nqv == 1) fma_qk_rows<V, 1>(g, ls, q, w.kf, npad, s);
-        else if constexpr (V::kQkVecs > 2) {
-          if (nqv == 2) fma_qk_rows<V, 2>(g, ls, q, w.kf, npad, s);
-          else if constexpr (V::kQkVecs > 3) {
-            if (nqv == 3) fma_qk_rows<V, 3>(g, ls, q, w.kf, npad, s);
-          }
-        }
-      }
+    // After the first block, the fused path against the running max (as the vdpbf16ps kernel); the exact
+    // two-pass block (scores, max, exp, rescale) when there is no max yet or a score jumps too far above it.
+    bool fused = !first;
+    if (fused) {
+      for (int r = 0; r < g.Rp; ++r) w.lblk[r] = 0.f;
+      fma_qk_block<V>(g, ls, w.qf, w.kf, n, npad, m, w.lblk, S);
+      // A score more than 64 (log2) above the running max makes its row sum exceed 2^64 (or inf, or NaN):
+      // redo the block exactly, so that fp32 never overflows in O or l.
+      for (int r = 0; r < g.Rp && fused; ++r) fused = w.lblk[r] < 0x1p64f;
+      if (fused)
+        for (int r = 0; r < g.Rp; ++r) l[r] += w.lblk[r];
     }
-    fma_softmax_block<V>(g, ls, n, npad, S, m, l, w.alpha);
+    if (!fused) {
+      fma_qk_block<V>(g, ls, w.qf, w.kf, n, npad, nullptr, nullptr, S);
+      fma_softmax_block<V>(g, ls, n, npad, S, m, l, w.alpha);
+    }
+    first = false;
+    const float* rescale = fused ? nullptr : w.alpha;
     // While PV computes: L2 prefetches of the next block's cache rows and of this block's share of the
     // caller's region, spread over the row tiles (as in the vdpbf16ps kernel).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
@@ -247,7 +311,7 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
         for (size_t e = ex_off + ex_step; ex_off < e && ex_off < ex_end; ex_off += 64)
           _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
         const float* p = S + r;
-        const float* a = w.alpha + r;
+        const float* a = rescale ? rescale + r : nullptr;
         if (g.dp - c >= kPvCols) {
           fma_pv_tile<V, V::kPvVecs>(p, ls, w.vf + c, lv, g.dp, npad, a, O + size_t(r) * g.dp + c);
         } else {
