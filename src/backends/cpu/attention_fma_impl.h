@@ -186,7 +186,8 @@ inline void fma_qk_rows(const AttnGeometry& g, int ls, const float* qf, const fl
   }
 }
 
-// Scores (m == nullptr) or fused probabilities against m (rows sums into lsum) for all query rows of a block.
+// Scores (m == nullptr; lsum unused) or fused probabilities against m (row sums into lsum) for all query rows of a
+// block.
 template <class V>
 inline void fma_qk_block(const AttnGeometry& g, int ls, const float* qf, const float* kf, int n, int npad,
                          const float* m, float* lsum, float* S) {
@@ -276,7 +277,7 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
         for (int r = 0; r < g.Rp; ++r) l[r] += w.lblk[r];
     }
     if (!fused) {
-      fma_qk_block<V>(g, ls, w.qf, w.kf, n, npad, nullptr, nullptr, S);
+      fma_qk_block<V>(g, ls, w.qf, w.kf, n, npad, nullptr, w.lblk, S);
       fma_softmax_block<V>(g, ls, n, npad, S, m, l, w.alpha);
     }
     first = false;
