@@ -223,8 +223,7 @@ int main(int argc, char** argv) {
       const std::vector<cpu::OpFloor> floors = cpu::step_floors(work, model->weights(), nt, model->kv() == "int8");
       std::printf("isa: %s\n", cpu::isa().describe().c_str());
       for (const cpu::KernelChoice& c : cpu::kernel_choices())
-        std::printf("kernel %-12s %-12s %7.1f GFLOP/s  %s; %s\n", c.op.c_str(), c.kernel.c_str(), c.gflops,
-                    c.instruction.empty() ? "-" : c.instruction.c_str(), c.why.c_str());
+        std::printf("kernel %s\n", cpu::format_kernel_choice(c).c_str());
       std::printf("peaks (%d threads):", nt);
       for (const cpu::PeakEntry& e : cpu::measured_peaks(nt).entries)
         std::printf("  %s %.1f", e.instruction.c_str(), e.rate);

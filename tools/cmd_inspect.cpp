@@ -73,8 +73,7 @@ Run add_inspect(CLI::App& app) {
       const int k_model = std::max({c.D, c.Hq * c.d, c.I});
       for (cpu::WeightType t : {cpu::WeightType::BF16, cpu::WeightType::INT8}) cpu::select_matmul_kernel(t, k_model);
       for (const cpu::KernelChoice& k : cpu::kernel_choices())
-        std::printf("cpu kernel   %-12s %-12s %7.1f GFLOP/s  %s; %s\n", k.op.c_str(), k.kernel.c_str(), k.gflops,
-                    k.instruction.empty() ? "-" : k.instruction.c_str(), k.why.c_str());
+        std::printf("cpu kernel   %s\n", cpu::format_kernel_choice(k).c_str());
       const cpu::Peaks& p = cpu::measured_peaks(a->threads);
       for (const cpu::PeakEntry& e : p.entries)
         if (e.rate > 0)

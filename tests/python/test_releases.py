@@ -241,11 +241,16 @@ def test_inspect_kernels_names_the_kernel_of_every_op(cli, tmp_path, monkeypatch
     assert set(ops) == {"attention", "attention_kv_int8", "matmul_bf16", "matmul_int8"}, out
     for op, (kernel, why) in ops.items():
         assert why.startswith("fastest of") or why == "only one", f"{op}: {kernel} ({why})"
+        # Each candidate with the rate it was timed at, the chosen one among them.
+        if why.startswith("fastest of"):
+            rates = dict(re.findall(r"(\w+) ([0-9]+\.[0-9]) ?,?", why.split(" (1 thread")[0]))
+            assert kernel in rates and all(float(r) > 0 for r in rates.values()), f"{op}: {why}"
     assert re.search(r"^cpu peak\s+\S+", out, re.M), out
     monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "matmul_int8=portable_fma")
     out, _ = inspect(cli, ck, "--kernels")
     ops = {m.group(1): (m.group(2), m.group(3)) for m in line.finditer(out)}
     assert ops["matmul_int8"] == ("portable_fma", "forced"), out
+    assert re.search(r"^cpu kernel\s+matmul_int8\s+portable_fma\s+not timed", out, re.M), out
     monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "matmul_int8=fastest_ever")
     err = expect_cli_error(cli, ck, "matmul_int8=fastest_ever", "Candidates", "avx512_vnni", "onednn",
                            extra=("--kernels",))

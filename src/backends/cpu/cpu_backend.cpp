@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -169,13 +170,16 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
     std::string list;
     for (const std::string& n : run) {
       const double sec = time_matmul(n, t, kernels, M, K, N);
-      list += (list.empty() ? "" : ", ") + n;
+      char rate[32];
+      std::snprintf(rate, sizeof rate, " %.1f", 2.0 * M * K * N / sec / 1e9);
+      list += (list.empty() ? "" : ", ") + n + rate;
       if (sec * kChoiceMargin < best) {
         best = sec;
         c.name = n;
       }
     }
-    c.why = "fastest of " + list;
+    c.why = "fastest of " + list + (t == WeightType::INT8 ? " GOP/s" : " GFLOP/s") + " (1 thread, " +
+            std::to_string(M) + " x " + std::to_string(K) + " x " + std::to_string(N) + ")";
     c.gflops = 2.0 * M * K * N / best / 1e9;
   }
   cache[key] = c;
@@ -192,7 +196,7 @@ std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_mod
   // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands ("").
   FmaKernel k;
   const std::string instr = fma_kernel_from_name(c.name, &k) ? fma_kernel_instruction(k) : "";
-  record_kernel_choice({op, c.name, c.why, c.gflops, instr});
+  record_kernel_choice({op, c.name, c.why, c.gflops, instr, t == WeightType::INT8 ? "GOP/s" : "GFLOP/s"});
   return c.name;
 }
 

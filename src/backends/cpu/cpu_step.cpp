@@ -293,8 +293,7 @@ void CpuSession::print_profile(double step_ms) const {
   // process, ~0.3 s, on this session's thread count) against the phases above.
   std::fprintf(stderr, "  isa: %s\n", isa().describe().c_str());
   for (const KernelChoice& c : kernel_choices())
-    std::fprintf(stderr, "  kernel %-12s %-12s %7.1f GFLOP/s  %s; %s\n", c.op.c_str(), c.kernel.c_str(), c.gflops,
-                 c.instruction.empty() ? "-" : c.instruction.c_str(), c.why.c_str());
+    std::fprintf(stderr, "  kernel %s\n", format_kernel_choice(c).c_str());
   std::vector<long long> keys(B_);
   for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
   const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);

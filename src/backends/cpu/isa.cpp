@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -173,6 +174,15 @@ void record_kernel_choice(const KernelChoice& c) {
       return;
     }
   choices.push_back(c);
+}
+
+std::string format_kernel_choice(const KernelChoice& c) {
+  char rate[32];
+  if (c.gflops > 0) std::snprintf(rate, sizeof rate, "%7.1f %-7s", c.gflops, c.unit.c_str());
+  else std::snprintf(rate, sizeof rate, "%15s", "not timed");
+  char line[160];
+  std::snprintf(line, sizeof line, "%-17s %-12s %s  ", c.op.c_str(), c.kernel.c_str(), rate);
+  return line + (c.instruction.empty() ? std::string("-") : c.instruction) + "; " + c.why;
 }
 
 std::vector<KernelChoice> kernel_choices() {

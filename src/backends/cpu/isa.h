@@ -62,8 +62,12 @@ struct KernelChoice {
   std::string op, kernel, why;
   double gflops = 0;
   std::string instruction;
+  std::string unit = "GFLOP/s";  // of gflops: GOP/s for the int8 weights' matmul
 };
 void record_kernel_choice(const KernelChoice& c);  // replaces an earlier choice for the same op
+// One line for inspect, --profile and the benchmarks: "op kernel rate  instruction; why", the rate as "not timed"
+// where the choice was forced.
+std::string format_kernel_choice(const KernelChoice& c);
 // Kernel timings use the calling thread's own CPU time: other processes taking turns on a shared core do not
 // count. Among candidates timed in a fixed order, a later one must be more than kChoiceMargin times faster to
 // win, so that kernels within noise of each other never flip between processes (their results differ in
