@@ -66,7 +66,7 @@ struct KernelChoice {
 };
 void record_kernel_choice(const KernelChoice& c);  // replaces an earlier choice for the same op
 // One line for inspect, --profile and the benchmarks: "op kernel rate  instruction; why", the rate as "not timed"
-// where the choice was forced.
+// where the kernel was not timed (a forced or the only runnable matmul kernel).
 std::string format_kernel_choice(const KernelChoice& c);
 // Kernel timings use the calling thread's own CPU time: other processes taking turns on a shared core do not
 // count. Among candidates timed in a fixed order, a later one must be more than kChoiceMargin times faster to
