@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The cpu backend against its bars on this machine, in one command (docs/PERFORMANCE.md, "Against the machine's
+floor and PyTorch").
+
+Runs, one process at a time, at the seed's full size unless --sizes says otherwise:
+  1. bench/bench_vs_torch.py (ours with bf16 and int8 weights, PyTorch fp32 and bf16), unless --no-torch;
+  2. --runs bench_step runs per weight format with the kernels chosen at load, each step against the floor that run
+     printed (its own measured peaks);
+  3. each weight matmul kernel forced in turn (ALPAMAYO_CPU_KERNELS=matmul_bf16=... / matmul_int8=...), and both
+     weight formats with --kv int8; a kernel this CPU cannot run is listed with bench_step's reason;
+  4. the line Matmul.OnednnUsesAmxExactlyWhereUsable prints (which oneDNN implementation runs, AMX or not).
+Prints the CPU (lscpu), a table of step / floor ratios against the 1.25x bar and ours against PyTorch's faster
+configuration against the 2x bar, and writes everything as JSON (--out). Exit status 0 when every run ran; the
+bars are reported, not enforced (a shared machine's noise moves the ratios by several percent).
+
+usage: python3 scripts/cpu_bars.py [--build build] [--threads 2] [--runs 3] [--no-torch] [--sizes "--L 4"]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOOR_BAR = 1.25
+TORCH_BAR = 2.0
+CANDIDATES = {"matmul_bf16": ("bf16", ["avx512_bf16", "onednn", "avx512_fma", "avx2_fma"]),
+              "matmul_int8": ("int8", ["avx512_vnni", "onednn", "avx512_fma", "avx2_fma"])}
+
+
+def lscpu() -> dict:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        return {"error": str(e)}
+    fields = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("Model name", "CPU family", "Model", "CPU(s)", "Thread(s) per core"):
+            fields[key.strip()] = value.strip()
+    flags = next((l.split(":", 1)[1].split() for l in out.splitlines() if l.startswith("Flags")), [])
+    fields["flags"] = sorted(f for f in flags if f.startswith(("avx512", "amx", "avx_vnni", "fma", "avx2")))
+    return fields
+
+
+def last_json(text: str) -> dict:
+    lines = [l for l in text.splitlines() if l.startswith("{")]
+    if not lines:
+        raise ValueError("no JSON result line in:\n" + text[-2000:])
+    return json.loads(lines[-1])
+
+
+def bench_step(exe: Path, args: list[str], env_kernels: str | None = None) -> dict:
+    """One bench_step process: its JSON line, the ratio to its own floor, the kernel lines; or the error it printed."""
+    env = dict(os.environ)
+    env.pop("ALPAMAYO_CPU_KERNELS", None)
+    if env_kernels:
+        env["ALPAMAYO_CPU_KERNELS"] = env_kernels
+    r = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        why = (r.stderr.strip() or r.stdout.strip()).splitlines()
+        return {"args": args, "kernels": env_kernels, "error": why[-1] if why else f"exit status {r.returncode}"}
+    res = last_json(r.stdout)
+    res["args"] = args
+    res["kernels"] = env_kernels
+    res["kernel_lines"] = [l[len("kernel "):] for l in r.stdout.splitlines() if l.startswith("kernel ")]
+    if res.get("floor_s"):
+        res["ratio"] = res["step_s_mean"] / res["floor_s"]
+    return res
+
+
+def torch_run(python: str, exe: Path, threads: int, sizes: list[str]) -> dict:
+    cmd = [python, str(ROOT / "bench" / "bench_vs_torch.py"), "--bench-step", str(exe), "--threads", str(threads),
+           *sizes]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]}
+    ours = [json.loads(l) for l in r.stdout.splitlines() if l.startswith('{"backend"')]
+    torch = [json.loads(l.split(" (process")[0]) for l in r.stdout.splitlines() if l.startswith('{"torch"')]
+    out = {"ours": ours, "torch": torch}
+    if ours and torch:
+        best = min(t["step_s_mean"] for t in torch)
+        out["torch_best_s"] = best
+        for o in ours:
+            o["ratio"] = o["step_s_mean"] / o["floor_s"] if o.get("floor_s") else None
+            o["faster_than_torch"] = best / o["step_s_mean"]
+    return out
+
+
+def amx_line(build: Path) -> str:
+    exe = build / "alpamayo_tests"
+    if not exe.is_file():
+        return f"not run: {exe} not built"
+    r = subprocess.run([str(exe), "--gtest_filter=Matmul.OnednnUsesAmxExactlyWhereUsable"], capture_output=True,
+                       text=True)
+    lines = [l for l in r.stdout.splitlines() if "measured" in l or "oneDNN" in l or "SKIPPED" in l or "FAILED" in l]
+    status = "passed" if r.returncode == 0 else f"exit status {r.returncode}"
+    return "; ".join(lines + [status])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", default=str(ROOT / "build"), help="the build directory (bench/bench_step in it)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", type=int, default=3, help="bench_step runs per weight format with the chosen kernels")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--no-torch", action="store_true", help="skip bench_vs_torch (needs torch and transformers)")
+    p.add_argument("--python", default=sys.executable, help="the Python with torch for bench_vs_torch")
+    p.add_argument("--sizes", default="", help="extra size options for every run, e.g. \"--L 4\" (default: the "
+                                               "seed's full size)")
+    p.add_argument("--out", default="cpu-bars.json")
+    a = p.parse_args()
+
+    build = Path(a.build)
+    exe = build / "bench" / "bench_step"
+    if not exe.is_file():
+        print(f"error: {exe} not found: build the benchmarks first (cmake --build {build} --target bench_step)",
+              file=sys.stderr)
+        return 2
+    sizes = a.sizes.split()
+    common = [*sizes, "--threads", str(a.threads), "--warmup", "1", "--profile", "0"]
+    report: dict = {"cpu": lscpu(), "threads": a.threads, "sizes": sizes or "the seed's full size"}
+    print(f"cpu: {report['cpu'].get('Model name', '?')} (family {report['cpu'].get('CPU family', '?')}, model "
+          f"{report['cpu'].get('Model', '?')}), {report['cpu'].get('CPU(s)', '?')} CPUs; "
+          f"{' '.join(report['cpu'].get('flags', []))}", flush=True)
+
+    if not a.no_torch:
+        print("bench_vs_torch ...", flush=True)
+        report["vs_torch"] = torch_run(a.python, exe, a.threads, sizes)
+    runs = []
+    for i in range(a.runs):
+        for w in ("int8", "bf16"):
+            res = bench_step(exe, [*common, "--weights", w, "--steps", str(a.steps)])
+            print(f"  run {i + 1} {w}: " + (f"{res['step_s_mean']:.4f} s / floor {res['floor_s']:.4f} s = "
+                                             f"{res['ratio']:.3f}x" if "error" not in res else res["error"]),
+                  flush=True)
+            runs.append(res)
+    report["runs"] = runs
+    forced = []
+    for op, (w, names) in CANDIDATES.items():
+        for name in names:
+            res = bench_step(exe, [*common, "--weights", w, "--steps", "2"], f"{op}={name}")
+            print(f"  {op}={name}: " + (f"{res['step_s_mean']:.4f} s, {res['ratio']:.3f}x its floor"
+                                        if "error" not in res else res["error"]), flush=True)
+            forced.append(res)
+    for w in ("bf16", "int8"):
+        res = bench_step(exe, [*common, "--weights", w, "--kv", "int8", "--steps", "2"])
+        print(f"  {w} weights, --kv int8: " + (f"{res['step_s_mean']:.4f} s, {res['ratio']:.3f}x its floor"
+                                              if "error" not in res else res["error"]), flush=True)
+        forced.append(res)
+    report["forced"] = forced
+    report["amx"] = amx_line(build)
+
+    # The summary.
+    print(f"\n{report['cpu'].get('Model name', '?')}, {a.threads} threads, {' '.join(sizes) or 'full size'}")
+    print("| weights | kernels | s/step (mean) | floor s | step / floor | bar 1.25x |")
+    print("|---|---|---|---|---|---|")
+    for res in runs + forced:
+        if "error" in res:
+            print(f"| {res['args'][res['args'].index('--weights') + 1]} | {res['kernels'] or 'chosen'} | - | - | "
+                  f"{res['error']} | - |")
+            continue
+        w = res["weights"] + (", kv " + res["args"][res["args"].index("--kv") + 1] if "--kv" in res["args"] else "")
+        kern = ", ".join(" ".join(l.split()[:2]) for l in res["kernel_lines"])
+        print(f"| {w} | {kern}{' (forced)' if res['kernels'] else ''} | {res['step_s_mean']:.4f} | "
+              f"{res['floor_s']:.4f} | {res['ratio']:.3f}x | {'met' if res['ratio'] <= FLOOR_BAR else 'missed'} |")
+    vt = report.get("vs_torch")
+    if vt:
+        if "error" in vt:
+            print(f"bench_vs_torch: {vt['error']}")
+        else:
+            print(f"torch faster configuration: {vt['torch_best_s']:.3f} s/step")
+            for o in vt["ours"]:
+                print(f"  ours {o['weights']}: {o['step_s_mean']:.3f} s, {o['ratio']:.3f}x its floor, "
+                      f"{o['faster_than_torch']:.2f}x faster than torch (bar {TORCH_BAR:.0f}x: "
+                      f"{'met' if o['faster_than_torch'] >= TORCH_BAR else 'missed'})")
+    print(f"AMX (oneDNN): {report['amx']}")
+    Path(a.out).write_text(json.dumps(report, indent=1))
+    print(f"wrote {a.out}")
+    failed = [r for r in runs if "error" in r] + ([vt] if vt and "error" in vt else [])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

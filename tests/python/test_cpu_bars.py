@@ -1,0 +1,49 @@
+"""scripts/cpu_bars.py, the one command that measures the cpu backend against its bars on a machine, run at a
+tiny size: every run it makes either gives a step and the floor of its own measured peaks or names why it could not
+run, and the JSON it writes holds the CPU and every result."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import compiled_backends
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cpu_bars_runs_every_configuration(cli, tmp_path):
+    if not any(name == "cpu" and not why for name, _, why in compiled_backends()):
+        pytest.skip("this build has no cpu backend")
+    build = Path(cli).parent
+    if not (build / "bench" / "bench_step").is_file():
+        pytest.skip(f"{build}/bench/bench_step not built (ALPAMAYO_BUILD_BENCH=OFF)")
+    out = tmp_path / "bars.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "cpu_bars.py"), "--build", str(build), "--no-torch",
+                        "--runs", "1", "--steps", "1", "--sizes", "--L 1 --S 40 --Smax 64 --T 16", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["cpu"].get("Model name"), rep["cpu"]
+    # The chosen kernels: one run per weight format, each against its own floor.
+    assert sorted(x["weights"] for x in rep["runs"]) == ["bf16", "int8"], rep["runs"]
+    for x in rep["runs"]:
+        assert x["step_s_mean"] > 0 and x["floor_s"] > 0 and x["ratio"] == pytest.approx(x["step_s_mean"] / x["floor_s"])
+        assert any(l.startswith("attention") for l in x["kernel_lines"]), x
+    # Every matmul candidate forced in turn, and --kv int8: a result with the forced kernel in use, or the reason.
+    forced = {x["kernels"]: x for x in rep["forced"] if x["kernels"]}
+    assert {k.split("=")[1] for k in forced if k.startswith("matmul_bf16")} == {"avx512_bf16", "onednn", "avx512_fma",
+                                                                                 "avx2_fma"}
+    assert {k.split("=")[1] for k in forced if k.startswith("matmul_int8")} == {"avx512_vnni", "onednn", "avx512_fma",
+                                                                                 "avx2_fma"}
+    for k, x in forced.items():
+        op, name = k.split("=")
+        if "error" in x:
+            assert name in x["error"] or "cannot" in x["error"] or "needs" in x["error"], x
+        else:
+            assert any(l.split()[:2] == [op, name] for l in x["kernel_lines"]), x
+    assert any(x["kernels"] is None and "--kv" in x["args"] for x in rep["forced"])
+    assert "| weights | kernels |" in r.stdout and "AMX (oneDNN):" in r.stdout
