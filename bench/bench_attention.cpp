@@ -143,7 +143,8 @@ int main(int argc, char** argv) {
                 ta * 1e3, attn_flop / ta / 1e9);
     if (peak > 0)
       std::printf(" = %4.1f%% of %s peak %.1f", 100.0 * attn_flop / ta / 1e9 / peak, attn_kernel_instruction(k), peak);
-    std::printf(" (best run %.3f ms, %.1f%%)", ta_best * 1e3, peak > 0 ? 100.0 * attn_flop / ta_best / 1e9 / peak : 0.0);
+    std::printf(" (best run %.3f ms, %.1f%%)", ta_best * 1e3,
+                peak > 0 ? 100.0 * attn_flop / ta_best / 1e9 / peak : 0.0);
     std::printf(" | oneDNN bf16 matmul %dx%dx%d: %.3f ms, %.1f GFLOP/s | attention/matmul %.2f\n", M, K, N, tm * 1e3,
                 mm_flop / tm / 1e9, (attn_flop / ta) / (mm_flop / tm));
   }

@@ -13,9 +13,8 @@
 //
 // V provides: F (the register type), W (lanes), kQkVecs and kQkKeys (query vectors times keys of a QK register
 // tile; kQkKeys divides kKeyBlock), kPvRows and kPvVecs (rows times column vectors of a PV tile; kPvRows
-// divides 16),
-// kPvVecs (column vectors per PV tile, times 4 rows), load/loadu/store/storeu, set1, zero, add, sub, mul,
-// max, fmadd (a * b + c), fmsub (a * b - c), and exp2 (2^x, 0 below -126, relative error ~1e-7).
+// divides 16), load/loadu/store/storeu, set1, zero, add, sub, mul, max, fmadd (a * b + c), fmsub (a * b - c),
+// and exp2 (2^x, 0 below -126, relative error ~1e-7).
 #pragma once
 #include <immintrin.h>
 
@@ -153,12 +152,12 @@ inline void fma_pv_tile(const float* P, int ls, const float* vf, int lv, int dp,
   constexpr int kFmaPvRows = V::kPvRows;
   typename V::F acc[kFmaPvRows][NCV];
 #pragma GCC unroll 16
-  for (int r = 0; r < kFmaPvRows; ++r) {
-    const typename V::F a = V::set1(alpha ? alpha[r] : 1.f);
+  for (int r = 0; r < kFmaPvRows; ++r)
 #pragma GCC unroll 16
-    for (int c = 0; c < NCV; ++c)
-      acc[r][c] = alpha ? V::mul(V::loadu(O + size_t(r) * dp + c * V::W), a) : V::loadu(O + size_t(r) * dp + c * V::W);
-  }
+    for (int c = 0; c < NCV; ++c) {
+      const typename V::F o = V::loadu(O + size_t(r) * dp + c * V::W);
+      acc[r][c] = alpha ? V::mul(o, V::set1(alpha[r])) : o;
+    }
   for (int k = 0; k < npad; ++k) {
     typename V::F vv[NCV];
 #pragma GCC unroll 16

@@ -46,8 +46,8 @@ __attribute__((always_inline)) inline __m256 widen_x8(const uint16_t* src) {
   return widen8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
 }
 __attribute__((always_inline)) inline __m256 widen_x8(const uint8_t* src) {
-  return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src))),
-                                             _mm256_set1_epi32(128)));
+  const __m256i u = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(u, _mm256_set1_epi32(128)));
 }
 __attribute__((always_inline)) inline float widen_x1(uint16_t v) { return bf16_to_f32(v); }
 __attribute__((always_inline)) inline float widen_x1(uint8_t v) { return float(int(v) - 128); }

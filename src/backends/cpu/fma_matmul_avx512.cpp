@@ -10,8 +10,8 @@
 // contiguous stretch. The weights are prefetched into L2 256 KB ahead of the block in use and the next block into
 // L1, spread over the row tiles.
 //
-// Why the panel buffer and the block-wise x (bench_matmul --fma, one thread, AMD EPYC Zen 5, the seed's slices: 197-214 -> 232-237 GFLOP/s
-// hot, 168-208 -> 219-232 cold, of a 268-274 peak): the partial sums had gone back to y itself every 64 rows of K,
+// Why the panel buffer and the block-wise x (bench_matmul --fma, one thread, AMD EPYC Zen 5, the seed's slices:
+// 197-214 -> 232-237 GFLOP/s hot, 168-208 -> 219-232 cold, of a 268-274 peak): the partial sums had gone back to y itself every 64 rows of K,
 // and y's rows lie N floats apart, often a multiple of 4 KB, so a panel's 64 rows fell into the same few L1 sets
 // and came back from L2 at the start of every tile; x's rows, K floats apart, did the same in fewer sets.
 //
