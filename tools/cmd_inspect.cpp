@@ -38,7 +38,7 @@ Run add_inspect(CLI::App& app) {
   app.add_option("checkpoint", a->dir, "checkpoint directory")->required();
   app.add_flag("--kernels", a->kernels,
                "cpu backend: time the kernels as loading a model does (attention on bf16 and int8 caches, bf16 and int8 weight matmuls), "
-               "print the choice per op and the instruction peaks (~1 s)");
+               "print the choice per op, the ALPAMAYO_CPU_KERNELS value that pins them all, and the instruction peaks (~1 s)");
   app.add_option("--threads", a->threads, "with --kernels: threads the peaks are measured on (0: all cores)");
   app.add_option("--vlm-config", a->vlm, "the VLM's config.json (or its text_config)");
   add_release_option(app, a->release);
@@ -74,6 +74,8 @@ Run add_inspect(CLI::App& app) {
       for (cpu::WeightType t : {cpu::WeightType::BF16, cpu::WeightType::INT8}) cpu::select_matmul_kernel(t, k_model);
       for (const cpu::KernelChoice& k : cpu::kernel_choices())
         std::printf("cpu kernel   %s\n", cpu::format_kernel_choice(k).c_str());
+      // Timed choices can differ between processes where kernels are close: this value reproduces these.
+      std::printf("cpu pin      ALPAMAYO_CPU_KERNELS=%s\n", cpu::kernel_pin().c_str());
       const cpu::Peaks& p = cpu::measured_peaks(a->threads);
       for (const cpu::PeakEntry& e : p.entries)
         if (e.rate > 0)

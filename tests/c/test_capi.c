@@ -388,6 +388,30 @@ static void test_bad_inputs(void) {
   alpamayo_result_free(NULL);
 }
 
+/* The cpu backend times its kernels in each process, and where two are close (as under a sanitizer, which times
+ * its own instrumentation) processes can choose differently, with results that differ in rounding. So that this
+ * process and the CLIs it runs compute the same bits, pin the choices `inspect --kernels` makes, as a user would
+ * (unless the caller pinned them already). */
+static void pin_cpu_kernels(void) {
+  const char* set = getenv("ALPAMAYO_CPU_KERNELS");
+  if (set && *set) return;
+  const char* ck_dir = tmp_path("pin-ck");
+  run("%s make-checkpoint --out %s --layers 1 --hidden 32 --heads 2 --kv-heads 1 --head-dim 16 --mlp 64 "
+      "--ain-hidden 16 --waypoints 8 ", g_cli, ck_dir);
+  run("%s inspect %s --kernels", g_cli, ck_dir);
+  FILE* f = fopen(tmp_path("cmd.log"), "r");
+  REQUIRE(f != NULL);
+  char line[1024];
+  const char* key = "cpu pin      ALPAMAYO_CPU_KERNELS=";
+  while (fgets(line, sizeof line, f)) {
+    if (strncmp(line, key, strlen(key)) != 0) continue;
+    line[strcspn(line, "\n")] = '\0';
+    REQUIRE(setenv("ALPAMAYO_CPU_KERNELS", line + strlen(key), 1) == 0);
+    printf("pinned: ALPAMAYO_CPU_KERNELS=%s\n", line + strlen(key));
+  }
+  fclose(f);
+}
+
 static void test_sampling(void) {
   const char* ck_dir = tmp_path("ck");
   const char* ctx_path = tmp_path("ctx.safetensors");
@@ -774,6 +798,7 @@ int main(int argc, char** argv) {
   snprintf(g_tmp, sizeof g_tmp, "/tmp/alpamayo-capi-XXXXXX");
   REQUIRE(mkdtemp(g_tmp) != NULL);
 
+  pin_cpu_kernels();
   test_versions_and_backends();
   test_bad_inputs();
   test_sampling();

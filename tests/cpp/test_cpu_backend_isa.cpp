@@ -47,14 +47,19 @@ TEST(Isa, ForcedKernelParsing) {
   EXPECT_EQ(forced_kernel("attention"), "avx2_fma");
   EXPECT_EQ(forced_kernel("matmul_bf16"), "onednn");
   EXPECT_EQ(forced_kernel("matmul_int8"), "");
-  test::expect_error([] { forced_kernel("conv"); }, {"no kernel choice for op \"conv\"", "attention, matmul_bf16"});
+  EXPECT_EQ(forced_kernel("attention_kv_int8"), "");  // select_attention_kernel falls back to "attention"
+  env.set("attention_kv_int8=avx512_vnni");
+  EXPECT_EQ(forced_kernel("attention_kv_int8"), "avx512_vnni");
+  EXPECT_EQ(forced_kernel("attention"), "");
+  test::expect_error([] { forced_kernel("conv"); }, {"no kernel choice for op \"conv\"", "attention, attention_kv_int8, matmul_bf16"});
   env.set("attention");
   test::expect_error([] { forced_kernel("attention"); },
-                     {"ALPAMAYO_CPU_KERNELS=\"attention\"", "is not op=kernel", "attention, matmul_bf16, matmul_int8"});
+                     {"ALPAMAYO_CPU_KERNELS=\"attention\"", "is not op=kernel",
+                      "attention, attention_kv_int8, matmul_bf16, matmul_int8"});
   env.set("attention=");
   test::expect_error([] { forced_kernel("attention"); }, {"\"attention=\" is not op=kernel"});
   env.set("attn=avx2_fma");
-  test::expect_error([] { forced_kernel("matmul_bf16"); }, {"unknown op \"attn\"", "attention, matmul_bf16"});
+  test::expect_error([] { forced_kernel("matmul_bf16"); }, {"unknown op \"attn\"", "attention, attention_kv_int8, matmul_bf16"});
 }
 
 TEST(Isa, KernelChoicesReplacePerOp) {
@@ -69,6 +74,29 @@ TEST(Isa, KernelChoicesReplacePerOp) {
       EXPECT_EQ(c.instruction, "vfmadd231ps ymm");
     }
   EXPECT_EQ(n, 1);
+}
+
+// "attention" forces both caches' kernel unless "attention_kv_int8" names the int8 cache's; the pin names every
+// choice of kKernelOps made in this process, in their order, and forces each to what it was.
+TEST(Isa, KernelPinForcesEveryChoiceMade) {
+  if (!isa().has(kAvx2Fma)) GTEST_SKIP() << "no AVX2 + FMA: only the portable attention kernel runs here";
+  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "attention=avx2_fma");
+  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, true), AttnKernel::Avx2Fma);
+  env.set("attention=avx2_fma,attention_kv_int8=portable");
+  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, false), AttnKernel::Avx2Fma);
+  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, true), AttnKernel::Portable);
+  record_kernel_choice({"test_op", "a", "first", 1.0, ""});
+  const std::string pin = kernel_pin();
+  EXPECT_EQ(pin.find("attention=avx2_fma,attention_kv_int8=portable"), 0u) << pin;
+  EXPECT_EQ(pin.find("test_op"), std::string::npos) << pin;
+  env.set(pin);
+  int pinned = 0;
+  for (const KernelChoice& c : kernel_choices())
+    if (c.op != "test_op") {
+      EXPECT_EQ(forced_kernel(c.op), c.kernel) << c.op << " in " << pin;
+      ++pinned;
+    }
+  EXPECT_GE(pinned, 2);
 }
 
 TEST(AttentionSelection, NamesAndAvailability) {

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,29 @@ def cli() -> Path:
     if not (p.is_file() and os.access(p, os.X_OK)):
         pytest.fail(_missing_cli_message(p), pytrace=False)
     return p
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pinned_cpu_kernels():
+    """The cpu backend times its kernels in each process; where two are close, processes can choose differently,
+    with results that differ in rounding. The tests compare this process's results with the CLI's bit for bit, so
+    the session pins the choices that `inspect --kernels` makes here, as a user would (unless they are pinned
+    already). The tests of the timed choice itself unset it."""
+    p = cli_path()
+    if os.environ.get("ALPAMAYO_CPU_KERNELS") or not p.is_file():
+        yield None
+        return
+    from synth import make_checkpoint
+    with tempfile.TemporaryDirectory() as d:
+        r = run(p, "inspect", make_checkpoint(Path(d) / "ck"), "--kernels", timeout=300)
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"^cpu pin\s+ALPAMAYO_CPU_KERNELS=(\S+)$", r.stdout, re.M)
+    if m is None:  # no cpu backend in this build
+        yield None
+        return
+    os.environ["ALPAMAYO_CPU_KERNELS"] = m.group(1)
+    yield m.group(1)
+    del os.environ["ALPAMAYO_CPU_KERNELS"]
 
 
 @functools.lru_cache(maxsize=None)

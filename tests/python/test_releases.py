@@ -231,6 +231,7 @@ def test_inspect_kernels_names_the_kernel_of_every_op(cli, tmp_path, monkeypatch
     """`inspect --kernels` times the kernels as loading a model does and names the choice for each op: the
     attention on a bf16 and on an int8 cache and both weight formats' matmuls; a forced kernel says so, and an unknown one is an error that
     lists the candidates."""
+    monkeypatch.delenv("ALPAMAYO_CPU_KERNELS", raising=False)  # timed, not the session's pin (conftest.py)
     ck = make_checkpoint(tmp_path / "ck", TINY)
     out, _ = inspect(cli, ck, "--kernels")
     if "cpu isa" not in out:
@@ -246,6 +247,23 @@ def test_inspect_kernels_names_the_kernel_of_every_op(cli, tmp_path, monkeypatch
             rates = dict(re.findall(r"(\w+) ([0-9]+\.[0-9]) ?,?", why.split(" (1 thread")[0]))
             assert kernel in rates and all(float(r) > 0 for r in rates.values()), f"{op}: {why}"
     assert re.search(r"^cpu peak\s+\S+", out, re.M), out
+    # The value that pins every choice; with it, every op is forced to the same kernel.
+    pin = re.search(r"^cpu pin\s+ALPAMAYO_CPU_KERNELS=(\S+)$", out, re.M).group(1)
+    assert pin == ",".join(f"{op}={ops[op][0]}" for op in ("attention", "attention_kv_int8", "matmul_bf16",
+                                                             "matmul_int8")), out
+    monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", pin)
+    out, _ = inspect(cli, ck, "--kernels")
+    assert {m.group(1): m.group(2) for m in line.finditer(out)} == {op: k for op, (k, _) in ops.items()}, out
+    assert all(m.group(3).startswith("forced") for m in line.finditer(out)), out
+    # "attention" forces both caches' kernel, "attention_kv_int8" the int8 cache's alone.
+    monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "attention=avx2_fma")
+    out, _ = inspect(cli, ck, "--kernels")
+    forced = {m.group(1): m.group(2) for m in line.finditer(out)}
+    assert forced["attention"] == forced["attention_kv_int8"] == "avx2_fma", out
+    monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "attention_kv_int8=avx2_fma")
+    out, _ = inspect(cli, ck, "--kernels")
+    forced = {m.group(1): (m.group(2), m.group(3)) for m in line.finditer(out)}
+    assert forced["attention_kv_int8"][0] == "avx2_fma" and not forced["attention"][1].startswith("forced"), out
     monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "matmul_int8=portable_fma")
     out, _ = inspect(cli, ck, "--kernels")
     ops = {m.group(1): (m.group(2), m.group(3)) for m in line.finditer(out)}

@@ -200,9 +200,11 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
 AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8) {
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, int, bool, std::string>, std::pair<AttnKernel, KernelChoice>> cache;
-  // Recorded as op "attention" (bf16 caches) or "attention_kv_int8"; ALPAMAYO_CPU_KERNELS=attention=NAME forces both.
+  // Op "attention" (bf16 caches) or "attention_kv_int8"; ALPAMAYO_CPU_KERNELS=attention=NAME forces both, unless
+  // attention_kv_int8=NAME forces the int8 cache's.
   const std::string op = int8 ? "attention_kv_int8" : "attention";
-  const std::string forced = forced_kernel("attention");
+  std::string forced = forced_kernel(op);
+  if (forced.empty() && int8) forced = forced_kernel("attention");
   std::lock_guard<std::mutex> lk(mu);
   const auto key = std::make_tuple(d, group, T, keys, int8, forced);
   if (auto it = cache.find(key); it != cache.end()) {

@@ -294,6 +294,7 @@ void CpuSession::print_profile(double step_ms) const {
   std::fprintf(stderr, "  isa: %s\n", isa().describe().c_str());
   for (const KernelChoice& c : kernel_choices())
     std::fprintf(stderr, "  kernel %s\n", format_kernel_choice(c).c_str());
+  std::fprintf(stderr, "  pin these: ALPAMAYO_CPU_KERNELS=%s\n", kernel_pin().c_str());
   std::vector<long long> keys(B_);
   for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
   const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);

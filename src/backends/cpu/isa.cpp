@@ -190,6 +190,15 @@ std::vector<KernelChoice> kernel_choices() {
   return choices;
 }
 
+std::string kernel_pin() {
+  std::string pin;
+  const std::vector<KernelChoice> made = kernel_choices();
+  for (const char* op : kKernelOps)
+    for (const KernelChoice& c : made)
+      if (c.op == op) pin += (pin.empty() ? "" : ",") + c.op + "=" + c.kernel;
+  return pin;
+}
+
 double thread_cpu_seconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);

@@ -47,8 +47,9 @@ uint32_t isa_cap_from_name(const std::string& name);
 // Kernel choice per op. The ops with several kernels are listed in kKernelOps; ALPAMAYO_CPU_KERNELS
 // ("attention=avx2_fma,matmul_bf16=onednn") forces one. forced_kernel() returns the forced name for op
 // ("" if none) and throws alpamayo::Error for a malformed variable or an op not in kKernelOps; the op's
-// selector must reject a name it does not know or cannot run here, naming the candidates.
-inline constexpr const char* kKernelOps[] = {"attention", "matmul_bf16", "matmul_int8"};
+// selector must reject a name it does not know or cannot run here, naming the candidates. "attention" also
+// forces the int8 cache's kernel unless "attention_kv_int8" is given.
+inline constexpr const char* kKernelOps[] = {"attention", "attention_kv_int8", "matmul_bf16", "matmul_int8"};
 std::string forced_kernel(const std::string& op);
 
 // What was chosen, for inspect, --profile and the benchmarks: per op the kernel, why ("forced",
@@ -75,5 +76,10 @@ std::string format_kernel_choice(const KernelChoice& c);
 double thread_cpu_seconds();
 inline constexpr double kChoiceMargin = 1.25;
 std::vector<KernelChoice> kernel_choices();
+// The ALPAMAYO_CPU_KERNELS value that forces every choice made so far in this process ("op=kernel,...", in
+// kKernelOps order; "" if none). A timed choice can differ between processes where two kernels are close (and
+// does under sanitizers, which time their instrumentation); their results differ in rounding, so results that
+// must match bitwise across processes pin the choices with this value.
+std::string kernel_pin();
 
 }  // namespace alpamayo::cpu
