@@ -22,7 +22,7 @@
 
 /* Bumped whenever a declaration or struct layout in this header changes incompatibly; also the shared
  * library's SONAME version (libalpamayo_expert.so.<ABI>). */
-#define ALPAMAYO_ABI_VERSION 2
+#define ALPAMAYO_ABI_VERSION 3
 
 #if defined(_WIN32)
 #define ALPAMAYO_API
@@ -108,6 +108,10 @@ typedef struct alpamayo_model_options {
   const char* vlm_config; /* alpamayo_model_open only: as for alpamayo_checkpoint_open */
   const char* kv;         /* KV cache format ("bf16", "f32", "int8": per-row int8, docs/MATH.md); NULL or "": the
                              backend's default. An unknown one is ALPAMAYO_UNSUPPORTED naming the offered ones */
+  const char* kernels;    /* cpu backend: the kernels to load, "op=kernel,..." as alpamayo_model_kernels reports
+                             them, instead of timing them (and of the ALPAMAYO_CPU_KERNELS variable); NULL or "":
+                             timed. Results match bit for bit across runs only where the kernels do. One that
+                             cannot run here, or any value for another backend, is an error naming it (ABI 3) */
 } alpamayo_model_options;
 
 /* Loads the checkpoint's weights into a backend (converted or packed once). The model keeps what it needs
@@ -123,6 +127,9 @@ ALPAMAYO_API alpamayo_status alpamayo_model_config(const alpamayo_model* model, 
 ALPAMAYO_API const char* alpamayo_model_backend(const alpamayo_model* model);
 ALPAMAYO_API const char* alpamayo_model_weights(const alpamayo_model* model);
 ALPAMAYO_API const char* alpamayo_model_kv(const alpamayo_model* model);
+/* The kernels the model chose at load, "op=kernel,..." (alpamayo_model_options.kernels takes it back); "" for a
+ * backend without a choice. Valid while the model lives; NULL for a NULL model. */
+ALPAMAYO_API const char* alpamayo_model_kernels(const alpamayo_model* model);
 
 /* ---- tensors (DLPack) --------------------------------------------------------------------------------- */
 /* DLPack's DLDataTypeCode and DLDeviceType values. */

@@ -101,6 +101,11 @@ struct BackendOptions {
   std::string kv;           // KV cache format (BackendInfo::kv_formats); empty: the backend's default (its first)
   bool profile = false;     // print a per-op time table (backends that support it)
   bool exact_freqs = false; // unrounded Fourier frequencies when the checkpoint has no buffers
+  // Backends that choose kernels at load (BackendInfo::kernel_choices: the cpu backend): the kernels to use,
+  // "op=kernel,..." as BackendModel::kernels() reports them, instead of timing (and instead of the
+  // ALPAMAYO_CPU_KERNELS variable); docs/CPU_BACKEND.md. Empty: timed, or the variable. Results match bit for bit
+  // across processes and runs only where the kernels do. An error for other backends.
+  std::string kernels;
   // Block weight formats (bfp8_b, bfp4_b) only: weight matrices kept in bf16 instead, any of "qkv", "o", "gate",
   // "up", "down" (the device tensors wqkv, wo, w1, w3, w2). Default (empty): every matrix in the block format, as
   // the seed's Blackhole port holds them. Norms and the host action projections are never block-quantised.
@@ -143,6 +148,8 @@ class BackendModel {
   virtual std::unique_ptr<BackendSession> new_session() const = 0;
   // Bytes held by the model (packed or converted weights), not counting the checkpoint's mapping.
   virtual size_t weight_bytes() const = 0;
+  // The kernels chosen at load, "op=kernel,..." (BackendOptions::kernels pins them); "" where there is no choice.
+  virtual std::string kernels() const { return ""; }
 };
 
 // A registered backend: its name, its weight formats (the first is the default), its loader, and a probe
@@ -155,6 +162,7 @@ struct BackendInfo {
   std::vector<std::string> kv_formats;
   std::function<std::unique_ptr<BackendModel>(const ExpertConfig&, const ModelWeights&, const BackendOptions&)> load;
   std::function<std::string()> unavailable = [] { return std::string(); };
+  bool kernel_choices = false;  // chooses kernels at load, and takes BackendOptions::kernels
 };
 
 // Every backend compiled into this build, in order of preference (the first is the default).

@@ -30,6 +30,8 @@ class Model {
   std::string weights() const { return backend_->weights(); }
   // The KV cache format in use (BackendInfo::kv_formats; the backend's first when none was asked for).
   const std::string& kv() const { return kv_; }
+  // The kernels chosen at load, "op=kernel,..." (BackendOptions::kernels); "" for backends without a choice.
+  std::string kernels() const { return backend_->kernels(); }
   // The checkpoint's (or caller's) weight views the model was loaded from (kept alive with it): read when a
   // sample turns non-finite, to name the tensor of the failing layer.
   const ModelWeights& weight_views() const { return views_; }

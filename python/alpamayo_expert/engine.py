@@ -142,14 +142,16 @@ class Model:
     "int8" for reference; default the first; "int8" rounds every key and value row the expert attends to to int8
     with one scale per row, docs/MATH.md). threads: 0 = all cores. vlm_config: the VLM's
     config.json for R1 / 1.5 checkpoints (eps, theta, layer count); release: "r1" | "1.5" | "a2" when a fork
-    renamed config.json's model_type.
+    renamed config.json's model_type. kernels (cpu backend): the kernels to load, "op=kernel,..." as another
+    Model's `kernels` reports them, instead of timing them at load (and of the ALPAMAYO_CPU_KERNELS variable): the
+    cpu backend's results match bit for bit across processes only where its kernels do.
     """
 
     def __init__(self, checkpoint: str, backend: str = "", weights: str = "", threads: int = 0,
                  vlm_config: str | None = None, release: str | None = None, exact_freqs: bool = False,
-                 kv: str = ""):
+                 kv: str = "", kernels: str = ""):
         self._m = _native().Model(str(checkpoint), backend or "", weights or "", int(threads), str(vlm_config or ""),
-                                  release or "", bool(exact_freqs), kv=kv or "")
+                                  release or "", bool(exact_freqs), kv=kv or "", kernels=kernels or "")
 
     @property
     def backend(self) -> str:
@@ -163,6 +165,11 @@ class Model:
     def kv(self) -> str:
         """The KV cache format in use."""
         return self._m.kv
+
+    @property
+    def kernels(self) -> str:
+        """The kernels chosen at load, "op=kernel,..." (what `kernels=` takes); "" for backends without a choice."""
+        return self._m.kernels
 
     @property
     def checkpoint(self) -> str:

@@ -24,7 +24,8 @@ const std::vector<BackendInfo>& registered_backends() {
         {"cuda", {"bf16", "fp8"}, {"bf16"}, load_cuda_backend, cuda_unavailable},
 #endif
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-        {"cpu", {"bf16", "int8", "bfp8_b", "bfp4_b"}, {"bf16", "int8"}, load_cpu_backend},
+        {"cpu", {"bf16", "int8", "bfp8_b", "bfp4_b"}, {"bf16", "int8"}, load_cpu_backend, [] { return std::string(); },
+         true},
 #endif
         {"reference", {"f32", "bfp8_b", "bfp4_b"}, {"f32", "int8"}, load_reference_backend},
     };

@@ -26,7 +26,7 @@ struct alpamayo_checkpoint {
 
 struct alpamayo_model {
   std::shared_ptr<const alpamayo::Model> m;
-  std::string backend, weights, kv;
+  std::string backend, weights, kv, kernels;
 };
 
 struct alpamayo_context {
@@ -178,6 +178,7 @@ alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const
   require(opts.threads >= 0 && opts.threads <= 65536, ALPAMAYO_INVALID_ARGUMENT,
           "threads must be in [0, 65536] (0: all cores), found " + std::to_string(opts.threads));
   bo.threads = static_cast<int>(opts.threads);
+  bo.kernels = opts.kernels ? opts.kernels : "";
   const std::string why = info.unavailable();
   require(why.empty(), ALPAMAYO_UNSUPPORTED, "backend " + info.name + " cannot run here: " + why);
   // Errors past these checks come from the backend refusing this model.
@@ -186,6 +187,7 @@ alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const
   h->backend = h->m->backend_name();
   h->weights = h->m->weights();
   h->kv = h->m->kv();
+  h->kernels = h->m->kernels();
   return h.release();
 }
 
@@ -458,6 +460,7 @@ const char* alpamayo_model_backend(const alpamayo_model* model) { return model ?
 
 const char* alpamayo_model_weights(const alpamayo_model* model) { return model ? model->weights.c_str() : nullptr; }
 const char* alpamayo_model_kv(const alpamayo_model* model) { return model ? model->kv.c_str() : nullptr; }
+const char* alpamayo_model_kernels(const alpamayo_model* model) { return model ? model->kernels.c_str() : nullptr; }
 
 alpamayo_status alpamayo_context_create(const alpamayo_context_desc* desc, alpamayo_context** out) {
   return guarded(__func__, ALPAMAYO_INVALID_ARGUMENT, [&] {

@@ -279,7 +279,8 @@ NB_MODULE(_core, m) {
   nb::class_<ModelHandle>(m, "Model")
       .def("__init__", [](ModelHandle* self, const std::string& checkpoint, const std::string& backend,
                           const std::string& weights, int threads, const std::string& vlm_config,
-                          const std::string& release, bool exact_freqs, bool profile, const std::string& kv) {
+                          const std::string& release, bool exact_freqs, bool profile, const std::string& kv,
+                          const std::string& kernels) {
              std::shared_ptr<const Checkpoint> ck;
              std::shared_ptr<const Model> model;
              {
@@ -292,6 +293,7 @@ NB_MODULE(_core, m) {
                bo.threads = threads;
                bo.weights = weights;
                bo.kv = kv;
+               bo.kernels = kernels;
                bo.exact_freqs = exact_freqs;
                bo.profile = profile;
                model = Model::load(ck, backend, bo);
@@ -299,10 +301,11 @@ NB_MODULE(_core, m) {
              new (self) ModelHandle{std::move(ck), std::move(model)};
            },
            "checkpoint"_a, "backend"_a = "", "weights"_a = "", "threads"_a = 0, "vlm_config"_a = "", "release"_a = "",
-           "exact_freqs"_a = false, "profile"_a = false, "kv"_a = "")
+           "exact_freqs"_a = false, "profile"_a = false, "kv"_a = "", "kernels"_a = "")
       .def_prop_ro("backend", [](const ModelHandle& p) { return p.m->backend_name(); })
       .def_prop_ro("weights", [](const ModelHandle& p) { return p.m->weights(); })
       .def_prop_ro("kv", [](const ModelHandle& p) { return p.m->kv(); })
+      .def_prop_ro("kernels", [](const ModelHandle& p) { return p.m->kernels(); })
       .def_prop_ro("checkpoint", [](const ModelHandle& p) { return p.ck ? p.ck->dir() : std::string(); })
       .def_prop_ro("layout", [](const ModelHandle& p) { return p.ck ? std::string(layout_name(p.ck->layout())) : std::string(); })
       .def_prop_ro("config", [](const ModelHandle& p) { return config_dict(p.m->config()); })

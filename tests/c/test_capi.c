@@ -789,6 +789,56 @@ static void test_kv_int8(void) {
   st_close(&want);
 }
 
+/* The cpu backend's kernels pinned per model (alpamayo_model_options.kernels): the model reports what it loaded,
+ * the option wins over ALPAMAYO_CPU_KERNELS, and the result is the CLI's bit for bit under the variable set to
+ * the same kernels; a kernel that cannot be loaded, or the option on a backend without a choice, is an error. */
+static void test_kernels(void) {
+  const char* ck_dir = tmp_path("ck");
+  const char* ctx_path = tmp_path("ctx.safetensors");
+  alpamayo_model_options mo = {0};
+  mo.backend = "reference";
+  alpamayo_model* model = NULL;
+  EXPECT_OK(alpamayo_model_open(ck_dir, &mo, &model));
+  CHECK(model && strcmp(alpamayo_model_kernels(model), "") == 0);
+  alpamayo_model_free(model);
+  model = NULL;
+  CHECK(alpamayo_model_kernels(NULL) == NULL);
+  mo.kernels = "attention=avx2_fma";
+  EXPECT_STATUS(alpamayo_model_open(ck_dir, &mo, &model), ALPAMAYO_UNSUPPORTED, "no kernels to choose");
+  if (alpamayo_backend_check("cpu") != ALPAMAYO_OK) {
+    printf("cpu backend not here: kernels option not tested\n");
+    return;
+  }
+  mo.backend = "cpu";
+  mo.threads = 2;
+  mo.kernels = "attention=avx9000";
+  EXPECT_STATUS(alpamayo_model_open(ck_dir, &mo, &model), ALPAMAYO_UNSUPPORTED, "unknown attention kernel \"avx9000\"");
+  mo.kernels = "attention=avx2_fma,matmul_bf16=avx2_fma";
+  EXPECT_OK(alpamayo_model_open(ck_dir, &mo, &model));
+  if (!model) return;
+  CHECK(strcmp(alpamayo_model_kernels(model), mo.kernels) == 0);
+  const char* cli_out = tmp_path("cli-kernels.safetensors");
+  run("ALPAMAYO_CPU_KERNELS=%s %s sample --checkpoint %s --context %s --backend cpu --threads 2 --seed 5 --all-steps "
+      "--out %s ", mo.kernels, g_cli, ck_dir, ctx_path, cli_out);
+  st_file want = st_read(cli_out);
+  alpamayo_context* ctx = NULL;
+  alpamayo_session* s = NULL;
+  EXPECT_OK(alpamayo_context_open(ctx_path, &ctx));
+  EXPECT_OK(alpamayo_session_create(model, &s));
+  EXPECT_OK(alpamayo_session_bind(s, ctx, NULL));
+  alpamayo_sample_options so = {0};
+  so.seed = 5;
+  so.all_steps = 1;
+  alpamayo_result* r = NULL;
+  EXPECT_OK(alpamayo_session_sample(s, &so, &r));
+  if (r) expect_same_as_file(r, &want, "cpu kernels pinned by the option");
+  alpamayo_result_free(r);
+  alpamayo_session_free(s);
+  alpamayo_context_free(ctx);
+  alpamayo_model_free(model);
+  st_close(&want);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s PATH_TO_alpamayo-expert\n", argv[0]);
@@ -804,6 +854,7 @@ int main(int argc, char** argv) {
   test_sampling();
   test_shared_prompts_and_guidance();
   test_kv_int8();
+  test_kernels();
 
   run("rm -rf %s", g_tmp);
   if (g_failures) {

@@ -113,10 +113,12 @@ class Problem {
   }
 
   std::shared_ptr<const Model> model(const std::string& backend, const std::string& format, int threads = 2,
-                                     const std::vector<std::string>& bf16_weights = {}, const std::string& kv = "") const {
+                                     const std::vector<std::string>& bf16_weights = {}, const std::string& kv = "",
+                                     const std::string& kernels = "") const {
     BackendOptions o;
     o.weights = format;
     o.kv = kv;
+    o.kernels = kernels;
     o.threads = threads;
     o.bf16_weights = bf16_weights;
     return Model::from_weights(cfg, w, store_, backend, o);

@@ -518,7 +518,7 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
         EXPECT_EQ(static_cast<const cpu::CpuModel&>(m->backend()).matmul_kernel(), kernel);
         bool recorded = false;
         for (const cpu::KernelChoice& c : cpu::kernel_choices())
-          if (c.op == op) recorded = c.kernel == kernel && c.why == "forced";
+          if (c.op == op) recorded = c.kernel == kernel && c.why == "forced by ALPAMAYO_CPU_KERNELS";
         EXPECT_TRUE(recorded) << op << "=" << kernel;
         const RunOut got = run(m, p.context(), 0);
         const RunOut ref = run(p.model("reference", oracle_format(format)), p.context(), 0);
@@ -636,6 +636,44 @@ TEST(Conformance, CpuForcedAttentionKernel) {
     }
   env.set("attention=avx2_fma,matmul_fp8=x");
   test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); }, {"ALPAMAYO_CPU_KERNELS", "unknown op \"matmul_fp8\""});
+}
+
+// A model's `kernels` option pins its kernels, ahead of ALPAMAYO_CPU_KERNELS: what one model reports
+// (Model::kernels) given to another loads the same kernels, which sample the same bits; a bad value is an error
+// naming the option, and so is the option on a backend without kernel choices.
+TEST(Conformance, CpuKernelsOptionPinsTheChoice) {
+  const Shape& sh = shapes()[1];
+  Problem p(sh);
+  for (const std::string format : {"bf16", "int8", "bfp8_b"})
+    for (const std::string kv : {"bf16", "int8"}) {
+      const std::string at = format + " weights, " + kv + " cache";
+      test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
+      const auto timed = p.model("cpu", format, 2, {}, kv);
+      const std::string pin = timed->kernels();
+      const std::string attn = kv == "int8" ? "attention_kv_int8=" : "attention=";
+      EXPECT_EQ(pin.rfind(attn, 0), 0u) << at << ": " << pin;
+      const bool block = format == "bfp8_b";
+      EXPECT_EQ(pin.find(",matmul_" + format + "="), block ? std::string::npos : pin.find(',')) << at << ": " << pin;
+      // The variable forces other kernels; the option wins over it.
+      env.set("attention=portable,matmul_bf16=portable_fma,matmul_int8=portable_fma");
+      const auto forced = p.model("cpu", format, 2, {}, kv);
+      EXPECT_EQ(forced->kernels(), attn + "portable" + (block ? "" : ",matmul_" + format + "=portable_fma")) << at;
+      const auto pinned = p.model("cpu", format, 2, {}, kv, pin);
+      EXPECT_EQ(pinned->kernels(), pin) << at;
+      const RunOut a = run(timed, p.context(), -1), b = run(pinned, p.context(), -1);
+      EXPECT_EQ(a.r.x_steps, b.r.x_steps) << at;
+      EXPECT_EQ(a.r.xyz, b.r.xyz) << at;
+    }
+  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
+  test::expect_error([&] { p.model("cpu", "int8", 1, {}, "", "attention=avx9000"); },
+                     {"kernels", "unknown attention kernel \"avx9000\"", "avx2_fma", "portable"});
+  test::expect_error([&] { p.model("cpu", "int8", 1, {}, "", "matmul_int8=fastest_ever"); },
+                     {"kernels: matmul_int8=fastest_ever cannot be used", "unknown kernel", "Candidates"});
+  test::expect_error([&] { p.model("cpu", "bf16", 1, {}, "", "attention=avx2_fma,matmul_fp8=x"); },
+                     {"kernels=\"attention=avx2_fma,matmul_fp8=x\"", "unknown op \"matmul_fp8\""});
+  test::expect_error([&] { p.model("cpu", "bf16", 1, {}, "", "attention"); }, {"\"attention\" is not op=kernel"});
+  test::expect_error([&] { p.model("reference", "f32", 1, {}, "", "attention=avx2_fma"); },
+                     {"backend reference", "kernels \"attention=avx2_fma\"", "no kernels to choose"});
 }
 #endif
 

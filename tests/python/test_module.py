@@ -3,6 +3,7 @@ in place through DLPack, copies only where documented, errors as alpamayo_expert
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 import time
 
@@ -12,7 +13,8 @@ import torch
 
 import alpamayo_expert as ae
 from alpamayo_expert import read_context, write_noise
-from cli import REFERENCE, sample
+from cli import REFERENCE, Backend, sample
+from conftest import compiled_backends
 from synth import TINY, CtxSpec, make_checkpoint, make_context, make_noise
 from test_shared_prompts import SHARED, UNGUIDED
 
@@ -272,3 +274,30 @@ def test_kv_format_round_trip(cli, files, tmp_path):
     # Close: the trajectories within 1% of their extent (measured 0.15% with this guidance weight of 2).
     assert np.abs(out["int8"].xyz - out["f32"].xyz).max() <= 0.01 * np.abs(out["f32"].xyz).max()
     assert np.corrcoef(out["int8"].action.ravel(), out["f32"].action.ravel())[0, 1] >= 0.998
+
+
+def test_kernels_pin_the_cpu_backend(cli, files, tmp_path, monkeypatch):
+    """Model(kernels=...) loads the cpu backend's kernels it names, ahead of ALPAMAYO_CPU_KERNELS; Model.kernels
+    reports them; the result is the CLI's bit for bit under the variable set to the same kernels."""
+    if not any(name == "cpu" and not why for name, _, why in compiled_backends()):
+        pytest.skip("this build has no cpu backend")
+    monkeypatch.delenv("ALPAMAYO_CPU_KERNELS", raising=False)
+    timed = ae.Model(str(files["ck"]), backend="cpu", threads=2)
+    assert re.fullmatch(r"attention=\w+,matmul_bf16=\w+", timed.kernels), timed.kernels
+    want = "attention=avx2_fma,matmul_bf16=avx2_fma"
+    monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "attention=portable")
+    assert ae.Model(str(files["ck"]), backend="cpu", threads=2).kernels.startswith("attention=portable,")
+    m = ae.Model(str(files["ck"]), backend="cpu", threads=2, kernels=want)
+    assert m.kernels == want
+    s = m.session()
+    s.bind(ae.Context.open(str(files["ctx"])))
+    r = s.sample(noise=files["noise"])
+    monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", want)
+    cli_r = sample(cli, files["ck"], files["ctx"], tmp_path, backend=Backend("cpu"),
+                   noise=files["dir"] / "noise.safetensors", layers=False, all_steps=False)
+    assert np.array_equal(r.action, cli_r["action"].numpy()) and np.array_equal(r.xyz, cli_r["xyz"].numpy())
+    assert ae.Model(str(files["ck"]), backend="reference").kernels == ""
+    with pytest.raises(ae.Error, match="backend reference: kernels .* no kernels to choose"):
+        ae.Model(str(files["ck"]), backend="reference", kernels=want)
+    with pytest.raises(ae.Error, match='kernels: unknown attention kernel "avx9000"'):
+        ae.Model(str(files["ck"]), backend="cpu", kernels="attention=avx9000")

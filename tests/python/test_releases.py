@@ -267,7 +267,7 @@ def test_inspect_kernels_names_the_kernel_of_every_op(cli, tmp_path, monkeypatch
     monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "matmul_int8=portable_fma")
     out, _ = inspect(cli, ck, "--kernels")
     ops = {m.group(1): (m.group(2), m.group(3)) for m in line.finditer(out)}
-    assert ops["matmul_int8"] == ("portable_fma", "forced"), out
+    assert ops["matmul_int8"] == ("portable_fma", "forced by ALPAMAYO_CPU_KERNELS"), out
     assert re.search(r"^cpu kernel\s+matmul_int8\s+portable_fma\s+not timed", out, re.M), out
     monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "matmul_int8=fastest_ever")
     err = expect_cli_error(cli, ck, "matmul_int8=fastest_ever", "Candidates", "avx512_vnni", "onednn",

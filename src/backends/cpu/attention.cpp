@@ -197,14 +197,15 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
   return 4.0 * g.R * n * d / best * 1e-9;
 }
 
-AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8) {
+AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8, const std::string& spec) {
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, int, bool, std::string>, std::pair<AttnKernel, KernelChoice>> cache;
   // Op "attention" (bf16 caches) or "attention_kv_int8"; ALPAMAYO_CPU_KERNELS=attention=NAME forces both, unless
   // attention_kv_int8=NAME forces the int8 cache's.
   const std::string op = int8 ? "attention_kv_int8" : "attention";
-  std::string forced = forced_kernel(op);
-  if (forced.empty() && int8) forced = forced_kernel("attention");
+  std::string forced = forced_kernel(op, spec);
+  if (forced.empty() && int8) forced = forced_kernel("attention", spec);
+  const std::string src = kernel_spec_source(spec);
   std::lock_guard<std::mutex> lk(mu);
   const auto key = std::make_tuple(d, group, T, keys, int8, forced);
   if (auto it = cache.find(key); it != cache.end()) {
@@ -212,10 +213,10 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8)
     return it->second.first;
   }
   if (!forced.empty()) {
-    const AttnKernel k = attn_kernel_from_name(forced, "ALPAMAYO_CPU_KERNELS", int8);
+    const AttnKernel k = attn_kernel_from_name(forced, src, int8);
     // Timed too (briefly; the portable kernel on fewer keys), so that reports show what it achieves.
     const double gf = time_attention_kernel(k, d, group, T, k == AttnKernel::Portable ? 128 : keys, 0.02, int8);
-    const KernelChoice c{op, attn_kernel_name(k), "forced by ALPAMAYO_CPU_KERNELS", gf,
+    const KernelChoice c{op, attn_kernel_name(k), "forced by " + src, gf,
                          attn_kernel_instruction(k)};
     cache[key] = {k, c};
     record_kernel_choice(c);

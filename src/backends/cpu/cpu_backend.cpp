@@ -128,7 +128,7 @@ double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels
 }
 
 MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
-                           int k_model) {
+                           int k_model, const std::string& spec) {
   // Our dot-product kernels (avx512_vnni for int8, avx512_bf16 for bf16) before oneDNN. Inside a full-size step
   // they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5), which the
   // warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as where it has AMX.
@@ -137,7 +137,7 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
     if (k == FmaKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones
     names.push_back(fma_kernel_name(k));
   }
-  const std::string forced = forced_kernel(op);
+  const std::string forced = forced_kernel(op, spec);
   if (!forced.empty()) {
     const bool known = std::find(names.begin(), names.end(), forced) != names.end();
     const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N, k_model) : "unknown kernel";
@@ -147,9 +147,10 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
         const std::string w = matmul_unrunnable(n, t, kernels, M, K, N, k_model);
         list += (list.empty() ? "" : "; ") + n + (w.empty() ? " (runs here)" : " (not here: " + w + ")");
       }
-      throw Error("ALPAMAYO_CPU_KERNELS: " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " + list);
+      throw Error(kernel_spec_source(spec) + ": " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " +
+                  list);
     }
-    return {forced, "forced", 0};
+    return {forced, "forced by " + kernel_spec_source(spec), 0};
   }
   static std::mutex mu;
   static std::map<std::tuple<std::string, int, int, int, bool>, MatmulChoice> cache;  // the ISA cap is fixed per process
@@ -188,11 +189,11 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
 
 }  // namespace
 
-std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model) {
+std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const std::string& spec) {
   ScopedOmpThreads one(1);  // timed as it runs: single-threaded on one pool thread
   const std::string op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
   // 64 x 1536 x 1024: the seed's M and K, 1024 of its gate/up columns.
-  const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model);
+  const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model, spec);
   // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands ("").
   FmaKernel k;
   const std::string instr = fma_kernel_from_name(c.name, &k) ? fma_kernel_instruction(k) : "";
@@ -318,18 +319,25 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   if (!opts.kv.empty() && opts.kv != "bf16" && opts.kv != "int8")
     throw Error("cpu backend: unknown KV cache format '" + opts.kv + "' (offered: bf16, int8)");
   kv_int8_ = opts.kv == "int8";
-  attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens, 2048, kv_int8_);
+  attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens, 2048, kv_int8_, opts.kernels);
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
   if (!wf_.is_block()) {
-    matmul_kernel_ = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}));
+    matmul_kernel_ = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}), opts.kernels);
     use_fma_ = fma_kernel_from_name(matmul_kernel_, &fma_kernel_);  // else onednn
   }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);
     for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.expert.layers[l], layers_[l]);
   });
+}
+
+std::string CpuModel::kernels() const {
+  std::string k = std::string(kv_int8_ ? "attention_kv_int8=" : "attention=") + attn_kernel_name(attn_kernel_);
+  if (!matmul_kernel_.empty())
+    k += std::string(wtype_ == WeightType::INT8 ? ",matmul_int8=" : ",matmul_bf16=") + matmul_kernel_;
+  return k;
 }
 
 size_t CpuModel::weight_bytes() const {

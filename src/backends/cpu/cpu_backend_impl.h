@@ -49,10 +49,11 @@ class CpuSession;
 
 // Packed weights (immutable after construction) and what every session of the model shares.
 // The weight matmuls' kernel for bf16 or int8 weights (op "matmul_bf16" / "matmul_int8"): the one forced by
-// ALPAMAYO_CPU_KERNELS, else the fastest runnable candidate on the representative slice kRepTokens x
-// kRepModelDim x 1024 (timed once per process); recorded with record_kernel_choice. k_model: the model's largest K
-// (avx512_vnni's int32 sums must not overflow). Throws alpamayo::Error for a forced kernel that cannot run.
-std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model);
+// `spec` or else ALPAMAYO_CPU_KERNELS (forced_kernel(), isa.h), else the fastest runnable candidate on the
+// representative slice kRepTokens x kRepModelDim x 1024 (timed once per process); recorded with
+// record_kernel_choice. k_model: the model's largest K (avx512_vnni's int32 sums must not overflow). Throws
+// alpamayo::Error for a forced kernel that cannot run.
+std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const std::string& spec = "");
 // The same on an engine of its own (inspect --kernels).
 std::string select_matmul_kernel(WeightType t, int k_model);
 
@@ -66,6 +67,9 @@ class CpuModel final : public BackendModel {
   // The kernel running the bf16 or int8 weights' matmuls ("onednn", "avx512_fma", "avx2_fma", "portable_fma");
   // "" for the block formats.
   const std::string& matmul_kernel() const { return matmul_kernel_; }
+  // "attention=K" (or "attention_kv_int8=K"), then "matmul_bf16=K" or "matmul_int8=K" unless the weights are in
+  // a block format: what BackendOptions::kernels takes to choose the same again.
+  std::string kernels() const override;
 
  private:
   friend class CpuSession;

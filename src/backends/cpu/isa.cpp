@@ -131,10 +131,15 @@ const IsaInfo& isa() {
   return info;
 }
 
-std::string forced_kernel(const std::string& op) {
+std::string kernel_spec_source(const std::string& spec) {
+  return spec.empty() ? "ALPAMAYO_CPU_KERNELS" : "kernels";
+}
+
+std::string forced_kernel(const std::string& op, const std::string& spec) {
   bool known = false;
   for (const char* o : kKernelOps) known = known || op == o;
-  const char* env = std::getenv("ALPAMAYO_CPU_KERNELS");
+  const char* env = spec.empty() ? std::getenv("ALPAMAYO_CPU_KERNELS") : spec.c_str();
+  const std::string src = kernel_spec_source(spec);
   const std::string ops = [] {
     std::string s;
     for (const char* o : kKernelOps) s += std::string(s.empty() ? "" : ", ") + o;
@@ -150,11 +155,11 @@ std::string forced_kernel(const std::string& op) {
     const std::string item = v.substr(pos, end - pos);
     const size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
-      throw Error("ALPAMAYO_CPU_KERNELS=\"" + v + "\": \"" + item + "\" is not op=kernel (ops: " + ops + ")");
+      throw Error(src + "=\"" + v + "\": \"" + item + "\" is not op=kernel (ops: " + ops + ")");
     const std::string o = item.substr(0, eq);
     bool ok = false;
     for (const char* k : kKernelOps) ok = ok || o == k;
-    if (!ok) throw Error("ALPAMAYO_CPU_KERNELS=\"" + v + "\": unknown op \"" + o + "\" (ops: " + ops + ")");
+    if (!ok) throw Error(src + "=\"" + v + "\": unknown op \"" + o + "\" (ops: " + ops + ")");
     if (o == op) found = item.substr(eq + 1);
     pos = end + 1;
   }

@@ -48,11 +48,14 @@ uint32_t isa_cap_from_name(const std::string& name);
 // ("attention=avx2_fma,matmul_bf16=onednn") forces one. forced_kernel() returns the forced name for op
 // ("" if none) and throws alpamayo::Error for a malformed variable or an op not in kKernelOps; the op's
 // selector must reject a name it does not know or cannot run here, naming the candidates. "attention" also
-// forces the int8 cache's kernel unless "attention_kv_int8" is given.
+// forces the int8 cache's kernel unless "attention_kv_int8" is given. A model's own `kernels` option
+// (BackendOptions::kernels, same syntax) is passed as `spec` and replaces the variable when not empty.
 inline constexpr const char* kKernelOps[] = {"attention", "attention_kv_int8", "matmul_bf16", "matmul_int8"};
-std::string forced_kernel(const std::string& op);
+std::string forced_kernel(const std::string& op, const std::string& spec = "");
+// Where a forced kernel came from, for messages: "kernels" (the option) or "ALPAMAYO_CPU_KERNELS".
+std::string kernel_spec_source(const std::string& spec);
 
-// What was chosen, for inspect, --profile and the benchmarks: per op the kernel, why ("forced",
+// What was chosen, for inspect, --profile and the benchmarks: per op the kernel, why ("forced by ...",
 // "fastest of ...", "only one"), the throughput it was measured at (GFLOP/s; 0 if not measured) and the
 // instruction doing its multiply-adds ("vdpbf16ps zmm", "vfmadd231ps ymm", ...; peaks.h measures its peak).
 // The shape kernels are timed on when chosen (the seed's: head dim 128, 2 query heads per KV head, 64 action
