@@ -145,10 +145,12 @@ void run_sample(const SampleArgs& a) {
   outs.commit();
   double total = 0;
   for (double s : r.step_seconds) total += s;
+  // The kernels too where the backend chose them: its bits depend on them (ALPAMAYO_CPU_KERNELS pins them).
+  const std::string kernels = session.model().kernels();
   if (!a.quiet)
-    std::fprintf(stderr, "%d steps, %.3f s per step (mean), backend %s (%s weights, %s KV cache); wrote %s\n", r.steps,
-                 total / r.steps, a.backend.c_str(), session.model().weights().c_str(), session.model().kv().c_str(),
-                 a.out.c_str());
+    std::fprintf(stderr, "%d steps, %.3f s per step (mean), backend %s (%s weights, %s KV cache%s%s); wrote %s\n",
+                 r.steps, total / r.steps, a.backend.c_str(), session.model().weights().c_str(),
+                 session.model().kv().c_str(), kernels.empty() ? "" : ", kernels ", kernels.c_str(), a.out.c_str());
 }
 
 }  // namespace

@@ -13,7 +13,7 @@ import torch
 
 import alpamayo_expert as ae
 from alpamayo_expert import read_context, write_noise
-from cli import REFERENCE, Backend, sample
+from cli import REFERENCE, Backend, run, sample
 from conftest import compiled_backends
 from synth import TINY, CtxSpec, make_checkpoint, make_context, make_noise
 from test_shared_prompts import SHARED, UNGUIDED
@@ -296,6 +296,10 @@ def test_kernels_pin_the_cpu_backend(cli, files, tmp_path, monkeypatch):
     cli_r = sample(cli, files["ck"], files["ctx"], tmp_path, backend=Backend("cpu"),
                    noise=files["dir"] / "noise.safetensors", layers=False, all_steps=False)
     assert np.array_equal(r.action, cli_r["action"].numpy()) and np.array_equal(r.xyz, cli_r["xyz"].numpy())
+    # The CLI names the kernels its result came from.
+    p = run(cli, "sample", "--checkpoint", files["ck"], "--context", files["ctx"], "--out", tmp_path / "k.safetensors",
+            "--backend", "cpu", "--threads", 2, "--steps", 1)
+    assert p.returncode == 0 and f"kernels {want}); wrote" in p.stderr, p.stderr
     assert ae.Model(str(files["ck"]), backend="reference").kernels == ""
     with pytest.raises(ae.Error, match="backend reference: kernels .* no kernels to choose"):
         ae.Model(str(files["ck"]), backend="reference", kernels=want)
