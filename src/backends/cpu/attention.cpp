@@ -207,7 +207,7 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8,
   if (forced.empty() && int8) forced = forced_kernel("attention", spec);
   const std::string src = kernel_spec_source(spec);
   std::lock_guard<std::mutex> lk(mu);
-  const auto key = std::make_tuple(d, group, T, keys, int8, forced);
+  const auto key = std::make_tuple(d, group, T, keys, int8, forced.empty() ? forced : src + "=" + forced);
   if (auto it = cache.find(key); it != cache.end()) {
     record_kernel_choice(it->second.second);
     return it->second.first;
