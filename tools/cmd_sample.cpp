@@ -130,7 +130,7 @@ void run_sample(const SampleArgs& a) {
   check_mapped_files();  // an input truncated or rewritten under the run: stop before writing, naming it
   if (!a.quiet)
     for (int k = 0; k < r.steps; ++k) std::fprintf(stderr, "step %d/%d  %.3f s\n", k + 1, r.steps, r.step_seconds[k]);
-  write_result_safetensors(outs.sink(o_out), r);
+  write_result_safetensors(outs.sink(o_out), r, session.model());
   if (o_layers != none) {
     const Captures& cap = session.captures();
     const int64_t T = ck->config().T, D = ck->config().D;
@@ -140,7 +140,7 @@ void run_sample(const SampleArgs& a) {
       t.push_back({"layer." + std::to_string(l), {DType::F32, {B, T, D}, cap.layers[l].data(), ""}});
     serialize_safetensors(outs.sink(o_layers), t);
   }
-  if (o_json != none) write_result_json(outs.sink(o_json), r, a.backend);
+  if (o_json != none) write_result_json(outs.sink(o_json), r, session.model());
   if (o_svg != none) write_result_svg(outs.sink(o_svg), r, history ? &*history : nullptr);
   outs.commit();
   double total = 0;

@@ -183,8 +183,8 @@ Run add_demo(CLI::App& app) {
     const size_t o_out = outs.add(out), o_js = outs.add(js), o_svg = outs.add(svg);
     SampleResult r = session.sample(so);
     for (int k = 0; k < r.steps; ++k) std::fprintf(stderr, "  step %d/%d  %.3f s\n", k + 1, r.steps, r.step_seconds[k]);
-    write_result_safetensors(outs.sink(o_out), r);
-    write_result_json(outs.sink(o_js), r, a->backend);
+    write_result_safetensors(outs.sink(o_out), r, session.model());
+    write_result_json(outs.sink(o_js), r, session.model());
     write_result_svg(outs.sink(o_svg), r, history ? &*history : nullptr);
     outs.commit();
     double total = 0;

@@ -9,7 +9,7 @@
 
 namespace alpamayo::cli {
 
-void write_result_safetensors(const ByteSink& out, const SampleResult& r) {
+void write_result_safetensors(const ByteSink& out, const SampleResult& r, const Model& m) {
   const int64_t B = r.B, T = r.T, A = r.A, N = r.steps;
   std::vector<NamedTensor> t = {
       {"action", {DType::F32, {B, T, A}, r.action.data(), ""}},
@@ -22,12 +22,16 @@ void write_result_safetensors(const ByteSink& out, const SampleResult& r) {
     t.push_back({"x_steps", {DType::F32, {N + 1, B, T, A}, r.x_steps.data(), ""}});
     t.push_back({"v_steps", {DType::F32, {N, B, T, A}, r.v_steps.data(), ""}});
   }
-  serialize_safetensors(out, t, {{"v0_source", r.v0_source}, {"steps", std::to_string(N)}});
+  serialize_safetensors(out, t, {{"v0_source", r.v0_source}, {"steps", std::to_string(N)}, {"backend", m.backend_name()},
+                                 {"weights", m.weights()}, {"kv", m.kv()}, {"kernels", m.kernels()}});
 }
 
-void write_result_json(const ByteSink& out, const SampleResult& r, const std::string& backend) {
+void write_result_json(const ByteSink& out, const SampleResult& r, const Model& m) {
   nlohmann::json j;
-  j["backend"] = backend;
+  j["backend"] = m.backend_name();
+  j["weights"] = m.weights();
+  j["kv"] = m.kv();
+  j["kernels"] = m.kernels();
   j["steps"] = r.steps;
   j["step_seconds"] = r.step_seconds;
   j["v0_source"] = r.v0_source;

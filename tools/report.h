@@ -9,8 +9,10 @@
 
 namespace alpamayo::cli {
 
-void write_result_safetensors(const ByteSink& out, const SampleResult& r);
-void write_result_json(const ByteSink& out, const SampleResult& r, const std::string& backend);
+// Both record what produced the result: the model's backend, weight and KV cache formats, and kernels (those
+// the cpu backend chose at load, which its bits depend on; "" for other backends).
+void write_result_safetensors(const ByteSink& out, const SampleResult& r, const Model& m);
+void write_result_json(const ByteSink& out, const SampleResult& r, const Model& m);
 // history: the context's ego history (drawn grey), or null.
 void write_result_svg(const ByteSink& out, const SampleResult& r, const EgoHistory* history = nullptr);
 

@@ -3,6 +3,7 @@ in place through DLPack, copies only where documented, errors as alpamayo_expert
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import threading
 import time
@@ -10,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 import alpamayo_expert as ae
 from alpamayo_expert import read_context, write_noise
@@ -296,10 +298,17 @@ def test_kernels_pin_the_cpu_backend(cli, files, tmp_path, monkeypatch):
     cli_r = sample(cli, files["ck"], files["ctx"], tmp_path, backend=Backend("cpu"),
                    noise=files["dir"] / "noise.safetensors", layers=False, all_steps=False)
     assert np.array_equal(r.action, cli_r["action"].numpy()) and np.array_equal(r.xyz, cli_r["xyz"].numpy())
-    # The CLI names the kernels its result came from.
-    p = run(cli, "sample", "--checkpoint", files["ck"], "--context", files["ctx"], "--out", tmp_path / "k.safetensors",
-            "--backend", "cpu", "--threads", 2, "--steps", 1)
-    assert p.returncode == 0 and f"kernels {want}); wrote" in p.stderr, p.stderr
+    # The CLI names the kernels its result came from: in its summary line, the result's metadata and its JSON.
+    for backend, kernels in (("cpu", want), ("reference", "")):
+        p = run(cli, "sample", "--checkpoint", files["ck"], "--context", files["ctx"], "--out", tmp_path / "k.safetensors",
+                "--json", tmp_path / "k.json", "--backend", backend, "--threads", 2, "--steps", 1)
+        assert p.returncode == 0 and (f"kernels {want}); wrote" in p.stderr) == bool(kernels), p.stderr
+        with safe_open(str(tmp_path / "k.safetensors"), "pt") as f:
+            meta = f.metadata()
+        assert (meta["backend"], meta["kernels"]) == (backend, kernels), meta
+        assert meta["weights"] == ("bf16" if backend == "cpu" else "f32") and meta["kv"], meta
+        js = json.loads((tmp_path / "k.json").read_text())
+        assert (js["backend"], js["weights"], js["kv"], js["kernels"]) == (backend, meta["weights"], meta["kv"], kernels)
     assert ae.Model(str(files["ck"]), backend="reference").kernels == ""
     with pytest.raises(ae.Error, match="backend reference: kernels .* no kernels to choose"):
         ae.Model(str(files["ck"]), backend="reference", kernels=want)
