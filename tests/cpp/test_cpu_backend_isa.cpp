@@ -58,6 +58,8 @@ TEST(Isa, ForcedKernelParsing) {
                       "attention, attention_kv_int8, matmul_bf16, matmul_int8"});
   env.set("attention=");
   test::expect_error([] { forced_kernel("attention"); }, {"\"attention=\" is not op=kernel"});
+  env.set("attention=avx2_fma,matmul_bf16=onednn,attention=portable");
+  test::expect_error([] { forced_kernel("matmul_int8"); }, {"op \"attention\" given twice"});
   env.set("attn=avx2_fma");
   test::expect_error([] { forced_kernel("matmul_bf16"); }, {"unknown op \"attn\"", "attention, attention_kv_int8, matmul_bf16"});
 }

@@ -147,7 +147,7 @@ std::string forced_kernel(const std::string& op, const std::string& spec) {
   }();
   if (!known) throw Error("cpu backend: no kernel choice for op \"" + op + "\" (ops: " + ops + ")");
   if (!env || !*env) return "";
-  std::string found;
+  std::string found, seen = ",";
   const std::string v = env;
   size_t pos = 0;
   while (pos <= v.size()) {
@@ -160,6 +160,9 @@ std::string forced_kernel(const std::string& op, const std::string& spec) {
     bool ok = false;
     for (const char* k : kKernelOps) ok = ok || o == k;
     if (!ok) throw Error(src + "=\"" + v + "\": unknown op \"" + o + "\" (ops: " + ops + ")");
+    if (seen.find("," + o + ",") != std::string::npos)
+      throw Error(src + "=\"" + v + "\": op \"" + o + "\" given twice");
+    seen += o + ",";
     if (o == op) found = item.substr(eq + 1);
     pos = end + 1;
   }
