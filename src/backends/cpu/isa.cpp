@@ -138,7 +138,8 @@ std::string kernel_spec_source(const std::string& spec) {
 std::string forced_kernel(const std::string& op, const std::string& spec) {
   bool known = false;
   for (const char* o : kKernelOps) known = known || op == o;
-  const char* env = spec.empty() ? std::getenv("ALPAMAYO_CPU_KERNELS") : spec.c_str();
+  // The option replaces the variable entirely (a partial option does not combine with it).
+  const char* value = spec.empty() ? std::getenv("ALPAMAYO_CPU_KERNELS") : spec.c_str();
   const std::string src = kernel_spec_source(spec);
   const std::string ops = [] {
     std::string s;
@@ -146,9 +147,9 @@ std::string forced_kernel(const std::string& op, const std::string& spec) {
     return s;
   }();
   if (!known) throw Error("cpu backend: no kernel choice for op \"" + op + "\" (ops: " + ops + ")");
-  if (!env || !*env) return "";
-  std::string found, seen = ",";
-  const std::string v = env;
+  if (!value || !*value) return "";
+  std::string found, seen = ",";  // the ops named so far, comma-delimited
+  const std::string v = value;
   size_t pos = 0;
   while (pos <= v.size()) {
     const size_t end = std::min(v.find(',', pos), v.size());
