@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "alpamayo/context.h"
@@ -73,6 +74,55 @@ TEST(Context, Errors) {
   set_bf16(s.t["key.1"], ((1 * 2 + 1) * 10 + 7) * 16, NAN);
   s.write(f.ctx);
   EXPECT_NO_THROW(Context::open(f.ctx));
+}
+
+// The cache scan reads chunks of 2048 values at a time: a non-finite value is found, at its exact index, in any
+// chunk, at either edge of one and in the partial chunk at the end, for each float dtype; padding rows (left and
+// right of the attended rows) are not scanned.
+TEST(Context, NonFiniteCacheValuesFoundAcrossScanChunks) {
+  const int Hkv = 2, P = 120, d = 64, pad = 7, valid = 101;  // 94 attended rows: 6016 values, 2 chunks + 1920
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    const size_t es = dtype_size(dt), n = size_t(Hkv) * P * d;
+    std::vector<uint8_t> key(n * es, 0), value(n * es, 0);
+    auto put = [&](std::vector<uint8_t>& buf, size_t i, float v) {
+      if (dt == DType::F32) std::memcpy(buf.data() + 4 * i, &v, 4);
+      const uint16_t h = dt == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      if (dt != DType::F32) std::memcpy(buf.data() + 2 * i, &h, 2);
+    };
+    for (size_t i = 0; i < n; ++i) {
+      put(key, i, 0.25f * float(i % 7) - 0.5f);
+      put(value, i, 1.5f - 0.125f * float(i % 5));
+    }
+    auto context = [&] {
+      KVCache kv;
+      kv.B = kv.G = 1;
+      kv.Hkv = Hkv;
+      kv.P = P;
+      kv.d = d;
+      kv.valid_len = {valid};
+      kv.prefix_pad = {pad};
+      kv.key = {TensorView{dt, {1, Hkv, P, d}, key.data(), "key.0"}};
+      kv.value = {TensorView{dt, {1, Hkv, P, d}, value.data(), "value.0"}};
+      return Context::from_views(kv, {0}, std::nullopt, std::vector<float>{1.f});
+    };
+    ASSERT_NO_THROW(context()) << dtype_name(dt);
+    // Offsets into head 1's attended rows, which start at row `pad`: the first value, each chunk edge, the tail.
+    for (int64_t off : {0, 5, 2047, 2048, 2049, 4095, 4096, 6015}) {
+      for (float bad : {NAN, INFINITY, -INFINITY}) {
+        const size_t i = (size_t(1) * P + pad) * d + size_t(off);
+        std::vector<uint8_t>& buf = off % 2 ? value : key;
+        const std::vector<uint8_t> keep = buf;
+        put(buf, i, bad);
+        const std::string where = "[0, 1, " + std::to_string(pad + off / d) + ", " + std::to_string(off % d) + "]";
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " offset " + std::to_string(off));
+        expect_error([&] { context(); }, {off % 2 ? "value.0" : "key.0", "non-finite", where});
+        buf = keep;
+      }
+    }
+    // Padding rows of head 0 (before `pad`, at and after `valid`) may hold anything.
+    for (int row : {0, pad - 1, valid, P - 1}) put(key, size_t(row) * d + 3, NAN);
+    EXPECT_NO_THROW(context()) << dtype_name(dt);
+  }
 }
 
 TEST(Context, MustMatchTheExpert) {

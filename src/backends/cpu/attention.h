@@ -90,10 +90,12 @@ struct AttnScratch {
   AlignedBuf<int32_t> qcorr;
   void resize(const AttnGeometry& g, bool fp32 = false, bool int8 = false);
   size_t bytes() const {
-    return (kptr.size() + vptr.size() + k8ptr.size() + v8ptr.size()) * sizeof(void*) +
-           (s.size() + alpha.size() + lblk.size() + qf.size() + kf.size() + vf.size() + kscale.size() +
-            vscale.size() + qscale.size() + pmax.size()) * sizeof(float) +
-           (p.size() + v.size() + q8.size() + qcorr.size()) * sizeof(uint32_t) + zero.size() * sizeof(uint16_t);
+    size_t n = 0;
+    for (size_t b : {qf.bytes(), kf.bytes(), vf.bytes(), kptr.bytes(), vptr.bytes(), s.bytes(), p.bytes(), v.bytes(),
+                     alpha.bytes(), lblk.bytes(), zero.bytes(), k8ptr.bytes(), v8ptr.bytes(), kscale.bytes(),
+                     vscale.bytes(), qscale.bytes(), pmax.bytes(), q8.bytes(), qcorr.bytes()})
+      n += b;
+    return n;
   }
 };
 

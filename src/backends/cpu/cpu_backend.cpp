@@ -562,16 +562,17 @@ uint32_t* CpuSession::qptr(int b, int g) {
 }
 
 size_t CpuSession::step_buffer_bytes() const {
-  size_t n = (h_.size() + qkv_.size() + act_f32_.size() + x_scale_.size() + y_scale_.size() + part_o_.size() +
-              part_m_.size() + part_l_.size() + cos_.size() + sin_.size()) * sizeof(float) +
-             (x_bf16_.size() + y_bf16_.size() + k_own_.size() + v_own_.size()) * sizeof(uint16_t) +
-             (x_u8_.size() + y_u8_.size()) + qp_.size() * sizeof(uint32_t);
-  for (const auto& c : owned_cache_) n += c.size() * sizeof(uint16_t);
+  size_t n = (cos_.size() + sin_.size()) * sizeof(float);
+  for (size_t b : {h_.bytes(), qkv_.bytes(), act_f32_.bytes(), x_scale_.bytes(), y_scale_.bytes(), part_o_.bytes(),
+                   part_m_.bytes(), part_l_.bytes(), x_bf16_.bytes(), y_bf16_.bytes(), k_own_.bytes(), v_own_.bytes(),
+                   x_u8_.bytes(), y_u8_.bytes(), qp_.bytes()})
+    n += b;
+  for (const auto& c : owned_cache_) n += c.bytes();
   for (const auto& c : i8_prompt_) n += c.bytes();
   for (const auto& c : i8_suffix_) n += c.bytes();
   n += i8_own_.bytes();
   for (const PerThread& pt : per_thread_)
-    n += (pt.tmp.size() + pt.row.size()) * sizeof(float) + pt.scratch.size() + pt.attn.bytes();
+    n += pt.tmp.bytes() + pt.row.bytes() + pt.scratch.bytes() + pt.attn.bytes();
   for (const auto& layer : plans_)
     for (const LayerPlans& p : layer) n += p.qkv.own_bytes() + p.o.own_bytes() + p.gate_up.own_bytes() + p.down.own_bytes();
   return n;

@@ -160,7 +160,7 @@ class CpuSession final : public HostLoopSession {
         vs.resize(rows);
       }
     }
-    size_t bytes() const { return k.size() + v.size() + (ks.size() + vs.size()) * sizeof(float); }
+    size_t bytes() const { return k.size() + v.size() + ks.bytes() + vs.bytes(); }
     // The rows from `row` on, as the attention kernels read them.
     KeyRows::Int8Segment segment(size_t row, int d) const {
       return {k.data() + row * d, v.data() + row * d, ks.data() + row, vs.data() + row};
