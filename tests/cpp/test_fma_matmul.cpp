@@ -306,6 +306,55 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
   }
 }
 
+// The quantizer's rounding at exact ties (half to even, as lrintf in the default mode) and the clamp, and the
+// int8 layouts across spans with a partial last k-group: every element where the layout puts it.
+TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
+  const int K = kFmaKSpan + 7, N = 67;
+  std::vector<float> W(size_t(N) * K);
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> half_steps(-254, 254);
+  for (float& v : W) v = 0.5f * float(half_steps(rng));  // row max 127 gives scale 1: every odd value a tie
+  for (int n = 0; n < N; ++n) W[size_t(n) * K + (n * 7) % K] = n % 2 ? 127.f : -127.f;
+  const float ties[] = {0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, 126.5f, -126.5f};
+  for (int i = 0; i < 8; ++i) W[size_t(3) * K + 100 + i] = ties[i];
+  for (FmaKernel k : kFmaKernels) {
+    if (!fma_kernel_takes_int8(k)) continue;
+    FmaWeights w;
+    w.pack_int8(k, W.data(), K, N);
+    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = k == FmaKernel::Avx512Vnni ? 4 : 1;
+    for (int n = 0; n < N; ++n) {
+      float mx = 0.f;
+      for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
+      const float sc = mx / 127.f;
+      ASSERT_EQ(w.col_scale()[n], sc);
+      for (int kk = 0; kk < K; ++kk) {
+        const int q = static_cast<int>(std::lrintf(std::clamp(W[size_t(n) * K + kk] / sc, -127.f, 127.f)));
+        const int k0 = kk / kFmaKSpan * kFmaKSpan, ks = std::min(kFmaKSpan, K - k0), ksg = (ks + g - 1) / g * g;
+        const int r = kk - k0;
+        const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ksg * pw +
+                          (size_t(r / g) * pw + fma_packed_slot(k, true, n % pw)) * g + r % g;
+        ASSERT_EQ(w.data_s8()[at], q) << fma_kernel_name(k) << " n=" << n << " k=" << kk;
+      }
+    }
+    // Row 3 (scale 1, panel 0, span 0): the ties at k = 100..107 go to the even neighbour.
+    const int even[] = {0, 0, 2, -2, 2, -2, 126, -126};
+    for (int i = 0; i < 8; ++i) {
+      const int kk = 100 + i;
+      EXPECT_EQ(w.data_s8()[(size_t(kk / g) * pw + fma_packed_slot(k, true, 3)) * g + kk % g], even[i]) << kk;
+    }
+    // The padding: k past K in the last group, columns past N in the last panel.
+    const int k0 = K / kFmaKSpan * kFmaKSpan, ksg = (K - k0 + g - 1) / g * g;
+    for (int p = 0; p < panels; ++p)
+      for (int r = 0; r < ksg; ++r)
+        for (int j = 0; j < pw; ++j) {
+          if (p * pw + j < N && k0 + r < K) continue;
+          ASSERT_EQ(w.data_s8()[size_t(k0) * panels * pw + size_t(p) * ksg * pw +
+                                (size_t(r / g) * pw + fma_packed_slot(k, true, j)) * g + r % g], 0)
+              << fma_kernel_name(k);
+        }
+  }
+}
+
 // avx512_vnni sums in int32, exactly: where the fp32 FMA chain must round (partial sums past 2^24), its result is
 // the exact sum rounded once. Also: the K padding of the last quad (K % 4 != 0), strided activations, and the
 // K bound past which int32 could overflow.

@@ -208,7 +208,19 @@ std::string select_matmul_kernel(WeightType t, int k_model) {
   return select_matmul_kernel(t, kernels, k_model);
 }
 
-void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
+namespace {
+
+// t in fp32, in buf (grown as needed, kept by the caller from layer to layer: fresh 40 MB buffers per matrix
+// spent a fifth of a full-size model's packing time in page faults).
+const float* as_f32(const TensorView& t, std::vector<float>& buf) {
+  if (buf.size() < size_t(t.numel())) buf.resize(size_t(t.numel()));
+  convert_to_f32(t, buf.data());
+  return buf.data();
+}
+
+}  // namespace
+
+void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc) {
   const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
   const int Nqkv = (Hq + 2 * Hkv) * d, Mhint = cfg_.T > 0 ? cfg_.T : 64;
   out.input_norm = to_f32(lw.input_norm);
@@ -224,10 +236,11 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   out.fgate_up.resize(nthreads_);
   out.fdown.resize(nthreads_);
 
-  std::vector<float> qkv(size_t(Nqkv) * D);
-  convert_to_f32(lw.q, qkv.data());
-  convert_to_f32(lw.k, qkv.data() + size_t(Hq) * d * D);
-  convert_to_f32(lw.v, qkv.data() + size_t(Hq + Hkv) * d * D);
+  if (sc.a.size() < size_t(Nqkv) * D) sc.a.resize(size_t(Nqkv) * D);
+  float* qkv = sc.a.data();
+  convert_to_f32(lw.q, qkv);
+  convert_to_f32(lw.k, qkv + size_t(Hq) * d * D);
+  convert_to_f32(lw.v, qkv + size_t(Hq + Hkv) * d * D);
   if (wf_.is_block()) {
     pack_layer_blocks(qkv, lw, out);
     return;
@@ -243,39 +256,39 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out) {
   };
   for (int t = 0; t < nthreads_; ++t) {
     const Slice s = qkv_slices_[t];
-    if (s.n1 > s.n0) pack(out.qkv, out.fqkv, t, D, s.n1 - s.n0, qkv.data() + size_t(s.n0) * D);
+    if (s.n1 > s.n0) pack(out.qkv, out.fqkv, t, D, s.n1 - s.n0, qkv + size_t(s.n0) * D);
   }
-  qkv = {};
-  const std::vector<float> o = to_f32(lw.o);
+  const float* o = as_f32(lw.o, sc.a);
   for (int t = 0; t < nthreads_; ++t) {
     const Slice s = o_slices_[t];
     const int n = s.n1 - s.n0;
-    if (n > 0) pack(out.o, out.fo, t, Hq * d, n, o.data() + size_t(s.n0) * Hq * d);
+    if (n > 0) pack(out.o, out.fo, t, Hq * d, n, o + size_t(s.n0) * Hq * d);
   }
   {
     // Each thread's slice holds gate rows [n0, n1) then up rows [n0, n1): SiLU*up stays thread-local.
-    const std::vector<float> gate = to_f32(lw.gate), up = to_f32(lw.up);
+    const float* gate = as_f32(lw.gate, sc.a);
+    const float* up = as_f32(lw.up, sc.b);
     for (int t = 0; t < nthreads_; ++t) {
       const Slice s = mlp_slices_[t];
       const int n = s.n1 - s.n0;
       if (n == 0) continue;
-      std::vector<float> gu(size_t(2) * n * D);
-      std::copy(gate.begin() + size_t(s.n0) * D, gate.begin() + size_t(s.n1) * D, gu.begin());
-      std::copy(up.begin() + size_t(s.n0) * D, up.begin() + size_t(s.n1) * D, gu.begin() + size_t(n) * D);
-      pack(out.gate_up, out.fgate_up, t, D, 2 * n, gu.data());
+      if (sc.c.size() < size_t(2) * n * D) sc.c.resize(size_t(2) * n * D);
+      std::copy(gate + size_t(s.n0) * D, gate + size_t(s.n1) * D, sc.c.begin());
+      std::copy(up + size_t(s.n0) * D, up + size_t(s.n1) * D, sc.c.begin() + size_t(n) * D);
+      pack(out.gate_up, out.fgate_up, t, D, 2 * n, sc.c.data());
     }
   }
-  const std::vector<float> down = to_f32(lw.down);
+  const float* down = as_f32(lw.down, sc.a);
   for (int t = 0; t < nthreads_; ++t) {
     const Slice s = down_slices_[t];
     const int n = s.n1 - s.n0;
-    if (n > 0) pack(out.down, out.fdown, t, I, n, down.data() + size_t(s.n0) * I);
+    if (n > 0) pack(out.down, out.fdown, t, I, n, down + size_t(s.n0) * I);
   }
 }
 
 // Block formats: each thread's column slices stored as the device holds them (bfp_matmul.h); slices start at
 // multiples of 64 columns, so their blocks and tiles are those of the whole matrix (weight_formats.h).
-void CpuModel::pack_layer_blocks(const std::vector<float>& qkv, const LayerWeights& lw, CpuLayer& out) {
+void CpuModel::pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLayer& out) {
   const int D = cfg_.D, Hq = cfg_.Hq, d = cfg_.d, I = cfg_.I;
   auto store = [&](LinearKind k) {
     const auto f = wf_.block_of(k);
@@ -290,7 +303,7 @@ void CpuModel::pack_layer_blocks(const std::vector<float>& qkv, const LayerWeigh
       if (const Slice s = slices[t]; s.n1 > s.n0)
         dst[t].parts.emplace_back().pack(store(k), W + size_t(s.n0) * K, K, s.n1 - s.n0);
   };
-  pack(out.bqkv, qkv_slices_, LinearKind::QKV, qkv.data(), D);
+  pack(out.bqkv, qkv_slices_, LinearKind::QKV, qkv, D);
   pack(out.bo, o_slices_, LinearKind::O, to_f32(lw.o).data(), Hq * d);
   pack(out.bgate_up, mlp_slices_, LinearKind::Gate, to_f32(lw.gate).data(), D);
   pack(out.bgate_up, mlp_slices_, LinearKind::Up, to_f32(lw.up).data(), D);
@@ -329,7 +342,8 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);
-    for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.expert.layers[l], layers_[l]);
+    PackScratch sc;
+    for (int l = tid; l < cfg.L; l += nthreads_) pack_layer(w.expert.layers[l], layers_[l], sc);
   });
 }
 

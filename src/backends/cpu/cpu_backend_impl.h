@@ -73,8 +73,11 @@ class CpuModel final : public BackendModel {
 
  private:
   friend class CpuSession;
-  void pack_layer(const LayerWeights& lw, CpuLayer& out);
-  void pack_layer_blocks(const std::vector<float>& qkv, const LayerWeights& lw, CpuLayer& out);
+  struct PackScratch {  // a packing thread's fp32 copies of a layer's matrices, reused from layer to layer
+    std::vector<float> a, b, c;
+  };
+  void pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc);
+  void pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLayer& out);
 
   BackendOptions opts_;
   WeightFormat wf_;  // block formats run on the block kernels, with bf16 activations

@@ -88,6 +88,28 @@ void quantize_rows(const float* x, int r0, int r1, int n, uint8_t* q, float* sca
   for (int r = r0; r < r1; ++r) quantize_row(x + int64_t(r) * n, n, q + int64_t(r) * n, scale + r);
 }
 
+void quantize_weight_rows(const float* W, int K, int N, int8_t* q, float* scale, int32_t* row_sum) {
+  for (int n = 0; n < N; ++n) {
+    const float* w = W + int64_t(n) * K;
+    int8_t* qn = q + int64_t(n) * K;
+    float mx = 0.f;
+#pragma omp simd reduction(max : mx)
+    for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(w[k]));
+    const float s = mx > 0.f ? mx / 127.f : 1.f;
+    scale[n] = s;
+    // Vectorised (nearbyint rounds as lrintf does in the default mode): the scalar loop took most of an int8
+    // model's packing time.
+    int32_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int k = 0; k < K; ++k) {
+      const int v = static_cast<int>(std::nearbyint(std::clamp(w[k] / s, -127.f, 127.f)));
+      qn[k] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    if (row_sum) row_sum[n] = sum;
+  }
+}
+
 void add_rows(float* h, int ldh, const float* y, int ldy, int M, int n, const float* rs, const float* corr,
               const float* cs) {
   for (int r = 0; r < M; ++r) {

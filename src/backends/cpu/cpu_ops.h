@@ -16,6 +16,11 @@ void rms_norm_rows_f32(const float* x, const float* w, int r0, int r1, int n, fl
 // Symmetric per-row int8: scale[r] = max|x| / 127, q = round(x / scale) in [-127, 127], stored q + 128.
 void quantize_rows(const float* x, int r0, int r1, int n, uint8_t* q, float* scale);
 
+// The int8 weights of every int8 path (oneDNN's and the cpu backend's own kernels multiply the same values): row n
+// of W [N, K] gets scale[n] = max|w| / 127 (1 for a zero row) and q = round-to-nearest-even(w / scale) clamped to
+// [-127, 127]; row_sum[n] = sum_k q (row_sum may be null).
+void quantize_weight_rows(const float* W, int K, int N, int8_t* q, float* scale, int32_t* row_sum);
+
 // Matmul epilogues. A raw output y' becomes (y'[r][c] - corr[c]) * cs[c] * rs[r]; corr, cs and rs are
 // null for bf16; int8 passes the +128 correction, the weight scales and the activation row scales.
 // h[r][c] += y over rows [0, M) and n columns; h has stride ldh, y stride ldy.

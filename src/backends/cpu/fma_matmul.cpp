@@ -9,6 +9,7 @@
 
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
+#include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/isa.h"
 
 namespace alpamayo::cpu {
@@ -99,7 +100,7 @@ int k_group(FmaKernel k) { return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKerne
 }  // namespace
 
 template <class T, class Get>
-void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
+void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* direct, Get get) {
   if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
   if (const std::string why = fma_kernel_refuses(k, std::is_same_v<T, int8_t>, K); !why.empty())
     throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " " + why);
@@ -115,15 +116,29 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
   if (bytes_ == 0) return;
   auto buf = std::make_shared<HugeBuf>(bytes_);
   auto* dst = static_cast<T*>(buf->data());
+  std::vector<int> slot(w);
+  for (int j = 0; j < w; ++j) slot[j] = fma_packed_slot(k, std::is_same_v<T, int8_t>, j);
+  // Written in order, a packed row (one k-group of the panel's columns) at a time: column-major writes, a
+  // strided store per element, made packing a full-size model take seconds.
   for (int k0 = 0; k0 < K; k0 += kFmaKSpan) {
     const int ks = std::min(kFmaKSpan, K - k0), ksq = (ks + g - 1) / g * g;
     for (int p = 0; p < panels; ++p) {
       T* panel = dst + size_t(k0) * panels * w + size_t(p) * ksq * w;
-      for (int j = 0; j < w; ++j) {
-        const int n = p * w + j;
-        for (int kk = 0; kk < ksq; ++kk) {
-          const T v = n < N && kk < ks ? get(n, k0 + kk) : T(0);
-          panel[(size_t(kk / g) * w + fma_packed_slot(k, std::is_same_v<T, int8_t>, j)) * g + kk % g] = v;
+      const int cols = std::min(w, N - p * w);
+      for (int kq = 0; kq < ksq; kq += g) {
+        T* row = panel + size_t(kq) * w;
+        const int kn = std::min(g, ks - kq);  // valid k of this group
+        for (int j = 0; j < w; ++j) {
+          T* out = row + size_t(slot[j]) * g;
+          const int n = p * w + j;
+          int e = 0;
+          if (j < cols && direct && kn == g) {
+            std::memcpy(out, direct + size_t(n) * K + k0 + kq, sizeof(T) * g);
+            continue;
+          }
+          if (j < cols)
+            for (; e < kn; ++e) out[e] = get(n, k0 + kq + e);
+          for (; e < g; ++e) out[e] = T(0);
         }
       }
     }
@@ -132,45 +147,41 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, Get get) {
 }
 
 void FmaWeights::pack(FmaKernel k, const float* W, int K, int N) {
-  pack_with<uint16_t>(k, K, N, [&](int n, int kk) { return f32_to_bf16(W[size_t(n) * K + kk]); });
+  pack_with<uint16_t>(k, K, N, nullptr, [&](int n, int kk) { return f32_to_bf16(W[size_t(n) * K + kk]); });
   type_ = FmaType::BF16;
   corr_.clear();
   scale_.clear();
 }
 
 void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N) {
-  pack_with<uint16_t>(k, K, N, [&](int n, int kk) { return W[size_t(n) * K + kk]; });
+  pack_with<uint16_t>(k, K, N, W, [&](int n, int kk) { return W[size_t(n) * K + kk]; });
   type_ = FmaType::BF16;
   corr_.clear();
   scale_.clear();
 }
 
 void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N) {
-  pack_with<int8_t>(k, K, N, [&](int n, int kk) { return Wq[size_t(n) * K + kk]; });
+  pack_with<int8_t>(k, K, N, Wq, [&](int n, int kk) { return Wq[size_t(n) * K + kk]; });
   type_ = FmaType::INT8;
   corr_.assign(N, 0.f);
   scale_.assign(scales, scales + N);
   colsum_.clear();
   if (k == FmaKernel::Avx512Vnni) {
     colsum_.assign(N, 0);
-    for (int n = 0; n < N; ++n)
-      for (int kk = 0; kk < K; ++kk) colsum_[n] += Wq[size_t(n) * K + kk];
+    for (int n = 0; n < N; ++n) {
+      const int8_t* w = Wq + size_t(n) * K;
+      int32_t sum = 0;  // a local: int8_t may alias colsum_, so a sum kept there is reloaded and stored per term
+#pragma omp simd reduction(+ : sum)
+      for (int kk = 0; kk < K; ++kk) sum += w[kk];
+      colsum_[n] = sum;
+    }
   }
 }
 
 void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N) {
-  // The quantization of PackedLinear::pack (packed_matmul.cpp), so that both int8 paths multiply the same values.
   std::vector<int8_t> q(size_t(std::max(N, 0)) * std::max(K, 0));
   std::vector<float> scales(std::max(N, 0));
-  for (int n = 0; n < N; ++n) {
-    const float* w = W + size_t(n) * K;
-    float mx = 0.f;
-    for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(w[kk]));
-    const float sc = mx > 0.f ? mx / 127.f : 1.f;
-    scales[n] = sc;
-    for (int kk = 0; kk < K; ++kk)
-      q[size_t(n) * K + kk] = static_cast<int8_t>(static_cast<int>(std::lrintf(std::clamp(w[kk] / sc, -127.f, 127.f))));
-  }
+  quantize_weight_rows(W, K, N, q.data(), scales.data(), nullptr);
   pack_s8(k, q.data(), scales.data(), K, N);
 }
 

@@ -7,6 +7,7 @@
 
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
+#include "backends/cpu/cpu_ops.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -79,22 +80,10 @@ void PackedLinear::pack(MatmulKernels& kernels, WeightType t, int K, int N, cons
     for (int64_t i = 0; i < int64_t(N) * K; ++i) p[i] = f32_to_bf16(W[i]);
   } else {
     scale_.assign(N, 0.f);
-    auto* p = static_cast<int8_t*>(user.get_data_handle());
     corr_.assign(N, 0.f);
-    for (int n = 0; n < N; ++n) {
-      const float* w = W + int64_t(n) * K;
-      float mx = 0.f;
-      for (int k = 0; k < K; ++k) mx = std::max(mx, std::fabs(w[k]));
-      const float s = mx > 0.f ? mx / 127.f : 1.f;
-      scale_[n] = s;
-      int64_t sum = 0;
-      for (int k = 0; k < K; ++k) {
-        const int q = static_cast<int>(std::lrintf(std::clamp(w[k] / s, -127.f, 127.f)));
-        p[int64_t(n) * K + k] = static_cast<int8_t>(q);
-        sum += q;
-      }
-      corr_[n] = static_cast<float>(128 * sum);
-    }
+    std::vector<int32_t> sums(N);
+    quantize_weight_rows(W, K, N, static_cast<int8_t*>(user.get_data_handle()), scale_.data(), sums.data());
+    for (int n = 0; n < N; ++n) corr_[n] = static_cast<float>(128 * int64_t(sums[n]));
   }
   weights_ = new_weights(kernel->pd.weights_desc(), eng);
   dnnl::stream s(eng);
