@@ -133,7 +133,12 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* direct, Get get) 
           const int n = p * w + j;
           int e = 0;
           if (j < cols && direct && kn == g) {
-            std::memcpy(out, direct + size_t(n) * K + k0 + kq, sizeof(T) * g);
+            const T* from = direct + size_t(n) * K + k0 + kq;
+            if (sizeof(T) * g == 4) {  // the dot-product kernels' groups: one word (a memcpy of a constant size)
+              std::memcpy(out, from, 4);
+            } else {
+              for (; e < g; ++e) out[e] = from[e];
+            }
             continue;
           }
           if (j < cols)
@@ -147,10 +152,13 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* direct, Get get) 
 }
 
 void FmaWeights::pack(FmaKernel k, const float* W, int K, int N) {
-  pack_with<uint16_t>(k, K, N, nullptr, [&](int n, int kk) { return f32_to_bf16(W[size_t(n) * K + kk]); });
-  type_ = FmaType::BF16;
-  corr_.clear();
-  scale_.clear();
+  // Rounded in one vectorised pass, then copied: rounding inside the packing's transposition took most of a
+  // bf16 model's packing time.
+  std::vector<uint16_t> b(size_t(std::max(N, 0)) * std::max(K, 0));
+  const size_t n = b.size();
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) b[i] = f32_to_bf16(W[i]);
+  pack_bf16(k, b.data(), K, N);
 }
 
 void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N) {
