@@ -155,13 +155,18 @@ int main(int argc, char** argv) {
     const bool shared = !sfx.empty() && !copies;
     kv.G = shared ? 1 : B;
     kv.P = copies && !sfx.empty() ? std::max<int64_t>(Smax, S + Q) : Smax;
+    // All suffixes empty (--suffix 0): the samples share the prompt and have no suffix caches at all, as several
+    // trajectories drawn for one prompt do.
+    const bool suffixes = shared && Q > 0;
     if (shared) {
       kv.valid_len = {S};
       kv.prompt_of.assign(B, 0);
-      kv.Q = static_cast<int>(Q);
-      kv.suffix_len = sfx;
     } else {
       for (int b = 0; b < B; ++b) kv.valid_len.push_back(S + (sfx.empty() ? 0 : sfx[b]));
+    }
+    if (suffixes) {
+      kv.Q = static_cast<int>(Q);
+      kv.suffix_len = sfx;
     }
     std::vector<std::vector<uint16_t>> store;
     auto fill = [&](int64_t N, int64_t P, const std::vector<int64_t>& rows, const char* name) {
@@ -173,12 +178,12 @@ int main(int argc, char** argv) {
     for (int l = 0; l < L; ++l)
       for (int which = 0; which < 2; ++which) {
         (which ? kv.value : kv.key).push_back(fill(kv.G, kv.P, kv.valid_len, "cache"));
-        if (shared) (which ? kv.suffix_value : kv.suffix_key).push_back(fill(B, Q, sfx, "suffix"));
+        if (suffixes) (which ? kv.suffix_value : kv.suffix_key).push_back(fill(B, Q, sfx, "suffix"));
       }
     auto context = [&] { return Context::from_views(kv, std::vector<int64_t>(B, 0), std::nullopt, std::vector<float>(B, 8.f)); };
     size_t cache_bytes = 0;
     for (const auto& c : store) cache_bytes += c.size() * 2;
-    std::printf("cache: %s, %.1f MiB\n", shared ? "one shared prompt + per-sample suffixes" : copies && !sfx.empty() ? "a prompt copy per sample + its suffix" : "one prompt per sample",
+    std::printf("cache: %s, %.1f MiB\n", suffixes ? "one shared prompt + per-sample suffixes" : shared ? "one shared prompt" : copies && !sfx.empty() ? "a prompt copy per sample + its suffix" : "one prompt per sample",
                 cache_bytes / 1048576.0);
     Session session(model);
     t0 = std::chrono::steady_clock::now();
