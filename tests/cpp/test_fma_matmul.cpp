@@ -165,24 +165,27 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
           EXPECT_EQ(got, n < N && kk < K ? f32_to_bf16(W[size_t(n) * K + kk]) : uint16_t(0)) << fma_kernel_name(k);
         }
   }
-  // K over one span: spans of kFmaKSpan rows, each holding every panel.
-  const int K2 = kFmaKSpan + 5, N2 = 70;
-  std::vector<float> W2(size_t(N2) * K2);
-  for (size_t i = 0; i < W2.size(); ++i) W2[i] = float(i % 251) - 125.f;
+  // K over one span: spans of fma_k_span(k) rows (kDotKSpan for the dot-product kernels), each holding every panel.
   for (FmaKernel k : kFmaKernels) {
     if (!fma_kernel_takes_bf16(k)) continue;
+    const int span = fma_k_span(k), K2 = span + 5, N2 = 70;
+    std::vector<float> W2(size_t(N2) * K2);
+    for (size_t i = 0; i < W2.size(); ++i) W2[i] = float(i % 251) - 125.f;
     FmaWeights w;
     w.pack(k, W2.data(), K2, N2);
     const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw, g = k == FmaKernel::Avx512Bf16 ? 2 : 1;
     for (int n = 0; n < N2; ++n)
       for (int kk = 0; kk < K2; ++kk) {
-        const int k0 = kk / kFmaKSpan * kFmaKSpan, ks = std::min(kFmaKSpan, K2 - k0), ksg = (ks + g - 1) / g * g;
+        const int k0 = kk / span * span, ks = std::min(span, K2 - k0), ksg = (ks + g - 1) / g * g;
         const int r = kk - k0;
         const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ksg * pw +
                           (size_t(r / g) * pw + fma_packed_slot(k, false, n % pw)) * g + r % g;
         ASSERT_EQ(w.data()[at], f32_to_bf16(W2[size_t(n) * K2 + kk])) << fma_kernel_name(k) << " n=" << n << " k=" << kk;
       }
   }
+  EXPECT_EQ(fma_k_span(FmaKernel::Avx512Vnni), kDotKSpan);
+  EXPECT_EQ(fma_k_span(FmaKernel::Avx512), kFmaKSpan);
+  EXPECT_EQ(kDotKSpan % kFmaKSpan, 0);
   FmaWeights bad;
   EXPECT_THROW(bad.pack(FmaKernel::Portable, W.data(), 0, N), Error);
   // The slots are a permutation of each panel's columns: avx512_fma's bf16 rows pair column c with c + 16.
@@ -267,6 +270,43 @@ TEST(FmaMatmul, Int8KernelsMatchAnExactIntegerSumAndEachOther) {
       }
 }
 
+// K past one span of the dot-product kernels' layout (kDotKSpan), so their span loop runs twice with a short last
+// span: bf16 against a double reference, int8 exactly (every partial sum here is below 2^24, so exact in fp32 too).
+TEST(FmaMatmul, DotKernelsAcrossTwoSpans) {
+  const int K = kDotKSpan + 300;
+  for (int M : {1, 7})
+    for (int N : {33, 70}) {
+      for (FmaKernel k : runnable(false)) {
+        if (k != FmaKernel::Avx512Bf16) continue;
+        const Case c = make_case(M, K, N, uint32_t(M * 13 + N));
+        const std::vector<float> y = run(k, c, N);
+        for (int m = 0; m < M; ++m)
+          for (int n = 0; n < N; ++n) {
+            double ref = 0, mag = 0;
+            for (int kk = 0; kk < K; ++kk) {
+              const double p = double(bf(c.x[size_t(m) * K + kk])) * bf(c.W[size_t(n) * K + kk]);
+              ref += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_LE(std::fabs(y[size_t(m) * N + n] - ref), 2.0 * K * std::ldexp(1.0, -24) * mag) << "m=" << m << " n=" << n;
+          }
+      }
+      for (FmaKernel k : runnable(true)) {
+        if (k != FmaKernel::Avx512Vnni) continue;
+        const CaseS8 c = make_s8(M, K, N, uint32_t(M * 17 + N));
+        std::vector<float> y(size_t(M) * N, std::nanf(""));
+        run_s8(k, c, 0, N, y, N);
+        for (int m = 0; m < M; ++m)
+          for (int n = 0; n < N; ++n) {
+            int64_t exact = 0;
+            for (int kk = 0; kk < K; ++kk)
+              exact += int64_t(int(c.x[size_t(m) * K + kk]) - 128) * c.W[size_t(n) * K + kk];
+            ASSERT_EQ(double(y[size_t(m) * N + n]), double(exact)) << "m=" << m << " n=" << n;
+          }
+      }
+    }
+}
+
 TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 0.05f);
@@ -309,16 +349,16 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
 // The quantizer's rounding at exact ties (half to even, as lrintf in the default mode) and the clamp, and the
 // int8 layouts across spans with a partial last k-group: every element where the layout puts it.
 TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
-  const int K = kFmaKSpan + 7, N = 67;
-  std::vector<float> W(size_t(N) * K);
-  std::mt19937 rng(11);
-  std::uniform_int_distribution<int> half_steps(-254, 254);
-  for (float& v : W) v = 0.5f * float(half_steps(rng));  // row max 127 gives scale 1: every odd value a tie
-  for (int n = 0; n < N; ++n) W[size_t(n) * K + (n * 7) % K] = n % 2 ? 127.f : -127.f;
-  const float ties[] = {0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, 126.5f, -126.5f};
-  for (int i = 0; i < 8; ++i) W[size_t(3) * K + 100 + i] = ties[i];
   for (FmaKernel k : kFmaKernels) {
     if (!fma_kernel_takes_int8(k)) continue;
+    const int span = fma_k_span(k), K = span + 7, N = 67;
+    std::vector<float> W(size_t(N) * K);
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<int> half_steps(-254, 254);
+    for (float& v : W) v = 0.5f * float(half_steps(rng));  // row max 127 gives scale 1: every odd value a tie
+    for (int n = 0; n < N; ++n) W[size_t(n) * K + (n * 7) % K] = n % 2 ? 127.f : -127.f;
+    const float ties[] = {0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, 126.5f, -126.5f};
+    for (int i = 0; i < 8; ++i) W[size_t(3) * K + 100 + i] = ties[i];
     FmaWeights w;
     w.pack_int8(k, W.data(), K, N);
     const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = k == FmaKernel::Avx512Vnni ? 4 : 1;
@@ -329,7 +369,7 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
       ASSERT_EQ(w.col_scale()[n], sc);
       for (int kk = 0; kk < K; ++kk) {
         const int q = static_cast<int>(std::lrintf(std::clamp(W[size_t(n) * K + kk] / sc, -127.f, 127.f)));
-        const int k0 = kk / kFmaKSpan * kFmaKSpan, ks = std::min(kFmaKSpan, K - k0), ksg = (ks + g - 1) / g * g;
+        const int k0 = kk / span * span, ks = std::min(span, K - k0), ksg = (ks + g - 1) / g * g;
         const int r = kk - k0;
         const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ksg * pw +
                           (size_t(r / g) * pw + fma_packed_slot(k, true, n % pw)) * g + r % g;
@@ -343,7 +383,7 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
       EXPECT_EQ(w.data_s8()[(size_t(kk / g) * pw + fma_packed_slot(k, true, 3)) * g + kk % g], even[i]) << kk;
     }
     // The padding: k past K in the last group, columns past N in the last panel.
-    const int k0 = K / kFmaKSpan * kFmaKSpan, ksg = (K - k0 + g - 1) / g * g;
+    const int k0 = K / span * span, ksg = (K - k0 + g - 1) / g * g;
     for (int p = 0; p < panels; ++p)
       for (int r = 0; r < ksg; ++r)
         for (int j = 0; j < pw; ++j) {

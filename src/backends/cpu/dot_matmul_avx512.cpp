@@ -3,8 +3,8 @@
 // x the column sum of w kept at packing, rounded once to fp32: the exact sum) and "avx512_bf16" for bf16 weights
 // (vdpbf16ps: bf16 x bf16 in groups of 2 k, summed in fp32).
 //
-// Layout (FmaWeights::pack* for these kernels): panels of 64 columns, K in spans of kFmaKSpan rows as for the FMA
-// kernels, but within a span-panel the rows go in groups of G = 4 (int8) or 2 (bf16) k, [ceil(ks/G)][64][G]
+// Layout (FmaWeights::pack* for these kernels): panels of 64 columns, K in spans of kDotKSpan rows (kFmaKSpan for
+// the FMA kernels), and within a span-panel the rows go in groups of G = 4 (int8) or 2 (bf16) k, [ceil(ks/G)][64][G]
 // elements zero-padded: one zmm holds a group of 16 columns, the operand order of the dot instructions. Per span,
 // panel and block of 256 groups (a 64 KB slice of the packed weights, read in place: the first row tile brings
 // it from DRAM, the others read it from L2) a register tile of up to 6 rows x 64 columns runs: 24 accumulators,
@@ -31,7 +31,7 @@ namespace {
 constexpr int kNR = 64;      // columns per panel: 4 zmm of 16 lanes
 constexpr int kMR = 6;       // rows per register tile
 constexpr int kGroups = 256;  // k-groups per block: 256 x 256 bytes = 64 KB (a whole int8 span)
-static_assert(kFmaKSpan % (4 * kGroups) == 0, "K blocks must not straddle spans");
+static_assert(kDotKSpan % (4 * kGroups) == 0, "K blocks must not straddle spans");
 // Prefetch distance, into L1 (bench_matmul --fma, AMD EPYC Zen 5: of 64 KB to 2 MB ahead, into L1 or L2, 64 KB
 // into L1 ran fastest, hot and cold, with 16 KB blocks; with 64 KB blocks, one block ahead, 128 KB ran no faster).
 constexpr int kAhead = 64 << 10;
@@ -147,8 +147,8 @@ void run(const typename Dot::W* w, const int32_t* colsum, int K, int N, const ty
   constexpr int kLines = kGroups * 4;  // cache lines of one full block (16 KB)
   const int per_tile = (kLines + tiles - 1) / tiles;
   const auto* src = reinterpret_cast<const char*>(w);  // the packed weights, in order: spans, panels, blocks
-  for (int s0 = 0; s0 < K; s0 += kFmaKSpan) {
-    const int s1 = imin(K, s0 + kFmaKSpan);
+  for (int s0 = 0; s0 < K; s0 += kDotKSpan) {
+    const int s1 = imin(K, s0 + kDotKSpan);
     for (int p = 0; p < panels; ++p) {
       const int valid = imin(kNR, N - p * kNR);
       __mmask16 mask[4];

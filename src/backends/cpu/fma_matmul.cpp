@@ -87,6 +87,8 @@ bool fma_kernel_from_name(const std::string& name, FmaKernel* k) {
   return false;
 }
 
+int fma_k_span(FmaKernel k) { return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx512Bf16 ? kDotKSpan : kFmaKSpan; }
+
 int fma_panel_width(FmaKernel k) { return k == FmaKernel::Avx2 || k == FmaKernel::Portable ? 16 : 64; }
 
 int fma_packed_slot(FmaKernel k, bool int8, int j) {
@@ -120,8 +122,9 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* direct, Get get) 
   for (int j = 0; j < w; ++j) slot[j] = fma_packed_slot(k, std::is_same_v<T, int8_t>, j);
   // Written in order, a packed row (one k-group of the panel's columns) at a time: column-major writes, a
   // strided store per element, made packing a full-size model take seconds.
-  for (int k0 = 0; k0 < K; k0 += kFmaKSpan) {
-    const int ks = std::min(kFmaKSpan, K - k0), ksq = (ks + g - 1) / g * g;
+  const int span = fma_k_span(k);
+  for (int k0 = 0; k0 < K; k0 += span) {
+    const int ks = std::min(span, K - k0), ksq = (ks + g - 1) / g * g;
     for (int p = 0; p < panels; ++p) {
       T* panel = dst + size_t(k0) * panels * w + size_t(p) * ksq * w;
       const int cols = std::min(w, N - p * w);

@@ -5,8 +5,8 @@
 // matmul at all (docs/CPU_BACKEND.md, "bf16 matmuls on fp32 FMAs").
 //
 // Layout: W is packed once (bf16, RNE from fp32) into panels of `fma_panel_width(kernel)` output columns (64 for
-// AVX-512, 16 for AVX2 and the portable kernel), the last one zero-padded, and K into spans of kFmaKSpan rows
-// (the last one shorter): span by span, panel by panel, each [span rows][width]. A kernel walks spans, panels,
+// AVX-512, 16 for AVX2 and the portable kernel), the last one zero-padded, and K into spans of fma_k_span(kernel)
+// rows (the last one shorter): span by span, panel by panel, each [span rows][width]. A kernel walks spans, panels,
 // rows in that order, so it streams its weights strictly sequentially while its fp32 copy of x for one span
 // (M x 1024 x 4 bytes) stays in L2 whatever K is.
 //
@@ -143,5 +143,12 @@ void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, i
 inline constexpr int kFmaKBlock = 128;
 // K rows per span of the packed layout (a multiple of every kernel's K block: 64, 256).
 inline constexpr int kFmaKSpan = 1024;
+// The same for the dot-product kernels (avx512_vnni, avx512_bf16), which keep x as it is (no fp32 copy per span):
+// one span covers the seed's K (1536, 2048, 6144), so a panel's partial sums never go back to memory between
+// spans. With six samples (M = 384) those round trips were 15% of the int8 gate_up phase (docs/PERFORMANCE.md).
+// A multiple of kFmaKSpan, so the kernels' K blocks, and with them every sum, are the same.
+inline constexpr int kDotKSpan = 8 * kFmaKSpan;
+// The span of kernel k's packed layout.
+int fma_k_span(FmaKernel k);
 
 }  // namespace alpamayo::cpu
