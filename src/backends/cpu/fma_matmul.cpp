@@ -101,8 +101,8 @@ namespace {
 int k_group(FmaKernel k) { return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKernel::Avx512Bf16 ? 2 : 1; }
 }  // namespace
 
-template <class T, class Get>
-void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* direct, Get get) {
+template <class T>
+void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W) {
   if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
   if (const std::string why = fma_kernel_refuses(k, std::is_same_v<T, int8_t>, K); !why.empty())
     throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " " + why);
@@ -135,17 +135,14 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* direct, Get get) 
           T* out = row + size_t(slot[j]) * g;
           const int n = p * w + j;
           int e = 0;
-          if (j < cols && direct && kn == g) {
-            const T* from = direct + size_t(n) * K + k0 + kq;
-            if (sizeof(T) * g == 4) {  // the dot-product kernels' groups: one word (a memcpy of a constant size)
-              std::memcpy(out, from, 4);
-            } else {
-              for (; e < g; ++e) out[e] = from[e];
+          if (j < cols) {
+            const T* from = W + size_t(n) * K + k0 + kq;
+            if (kn == g && sizeof(T) * g == 4) {
+              std::memcpy(out, from, 4);  // the dot-product kernels' groups: one word, a copy of a constant size
+              continue;
             }
-            continue;
+            for (; e < kn; ++e) out[e] = from[e];
           }
-          if (j < cols)
-            for (; e < kn; ++e) out[e] = get(n, k0 + kq + e);
           for (; e < g; ++e) out[e] = T(0);
         }
       }
@@ -165,14 +162,14 @@ void FmaWeights::pack(FmaKernel k, const float* W, int K, int N) {
 }
 
 void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N) {
-  pack_with<uint16_t>(k, K, N, W, [&](int n, int kk) { return W[size_t(n) * K + kk]; });
+  pack_with<uint16_t>(k, K, N, W);
   type_ = FmaType::BF16;
   corr_.clear();
   scale_.clear();
 }
 
 void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N) {
-  pack_with<int8_t>(k, K, N, Wq, [&](int n, int kk) { return Wq[size_t(n) * K + kk]; });
+  pack_with<int8_t>(k, K, N, Wq);
   type_ = FmaType::INT8;
   corr_.assign(N, 0.f);
   scale_.assign(scales, scales + N);

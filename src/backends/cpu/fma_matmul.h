@@ -99,9 +99,8 @@ class FmaWeights {
   const int32_t* col_sums() const { return colsum_.empty() ? nullptr : colsum_.data(); }
 
  private:
-  // get(n, k): element (n, k) as T; direct: the same [N, K] row-major T matrix to copy from (or null).
-  template <class T, class Get>
-  void pack_with(FmaKernel k, int K, int N, const T* direct, Get get);
+  template <class T>
+  void pack_with(FmaKernel k, int K, int N, const T* W);  // W [N, K], row-major
   FmaKernel kernel_ = FmaKernel::Portable;
   FmaType type_ = FmaType::BF16;
   int K_ = 0, N_ = 0;
