@@ -242,7 +242,7 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc
   convert_to_f32(lw.k, qkv + size_t(Hq) * d * D);
   convert_to_f32(lw.v, qkv + size_t(Hq + Hkv) * d * D);
   if (wf_.is_block()) {
-    pack_layer_blocks(qkv, lw, out);
+    pack_layer_blocks(qkv, lw, out, sc);  // qkv lies in sc.a
     return;
   }
   // One thread's slice: oneDNN's layout, or the fp32-FMA kernel's panels (only the chosen kernel's copy).
@@ -288,7 +288,7 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc
 
 // Block formats: each thread's column slices stored as the device holds them (bfp_matmul.h); slices start at
 // multiples of 64 columns, so their blocks and tiles are those of the whole matrix (weight_formats.h).
-void CpuModel::pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLayer& out) {
+void CpuModel::pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLayer& out, PackScratch& sc) {
   const int D = cfg_.D, Hq = cfg_.Hq, d = cfg_.d, I = cfg_.I;
   auto store = [&](LinearKind k) {
     const auto f = wf_.block_of(k);
@@ -304,10 +304,10 @@ void CpuModel::pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLa
         dst[t].parts.emplace_back().pack(store(k), W + size_t(s.n0) * K, K, s.n1 - s.n0);
   };
   pack(out.bqkv, qkv_slices_, LinearKind::QKV, qkv, D);
-  pack(out.bo, o_slices_, LinearKind::O, to_f32(lw.o).data(), Hq * d);
-  pack(out.bgate_up, mlp_slices_, LinearKind::Gate, to_f32(lw.gate).data(), D);
-  pack(out.bgate_up, mlp_slices_, LinearKind::Up, to_f32(lw.up).data(), D);
-  pack(out.bdown, down_slices_, LinearKind::Down, to_f32(lw.down).data(), I);
+  pack(out.bo, o_slices_, LinearKind::O, as_f32(lw.o, sc.b), Hq * d);
+  pack(out.bgate_up, mlp_slices_, LinearKind::Gate, as_f32(lw.gate, sc.b), D);
+  pack(out.bgate_up, mlp_slices_, LinearKind::Up, as_f32(lw.up, sc.b), D);
+  pack(out.bdown, down_slices_, LinearKind::Down, as_f32(lw.down, sc.b), I);
 }
 
 CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)

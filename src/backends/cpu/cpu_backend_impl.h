@@ -77,7 +77,7 @@ class CpuModel final : public BackendModel {
     std::vector<float> a, b, c;
   };
   void pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc);
-  void pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLayer& out);
+  void pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLayer& out, PackScratch& sc);
 
   BackendOptions opts_;
   WeightFormat wf_;  // block formats run on the block kernels, with bf16 activations
