@@ -346,8 +346,8 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
   }
 }
 
-// The quantizer's rounding at exact ties (half to even, as lrintf in the default mode) and the clamp, and the
-// int8 layouts across spans with a partial last k-group: every element where the layout puts it.
+// The quantizer's rounding at exact ties (half to even, as lrintf in the default mode), and the int8 layouts
+// across spans with a partial last k-group: every element where the layout puts it.
 TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
   for (FmaKernel k : kFmaKernels) {
     if (!fma_kernel_takes_int8(k)) continue;

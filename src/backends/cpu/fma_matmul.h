@@ -78,8 +78,8 @@ class FmaWeights {
   void pack(FmaKernel k, const float* W, int K, int N);
   // Packs W [N, K] already in bf16.
   void pack_bf16(FmaKernel k, const uint16_t* W, int K, int N);
-  // int8: W [N, K] quantized per output row exactly as the oneDNN int8 path does (packed_matmul.h: scale
-  // max|w| / 127, q = round(w / scale) in [-127, 127]). The kernel widens x (u8 = q + 128) to q itself, so y is
+  // int8: W [N, K] quantized per output row by quantize_weight_rows (cpu_ops.h), as the oneDNN int8 path is:
+  // scale max|w| / 127, q = round(w / scale) in [-127, 127]. The kernel widens x (u8 = q + 128) to q itself, so y is
   // sum_k q_x w_q (products exact in fp32) and col_correction() is all zeros; col_scale() the row scales.
   void pack_int8(FmaKernel k, const float* W, int K, int N);
   // int8 with given values and scales (tests).
