@@ -285,7 +285,7 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
     } catch (const std::exception& e) {
       std::printf("%-14s int8 onednn: unavailable (%s)\n", sh.name, e.what());
     }
-    for (FmaKernel k : {FmaKernel::Avx512Vnni, FmaKernel::Avx512, FmaKernel::Avx2}) {
+    for (FmaKernel k : {FmaKernel::Avx512Vnni, FmaKernel::Avx2Int8, FmaKernel::Avx512, FmaKernel::Avx2}) {
       if (!fma_kernel_runnable(k)) continue;
       FmaWeights fw;
       fw.pack_int8(k, W.data(), sh.K, sh.N);

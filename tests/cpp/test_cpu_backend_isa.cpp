@@ -152,7 +152,7 @@ TEST(AttentionSelection, FastestRunnableOrForced) {
 TEST(Peaks, MeasuredWhereRunnable) {
   const Peaks& p = measured_peaks(1);
   EXPECT_EQ(&p, &measured_peaks(1));  // cached
-  ASSERT_EQ(p.entries.size(), 6u);
+  ASSERT_EQ(p.entries.size(), 7u);
   for (const PeakEntry& e : p.entries) {
     std::printf("  %-16s %8.1f %s %s\n", e.instruction.c_str(), e.rate, e.unit.c_str(), e.why_not.c_str());
     if (e.why_not.empty())
@@ -163,6 +163,8 @@ TEST(Peaks, MeasuredWhereRunnable) {
   EXPECT_EQ(p.of("vfmadd231ps ymm") > 0, isa().has(kAvx2Fma));
   EXPECT_EQ(p.of("vdpbf16ps zmm") > 0, isa().has(kAvx512 | kAvx512Bf16));
   EXPECT_GE(p.best_bf16_unit(), p.of("vfmadd231ps ymm"));
+  EXPECT_EQ(p.of("vpmaddubsw ymm") > 0, isa().has(kAvx2Fma));
+  EXPECT_GE(p.best_int8_unit(), p.of("vpmaddubsw ymm"));
   // A kernel doing half its work on each of two instructions: their harmonic mean.
   const double a = p.of("vpdpbusd zmm"), b = p.of("vpdpwssd zmm");
   if (a > 0 && b > 0) EXPECT_NEAR(p.of("vpdpbusd zmm + vpdpwssd zmm"), 2 / (1 / a + 1 / b), 1e-9 * a);

@@ -208,6 +208,8 @@ class Matmul : public ::testing::TestWithParam<std::tuple<WeightType, int, int, 
 
 TEST_P(Matmul, MatchesReference) {
   const auto [wt, M, K, N] = GetParam();
+  if (wt == WeightType::INT8 && !onednn_int8_refused().empty())
+    GTEST_SKIP() << "the cpu backend never runs it here: " << onednn_int8_refused();
   std::mt19937 rng(3);
   const auto x = rand_bf16(size_t(M) * K, 1.f, rng), W = rand_bf16(size_t(N) * K, 0.05f, rng);
   std::vector<float> ref(size_t(M) * N), y(size_t(M) * (N + 3), NAN);
@@ -217,7 +219,12 @@ TEST_P(Matmul, MatchesReference) {
   MatmulKernels kernels(eng);
   ScopedOmpThreads one(1);
   PackedLinear lin;
-  lin.pack(kernels, wt, K, N, W.data(), 7, N + 3);  // packed for another M, planned for M below
+  try {
+    lin.pack(kernels, wt, K, N, W.data(), 7, N + 3);  // packed for another M, planned for M below
+  } catch (const alpamayo::Error& e) {
+    ASSERT_FALSE(isa().has(kAvx512)) << e.what();  // oneDNN 2.6 has bf16 and int8 matmuls wherever AVX-512 runs
+    GTEST_SKIP() << e.what();
+  }
   const MatmulPlan plan = lin.plan(kernels, M, N + 3);
   AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
   std::vector<float> rs(M, 1.f);

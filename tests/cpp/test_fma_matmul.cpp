@@ -1,7 +1,7 @@
 // The bf16-weight matmul kernels on fp32 FMAs (src/backends/cpu/fma_matmul.h): every kernel this machine runs
 // against a double-precision reference on odd shapes, bitwise equality between column slicings and between the
 // kernels (all compute the same fp32 FMA chain over k), packing layout and errors. int8 weights on the same
-// kernels and on avx512_vnni (exact int32 sums).
+// kernels and on the int8 dot-product kernels avx512_vnni and avx2_int8 (exact int32 sums).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,6 +35,9 @@ Case make_case(int M, int K, int N, uint32_t seed) {
   for (auto& v : c.W) v = f32_to_bf16(0.05f * nd(rng));
   return c;
 }
+
+// k per packed group of an int8 kernel: the dot-product kernels keep 4 k of a column side by side.
+int int8_group(FmaKernel k) { return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx2Int8 ? 4 : 1; }
 
 // y[M, ldy] for columns [0, N) with kernel k; the rest of y keeps its NaN fill (written-columns check).
 std::vector<float> run(FmaKernel k, const Case& c, int ldy) {
@@ -292,7 +295,7 @@ TEST(FmaMatmul, DotKernelsAcrossTwoSpans) {
           }
       }
       for (FmaKernel k : runnable(true)) {
-        if (k != FmaKernel::Avx512Vnni) continue;
+        if (int8_group(k) != 4) continue;  // the int8 dot-product kernels
         const CaseS8 c = make_s8(M, K, N, uint32_t(M * 17 + N));
         std::vector<float> y(size_t(M) * N, std::nanf(""));
         run_s8(k, c, 0, N, y, N);
@@ -322,7 +325,7 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
     }
     w.pack_int8(k, W.data(), K, N);
     const int pw = fma_panel_width(k);
-    const bool quads = k == FmaKernel::Avx512Vnni;  // [K/4][pw][4] (K = 300: one span)
+    const bool quads = int8_group(k) == 4;  // [K/4][pw][4] (K = 300: one span)
     for (int n = 0; n < N; ++n) {
       float mx = 0.f;
       for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
@@ -337,7 +340,7 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
         ASSERT_EQ(w.data_s8()[at], q) << fma_kernel_name(k) << " " << n << " " << kk;
         sum += q;
       }
-      if (quads) {
+      if (k == FmaKernel::Avx512Vnni) {
         ASSERT_EQ(w.col_sums()[n], sum) << n;
       } else {
         ASSERT_EQ(w.col_sums(), nullptr);
@@ -361,7 +364,7 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
     for (int i = 0; i < 8; ++i) W[size_t(3) * K + 100 + i] = ties[i];
     FmaWeights w;
     w.pack_int8(k, W.data(), K, N);
-    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = k == FmaKernel::Avx512Vnni ? 4 : 1;
+    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = int8_group(k);
     for (int n = 0; n < N; ++n) {
       float mx = 0.f;
       for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
@@ -395,44 +398,64 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
   }
 }
 
-// avx512_vnni sums in int32, exactly: where the fp32 FMA chain must round (partial sums past 2^24), its result is
-// the exact sum rounded once. Also: the K padding of the last quad (K % 4 != 0), strided activations, and the
-// K bound past which int32 could overflow.
-TEST(FmaMatmul, VnniSumsExactlyWithPaddingAndStrides) {
-  if (!fma_kernel_runnable(FmaKernel::Avx512Vnni)) {
-    std::printf("  [skipped] avx512_vnni: not supported by this CPU / ALPAMAYO_CPU_ISA\n");
-    return;
-  }
-  for (int K : {2101, 2103, 4096}) {
-    const int M = 7, N = 70, ldx = K + 9;
-    std::vector<int8_t> W(size_t(N) * K);
-    std::vector<uint8_t> x(size_t(M) * ldx, 0);  // q = -128 past each row's K: must not be read
-    std::mt19937 rng(K);
-    for (size_t i = 0; i < W.size(); ++i) W[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127 - int(rng() % 3));
-    for (int m = 0; m < M; ++m)
-      for (int kk = 0; kk < K; ++kk) x[size_t(m) * ldx + kk] = static_cast<uint8_t>(m % 2 ? 255 : 1 + rng() % 4);
-    const std::vector<float> scales(N, 1.f);
-    FmaWeights w;
-    w.pack_s8(FmaKernel::Avx512Vnni, W.data(), scales.data(), K, N);
-    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(FmaKernel::Avx512Vnni, M, K));
-    std::vector<float> y(size_t(M) * N, std::nanf(""));
-    fma_matmul(w, x.data(), M, ldx, y.data(), N, scratch.data());
-    int rounded = 0;
-    for (int m = 0; m < M; ++m)
-      for (int n = 0; n < N; ++n) {
-        int64_t exact = 0;
-        for (int kk = 0; kk < K; ++kk) exact += int64_t(int(x[size_t(m) * ldx + kk]) - 128) * W[size_t(n) * K + kk];
-        ASSERT_EQ(y[size_t(m) * N + n], float(exact)) << "K=" << K << " m=" << m << " n=" << n;
-        rounded += double(float(exact)) != double(exact);
+// The int8 dot-product kernels (avx512_vnni, avx2_int8) sum in int32, exactly: where the fp32 FMA chain must round
+// (partial sums past 2^24), their result is the exact sum rounded once. Also: the K padding of the last quad
+// (K % 4 != 0), strided activations, activations at both ends of u8 (q = -128 and 127: avx2_int8 multiplies |q| up
+// to 128 by weights with q's sign) against weights of +-127, and the K bound past which int32 could overflow.
+TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
+  for (FmaKernel k : {FmaKernel::Avx512Vnni, FmaKernel::Avx2Int8}) {
+    if (!fma_kernel_runnable(k)) {
+      std::printf("  [skipped] %s: not supported by this CPU / ALPAMAYO_CPU_ISA\n", fma_kernel_name(k));
+      continue;
+    }
+    for (int K : {2101, 2103, 4096}) {
+      const int M = 7, N = 70, ldx = K + 9;
+      std::vector<int8_t> W(size_t(N) * K);
+      std::vector<uint8_t> x(size_t(M) * ldx, 0);  // q = -128 past each row's K: must not be read
+      std::mt19937 rng(K);
+      for (size_t i = 0; i < W.size(); ++i) W[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127 - int(rng() % 3));
+      for (int m = 0; m < M; ++m)
+        for (int kk = 0; kk < K; ++kk)
+          x[size_t(m) * ldx + kk] = static_cast<uint8_t>(m % 3 == 1 ? 255 : m % 3 == 2 ? 0 : 1 + rng() % 4);
+      const std::vector<float> scales(N, 1.f);
+      FmaWeights w;
+      w.pack_s8(k, W.data(), scales.data(), K, N);
+      AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, K));
+      std::vector<float> y(size_t(M) * N, std::nanf(""));
+      fma_matmul(w, x.data(), M, ldx, y.data(), N, scratch.data());
+      int rounded = 0;
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < N; ++n) {
+          int64_t exact = 0;
+          for (int kk = 0; kk < K; ++kk) exact += int64_t(int(x[size_t(m) * ldx + kk]) - 128) * W[size_t(n) * K + kk];
+          ASSERT_EQ(y[size_t(m) * N + n], float(exact)) << fma_kernel_name(k) << " K=" << K << " m=" << m << " n=" << n;
+          rounded += double(float(exact)) != double(exact);
+        }
+      if (K == 4096) {
+        EXPECT_GT(rounded, 0) << "the case must reach sums an fp32 chain cannot hold";
       }
-    if (K == 4096) {
-      EXPECT_GT(rounded, 0) << "the case must reach sums an fp32 chain cannot hold";
     }
   }
-  FmaWeights big;
-  const std::vector<int8_t> one(size_t(kVnniMaxK) + 1, 1);
   const float scale = 1.f;
-  EXPECT_THROW(big.pack_s8(FmaKernel::Avx512Vnni, one.data(), &scale, kVnniMaxK + 1, 1), Error);
+  for (auto [k, bound] : {std::pair{FmaKernel::Avx512Vnni, kVnniMaxK}, std::pair{FmaKernel::Avx2Int8, kAvx2Int8MaxK}}) {
+    FmaWeights big;
+    const std::vector<int8_t> one(size_t(bound) + 1, 1);
+    EXPECT_THROW(big.pack_s8(k, one.data(), &scale, bound + 1, 1), Error) << fma_kernel_name(k);
+    big.pack_s8(k, one.data(), &scale, bound, 1);
+    EXPECT_EQ(big.K(), bound);
+  }
+  // avx2_int8 cannot negate -128 (vpsignb wraps): such weights are refused, naming where they are.
+  std::vector<int8_t> w8(3 * 40, 5);
+  w8[size_t(2) * 40 + 17] = -128;
+  const std::vector<float> scales(3, 1.f);
+  FmaWeights w;
+  try {
+    w.pack_s8(FmaKernel::Avx2Int8, w8.data(), scales.data(), 40, 3);
+    ADD_FAILURE() << "a weight of -128 was packed for avx2_int8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 2, column 17 holds -128"), std::string::npos) << e.what();
+  }
+  w.pack_s8(FmaKernel::Avx512Vnni, w8.data(), scales.data(), 40, 3);  // vpdpbusd takes the whole s8 range
 }
 
 // A kernel this process may not run (e.g. avx512_fma under ALPAMAYO_CPU_ISA=avx2: ctest conformance_avx2) is
@@ -470,6 +493,7 @@ TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Portable), "portable_fma");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Vnni), "avx512_vnni");
   EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Bf16), "avx512_bf16");
+  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx2Int8), "avx2_int8");
   for (FmaKernel k : kFmaKernels) {  // names round-trip; every kernel but the portable one names its instruction
     FmaKernel back = k == FmaKernel::Portable ? FmaKernel::Avx2 : FmaKernel::Portable;
     EXPECT_TRUE(fma_kernel_from_name(fma_kernel_name(k), &back));

@@ -68,12 +68,7 @@ std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKerne
     } catch (const Error& e) {
       return e.what();
     }
-    // Without VNNI oneDNN 2.6 multiplies u8 x s8 with vpmaddubsw, whose int16 pair sums saturate (gemm:jit under
-    // ALPAMAYO_CPU_ISA=avx2: conformance PCC 0.99 instead of >= 0.999).
-    if (t == WeightType::INT8 && !isa().has(kAvx512Vnni) && !isa().has(kAvxVnni))
-      return "oneDNN's u8 x s8 matmul without VNNI (vpmaddubsw) saturates int16 pair sums (usable here: " +
-             isa().describe() + ")";
-    return "";
+    return t == WeightType::INT8 ? onednn_int8_refused() : "";
   }
   FmaKernel k;
   if (!fma_kernel_from_name(name, &k)) return "unknown kernel";
@@ -129,7 +124,7 @@ double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels
 
 MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
                            int k_model, const std::string& spec) {
-  // Our dot-product kernels (avx512_vnni for int8, avx512_bf16 for bf16) before oneDNN. Inside a full-size step
+  // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a full-size step
   // they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5), which the
   // warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as where it has AMX.
   std::vector<std::string> names;
@@ -153,9 +148,10 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
     return {forced, "forced by " + kernel_spec_source(spec), 0};
   }
   static std::mutex mu;
-  static std::map<std::tuple<std::string, int, int, int, bool>, MatmulChoice> cache;  // the ISA cap is fixed per process
+  static std::map<std::tuple<std::string, int, int, int, int>, MatmulChoice> cache;  // the ISA cap is fixed per process
   std::lock_guard<std::mutex> lk(mu);
-  const auto key = std::make_tuple(op, M, K, N, k_model > kVnniMaxK);
+  // k_model matters only through the int8 dot kernels' bounds on K
+  const auto key = std::make_tuple(op, M, K, N, int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK));
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   // The portable kernel only where nothing else runs.
   std::vector<std::string> run;

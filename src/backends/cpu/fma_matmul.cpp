@@ -31,17 +31,19 @@ const char* fma_kernel_name(FmaKernel k) {
     case FmaKernel::Portable: return "portable_fma";
     case FmaKernel::Avx512Vnni: return "avx512_vnni";
     case FmaKernel::Avx512Bf16: return "avx512_bf16";
+    case FmaKernel::Avx2Int8: return "avx2_int8";
   }
   return "?";
 }
 
-bool fma_kernel_takes_bf16(FmaKernel k) { return k != FmaKernel::Avx512Vnni; }
+bool fma_kernel_takes_bf16(FmaKernel k) { return k != FmaKernel::Avx512Vnni && k != FmaKernel::Avx2Int8; }
 bool fma_kernel_takes_int8(FmaKernel k) { return k != FmaKernel::Avx512Bf16; }
 
 bool fma_kernel_runnable(FmaKernel k) {
   switch (k) {
     case FmaKernel::Avx512: return isa().has(kAvx512);
-    case FmaKernel::Avx2: return isa().has(kAvx2Fma);
+    case FmaKernel::Avx2:
+    case FmaKernel::Avx2Int8: return isa().has(kAvx2Fma);
     case FmaKernel::Portable: return true;
     case FmaKernel::Avx512Vnni: return isa().has(kAvx512) && isa().has(kAvx512Vnni);
     case FmaKernel::Avx512Bf16: return isa().has(kAvx512) && isa().has(kAvx512Bf16);
@@ -52,7 +54,7 @@ bool fma_kernel_runnable(FmaKernel k) {
 std::string fma_kernel_unavailable(FmaKernel k) {
   if (fma_kernel_runnable(k)) return "";
   const char* needs = k == FmaKernel::Avx512       ? "needs AVX-512"
-                      : k == FmaKernel::Avx2       ? "needs AVX2 + FMA"
+                      : k == FmaKernel::Avx2 || k == FmaKernel::Avx2Int8 ? "needs AVX2 + FMA"
                       : k == FmaKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
                                                    : "needs AVX-512 with AVX512-BF16";
   return std::string(needs) + " (usable here: " + isa().describe() + ")";
@@ -64,6 +66,9 @@ std::string fma_kernel_refuses(FmaKernel k, bool int8, int K) {
   if (k == FmaKernel::Avx512Vnni && K > kVnniMaxK)
     return "sums K = " + std::to_string(K) + " products in int32; at most " + std::to_string(kVnniMaxK) +
            " cannot overflow";
+  if (k == FmaKernel::Avx2Int8 && K > kAvx2Int8MaxK)
+    return "sums K = " + std::to_string(K) + " products in int32; at most " + std::to_string(kAvx2Int8MaxK) +
+           " cannot overflow";
   return "";
 }
 
@@ -74,6 +79,7 @@ const char* fma_kernel_instruction(FmaKernel k) {
     case FmaKernel::Portable: return "";
     case FmaKernel::Avx512Vnni: return "vpdpbusd zmm";
     case FmaKernel::Avx512Bf16: return "vdpbf16ps zmm";
+    case FmaKernel::Avx2Int8: return "vpmaddubsw ymm";
   }
   return "";
 }
@@ -87,9 +93,13 @@ bool fma_kernel_from_name(const std::string& name, FmaKernel* k) {
   return false;
 }
 
-int fma_k_span(FmaKernel k) { return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx512Bf16 ? kDotKSpan : kFmaKSpan; }
+int fma_k_span(FmaKernel k) {
+  return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx512Bf16 || k == FmaKernel::Avx2Int8 ? kDotKSpan : kFmaKSpan;
+}
 
-int fma_panel_width(FmaKernel k) { return k == FmaKernel::Avx2 || k == FmaKernel::Portable ? 16 : 64; }
+int fma_panel_width(FmaKernel k) {
+  return k == FmaKernel::Avx2 || k == FmaKernel::Portable || k == FmaKernel::Avx2Int8 ? 16 : 64;
+}
 
 int fma_packed_slot(FmaKernel k, bool int8, int j) {
   if (k != FmaKernel::Avx512 || int8) return j;
@@ -98,7 +108,9 @@ int fma_packed_slot(FmaKernel k, bool int8, int j) {
 
 namespace {
 // k per packed group: the dot-product kernels keep a group of k of one column side by side.
-int k_group(FmaKernel k) { return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKernel::Avx512Bf16 ? 2 : 1; }
+int k_group(FmaKernel k) {
+  return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx2Int8 ? 4 : k == FmaKernel::Avx512Bf16 ? 2 : 1;
+}
 }  // namespace
 
 template <class T>
@@ -109,8 +121,8 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W) {
   kernel_ = k;
   K_ = K;
   N_ = N;
-  // The dot-product kernels: each span's rows in groups of g, [ceil(ks / g)][w][g] (dot_matmul_avx512.cpp); the
-  // others [ks][w].
+  // The dot-product kernels: each span's rows in groups of g, [ceil(ks / g)][w][g] (dot_matmul_avx512.cpp,
+  // dot_matmul_avx2.cpp); the others [ks][w].
   const int g = k_group(k);
   const int w = fma_panel_width(k), panels = (N + w - 1) / w, Kq = (K + g - 1) / g * g;
   bytes_ = size_t(panels) * Kq * w * sizeof(T);
@@ -169,6 +181,17 @@ void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N) {
 }
 
 void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N) {
+  if (k == FmaKernel::Avx2Int8 && K > 0 && N > 0) {  // vpsignb would wrap -(-128) (dot_matmul_avx2.cpp)
+    const size_t n = size_t(N) * K;
+    int lo = 0;
+#pragma omp simd reduction(min : lo)
+    for (size_t i = 0; i < n; ++i) lo = std::min(lo, int(Wq[i]));
+    if (lo == -128) {
+      const size_t i = size_t(std::find(Wq, Wq + n, int8_t(-128)) - Wq);
+      throw Error("fma_matmul: kernel avx2_int8 takes weights in [-127, 127]; row " + std::to_string(i / K) +
+                  ", column " + std::to_string(i % K) + " holds -128");
+    }
+  }
   pack_with<int8_t>(k, K, N, Wq);
   type_ = FmaType::INT8;
   corr_.assign(N, 0.f);
@@ -195,6 +218,7 @@ void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N) {
 
 size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
   if (const int g = k_group(k); g > 1) {  // the dot-product kernels: x in rows of K rounded up to the group
+    // avx2_int8: q and |q| (two bytes per element)
     const size_t elem = k == FmaKernel::Avx512Vnni ? 1 : 2;
     return size_t(std::max(M, 0)) * ((std::max(K, 0) + g - 1) / g * g) * elem + 64;
   }
@@ -265,6 +289,9 @@ void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, in
         fma_matmul_s8_avx512vnni(w.data_s8(), w.col_sums(), w.K(), w.N(), xq, M, ldx, y, ldy,
                                  static_cast<uint8_t*>(scratch));
         break;
+      case FmaKernel::Avx2Int8:
+        dot_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, static_cast<uint8_t*>(scratch));
+        break;
       case FmaKernel::Avx512Bf16: break;  // refused at packing
     }
     return;
@@ -275,7 +302,8 @@ void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, in
     case FmaKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
     case FmaKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
     case FmaKernel::Avx512Bf16: dot_matmul_avx512bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch); break;
-    case FmaKernel::Avx512Vnni: break;  // refused at packing
+    case FmaKernel::Avx512Vnni:
+    case FmaKernel::Avx2Int8: break;  // refused at packing
   }
 }
 

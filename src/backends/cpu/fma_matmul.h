@@ -20,6 +20,10 @@
 // by side, fp32 sums. Its products are exact too, but it adds them in its own order (and flushes denormals), so
 // it is not bitwise equal to the FMA chain; its results do not depend on M, N or the column slice either.
 //
+// int8 weights also run on "avx2_int8" (dot_matmul_avx2.cpp), for CPUs without VNNI: vpmaddubsw on |q| and w with
+// q's sign, the pairs widened to int32 by vpmaddwd; the exact int32 sum rounded once to fp32, so the same bits as
+// avx512_vnni. Its weights must lie in [-127, 127] (quantize_weight_rows' range; pack_s8 refuses -128).
+//
 // Summation order: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k], acc) for
 // k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. All kernels (AVX-512,
 // AVX2, portable) therefore give bitwise identical results, and so does any split of the columns over threads.
@@ -34,16 +38,18 @@
 
 namespace alpamayo::cpu {
 
-enum class FmaKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16 };
+enum class FmaKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16, Avx2Int8 };
 
-// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16": the names ALPAMAYO_CPU_KERNELS uses for
+// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16", "avx2_int8": the names ALPAMAYO_CPU_KERNELS uses for
 // matmul_bf16 and matmul_int8.
 const char* fma_kernel_name(FmaKernel k);
-// Whether the kernel multiplies bf16 weights (all but avx512_vnni) and int8 ones (all but avx512_bf16).
+// Whether the kernel multiplies bf16 weights (all but avx512_vnni and avx2_int8) and int8 ones (all but avx512_bf16).
 bool fma_kernel_takes_bf16(FmaKernel k);
 bool fma_kernel_takes_int8(FmaKernel k);
 // The largest K whose int32 sums cannot overflow on avx512_vnni (255 * 127 * K < 2^31); none for the others.
 inline constexpr int kVnniMaxK = 66000;
+// The same for avx2_int8 (128 * 127 * K < 2^31: |q| <= 128 with x's u8 of any value, |w| <= 127).
+inline constexpr int kAvx2Int8MaxK = 132000;
 // Whether this process may run the kernel (isa(), capped by ALPAMAYO_CPU_ISA); the portable one always.
 bool fma_kernel_runnable(FmaKernel k);
 // Empty when runnable, else why not ("needs AVX-512 with AVX512-VNNI (usable here: ...)").
@@ -57,8 +63,8 @@ const char* fma_kernel_instruction(FmaKernel k);
 // The kernel named `name` (fma_kernel_name); false for any other name.
 bool fma_kernel_from_name(const std::string& name, FmaKernel* k);
 // Every kernel, our dot-product kernels first (the order the cpu backend tries them in).
-inline constexpr FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Avx512Bf16, FmaKernel::Avx512,
-                                            FmaKernel::Avx2, FmaKernel::Portable};
+inline constexpr FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Avx512Bf16, FmaKernel::Avx2Int8,
+                                            FmaKernel::Avx512,     FmaKernel::Avx2,       FmaKernel::Portable};
 // Output columns per packed panel.
 int fma_panel_width(FmaKernel k);
 // Where column j (< fma_panel_width(k)) of a panel sits within a packed row (a k-group's row for the dot-product
@@ -111,7 +117,8 @@ class FmaWeights {
 };
 
 // Scratch bytes (64-byte aligned memory) fma_matmul needs for M rows of K: x widened to fp32 and one
-// widened weight block (avx512_vnni, avx512_bf16: x copied to rows of K rounded up to the k-group).
+// widened weight block (avx512_vnni, avx512_bf16: x copied to rows of K rounded up to the k-group; avx2_int8: q and
+// |q| in such rows).
 size_t fma_scratch_bytes(FmaKernel k, int M, int K);
 
 // y[m][n] = sum_k x[m][k] w[n][k] (the fixed order above) for m < M, n < w.N(): x [M, ldx] bf16 (bf16 weights)
@@ -135,6 +142,8 @@ void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int
                             float* scratch);
 void fma_matmul_s8_avx512vnni(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx,
                               float* y, int ldy, uint8_t* scratch);
+void dot_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
+                        uint8_t* scratch);
 void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
                            void* scratch);
 
@@ -142,7 +151,7 @@ void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, i
 inline constexpr int kFmaKBlock = 128;
 // K rows per span of the packed layout (a multiple of every kernel's K block: 64, 256).
 inline constexpr int kFmaKSpan = 1024;
-// The same for the dot-product kernels (avx512_vnni, avx512_bf16), which keep x as it is (no fp32 copy per span):
+// The same for the dot-product kernels (avx512_vnni, avx512_bf16, avx2_int8), which keep x as it is (no fp32 copy per span):
 // one span covers the seed's K (1536, 2048, 6144), so a panel's partial sums never go back to memory between
 // spans. With six samples (M = 384) those round trips were 15% of the int8 gate_up phase (docs/PERFORMANCE.md).
 // A multiple of kFmaKSpan, so the kernels' K blocks, and with them every sum, are the same.

@@ -8,6 +8,7 @@
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/isa.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -20,6 +21,12 @@ dt src_type(WeightType t) { return t == WeightType::INT8 ? dt::u8 : dt::bf16; }
 dt wei_type(WeightType t) { return t == WeightType::INT8 ? dt::s8 : dt::bf16; }
 
 }  // namespace
+
+std::string onednn_int8_refused() {
+  if (isa().has(kAvx512Vnni) || isa().has(kAvxVnni)) return "";
+  return "oneDNN's u8 x s8 matmul without VNNI (vpmaddubsw) saturates int16 pair sums (usable here: " +
+         isa().describe() + ")";
+}
 
 std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int K, int N, int ldy) {
   const auto key = std::make_tuple(static_cast<int>(t), M, K, N, ldy, false);
