@@ -124,9 +124,9 @@ double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels
 
 MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
                            int k_model, const std::string& spec) {
-  // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a full-size step
-  // they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5), which the
-  // warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as where it has AMX.
+  // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a
+  // full-size step they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5),
+  // which the warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as with AMX.
   std::vector<std::string> names;
   for (FmaKernel k : kFmaKernels) {
     if (k == FmaKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones

@@ -40,8 +40,8 @@ namespace alpamayo::cpu {
 
 enum class FmaKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16, Avx2Int8 };
 
-// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16", "avx2_int8": the names ALPAMAYO_CPU_KERNELS uses for
-// matmul_bf16 and matmul_int8.
+// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16", "avx2_int8": the names
+// ALPAMAYO_CPU_KERNELS uses for matmul_bf16 and matmul_int8.
 const char* fma_kernel_name(FmaKernel k);
 // Whether the kernel multiplies bf16 weights (all but avx512_vnni and avx2_int8) and int8 ones (all but avx512_bf16).
 bool fma_kernel_takes_bf16(FmaKernel k);
@@ -151,10 +151,10 @@ void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, i
 inline constexpr int kFmaKBlock = 128;
 // K rows per span of the packed layout (a multiple of every kernel's K block: 64, 256).
 inline constexpr int kFmaKSpan = 1024;
-// The same for the dot-product kernels (avx512_vnni, avx512_bf16, avx2_int8), which keep x as it is (no fp32 copy per span):
-// one span covers the seed's K (1536, 2048, 6144), so a panel's partial sums never go back to memory between
-// spans. With six samples (M = 384) those round trips were 15% of the int8 gate_up phase (docs/PERFORMANCE.md).
-// A multiple of kFmaKSpan, so the kernels' K blocks, and with them every sum, are the same.
+// The same for the dot-product kernels (avx512_vnni, avx512_bf16, avx2_int8), which keep x as it is (no fp32 copy
+// per span): one span covers the seed's K (1536, 2048, 6144), so a panel's partial sums never go back to memory
+// between spans. With six samples (M = 384) those round trips were 15% of the int8 gate_up phase
+// (docs/PERFORMANCE.md). A multiple of kFmaKSpan, so the kernels' K blocks, and with them every sum, are the same.
 inline constexpr int kDotKSpan = 8 * kFmaKSpan;
 // The span of kernel k's packed layout.
 int fma_k_span(FmaKernel k);

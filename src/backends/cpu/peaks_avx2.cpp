@@ -1,6 +1,6 @@
-// Register-only loops of the AVX2-era multiply-add instructions (peaks.h): fp32 FMA on ymm, vpmaddubsw's int8, and AVX-VNNI's
-// vpdpbusd on ymm (a function-level target: AVX-VNNI is not part of the AVX2 baseline; called only after the
-// isa() check). An ISA translation unit (AVX2 flags, CMakeLists.txt).
+// Register-only loops of the AVX2-era multiply-add instructions (peaks.h): fp32 FMA on ymm, vpmaddubsw's int8, and
+// AVX-VNNI's vpdpbusd on ymm (a function-level target: AVX-VNNI is not part of the AVX2 baseline; called only
+// after the isa() check). An ISA translation unit (AVX2 flags, CMakeLists.txt).
 #include <immintrin.h>
 
 #include "backends/cpu/peaks.h"
