@@ -192,6 +192,10 @@ void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int
                   ", column " + std::to_string(i % K) + " holds -128");
     }
   }
+  store_s8(k, Wq, scales, K, N);
+}
+
+void FmaWeights::store_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N) {
   pack_with<int8_t>(k, K, N, Wq);
   type_ = FmaType::INT8;
   corr_.assign(N, 0.f);
@@ -213,7 +217,7 @@ void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N) {
   std::vector<int8_t> q(size_t(std::max(N, 0)) * std::max(K, 0));
   std::vector<float> scales(std::max(N, 0));
   quantize_weight_rows(W, K, N, q.data(), scales.data(), nullptr);
-  pack_s8(k, q.data(), scales.data(), K, N);
+  store_s8(k, q.data(), scales.data(), K, N);  // in [-127, 127] by construction: no scan for -128
 }
 
 size_t fma_scratch_bytes(FmaKernel k, int M, int K) {

@@ -107,6 +107,7 @@ class FmaWeights {
  private:
   template <class T>
   void pack_with(FmaKernel k, int K, int N, const T* W);  // W [N, K], row-major
+  void store_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N);  // pack_s8 without its check
   FmaKernel kernel_ = FmaKernel::Portable;
   FmaType type_ = FmaType::BF16;
   int K_ = 0, N_ = 0;
