@@ -163,8 +163,8 @@ TEST(Peaks, MeasuredWhereRunnable) {
   EXPECT_EQ(p.of("vfmadd231ps ymm") > 0, isa().has(kAvx2Fma));
   EXPECT_EQ(p.of("vdpbf16ps zmm") > 0, isa().has(kAvx512 | kAvx512Bf16));
   EXPECT_GE(p.best_bf16_unit(), p.of("vfmadd231ps ymm"));
-  EXPECT_EQ(p.of("vpmaddubsw ymm") > 0, isa().has(kAvx2Fma));
-  EXPECT_GE(p.best_int8_unit(), p.of("vpmaddubsw ymm"));
+  EXPECT_EQ(p.of("vpmaddwd ymm") > 0, isa().has(kAvx2Fma));
+  EXPECT_GE(p.best_int8_unit(), p.of("vpmaddwd ymm"));
   // A kernel doing half its work on each of two instructions: their harmonic mean.
   const double a = p.of("vpdpbusd zmm"), b = p.of("vpdpwssd zmm");
   if (a > 0 && b > 0) EXPECT_NEAR(p.of("vpdpbusd zmm + vpdpwssd zmm"), 2 / (1 / a + 1 / b), 1e-9 * a);

@@ -36,8 +36,8 @@ Case make_case(int M, int K, int N, uint32_t seed) {
   return c;
 }
 
-// k per packed group of an int8 kernel: the dot-product kernels keep 4 k of a column side by side.
-int int8_group(FmaKernel k) { return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx2Int8 ? 4 : 1; }
+// The int8 kernels that sum in int32 exactly (the rest compute the fp32 FMA chain).
+bool exact_int8(FmaKernel k) { return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx2Int8; }
 
 // y[M, ldy] for columns [0, N) with kernel k; the rest of y keeps its NaN fill (written-columns check).
 std::vector<float> run(FmaKernel k, const Case& c, int ldy) {
@@ -156,7 +156,7 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
     }
     w.pack(k, W.data(), K, N);
     // avx512_bf16 keeps pairs of k side by side: [ceil(K/2)][pw][2], the odd K's last pair zero-padded.
-    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = k == FmaKernel::Avx512Bf16 ? 2 : 1;
+    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = fma_k_group(k);
     const int Kg = (K + g - 1) / g * g;
     ASSERT_EQ(w.bytes(), size_t(panels) * Kg * pw * 2) << fma_kernel_name(k);
     for (int p = 0; p < panels; ++p)
@@ -176,7 +176,7 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
     for (size_t i = 0; i < W2.size(); ++i) W2[i] = float(i % 251) - 125.f;
     FmaWeights w;
     w.pack(k, W2.data(), K2, N2);
-    const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw, g = k == FmaKernel::Avx512Bf16 ? 2 : 1;
+    const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw, g = fma_k_group(k);
     for (int n = 0; n < N2; ++n)
       for (int kk = 0; kk < K2; ++kk) {
         const int k0 = kk / span * span, ks = std::min(span, K2 - k0), ksg = (ks + g - 1) / g * g;
@@ -295,7 +295,7 @@ TEST(FmaMatmul, DotKernelsAcrossTwoSpans) {
           }
       }
       for (FmaKernel k : runnable(true)) {
-        if (int8_group(k) != 4) continue;  // the int8 dot-product kernels
+        if (!exact_int8(k)) continue;
         const CaseS8 c = make_s8(M, K, N, uint32_t(M * 17 + N));
         std::vector<float> y(size_t(M) * N, std::nanf(""));
         run_s8(k, c, 0, N, y, N);
@@ -325,7 +325,7 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
     }
     w.pack_int8(k, W.data(), K, N);
     const int pw = fma_panel_width(k);
-    const bool quads = int8_group(k) == 4;  // [K/4][pw][4] (K = 300: one span)
+    const int g = fma_k_group(k);  // [K/g][pw][g] (K = 300: one span)
     for (int n = 0; n < N; ++n) {
       float mx = 0.f;
       for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
@@ -335,8 +335,7 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
       int sum = 0;
       for (int kk = 0; kk < K; ++kk) {
         const int q = static_cast<int>(std::lrintf(std::clamp(W[size_t(n) * K + kk] / sc, -127.f, 127.f)));
-        const size_t at = quads ? size_t(n / pw) * K * pw + (size_t(kk / 4) * pw + n % pw) * 4 + kk % 4
-                                : size_t(n / pw) * K * pw + size_t(kk) * pw + n % pw;
+        const size_t at = size_t(n / pw) * K * pw + (size_t(kk / g) * pw + n % pw) * g + kk % g;
         ASSERT_EQ(w.data_s8()[at], q) << fma_kernel_name(k) << " " << n << " " << kk;
         sum += q;
       }
@@ -364,7 +363,7 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
     for (int i = 0; i < 8; ++i) W[size_t(3) * K + 100 + i] = ties[i];
     FmaWeights w;
     w.pack_int8(k, W.data(), K, N);
-    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = int8_group(k);
+    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = fma_k_group(k);
     for (int n = 0; n < N; ++n) {
       float mx = 0.f;
       for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
@@ -399,9 +398,10 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
 }
 
 // The int8 dot-product kernels (avx512_vnni, avx2_int8) sum in int32, exactly: where the fp32 FMA chain must round
-// (partial sums past 2^24), their result is the exact sum rounded once. Also: the K padding of the last quad
-// (K % 4 != 0), strided activations, activations at both ends of u8 (q = -128 and 127: avx2_int8 multiplies |q| up
-// to 128 by weights with q's sign) against weights of +-127, and the K bound past which int32 could overflow.
+// (partial sums past 2^24), their result is the exact sum rounded once. Also: the K padding of the last group
+// (K % 4 != 0, odd K), several spans of the packed layout (avx2_int8's int32 partials go through y between them),
+// strided activations, activations at both ends of u8 (q = -128 and 127) against weights at both ends of s8
+// (-128 and 127), and the K bound past which int32 could overflow.
 TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
   for (FmaKernel k : {FmaKernel::Avx512Vnni, FmaKernel::Avx2Int8}) {
     if (!fma_kernel_runnable(k)) {
@@ -413,7 +413,7 @@ TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
       std::vector<int8_t> W(size_t(N) * K);
       std::vector<uint8_t> x(size_t(M) * ldx, 0);  // q = -128 past each row's K: must not be read
       std::mt19937 rng(K);
-      for (size_t i = 0; i < W.size(); ++i) W[i] = static_cast<int8_t>(i % 3 == 0 ? -127 : 127 - int(rng() % 3));
+      for (size_t i = 0; i < W.size(); ++i) W[i] = static_cast<int8_t>(i % 3 == 0 ? -128 : 127 - int(rng() % 3));
       for (int m = 0; m < M; ++m)
         for (int kk = 0; kk < K; ++kk)
           x[size_t(m) * ldx + kk] = static_cast<uint8_t>(m % 3 == 1 ? 255 : m % 3 == 2 ? 0 : 1 + rng() % 4);
@@ -443,19 +443,19 @@ TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
     EXPECT_THROW(big.pack_s8(k, one.data(), &scale, bound + 1, 1), Error) << fma_kernel_name(k);
     big.pack_s8(k, one.data(), &scale, bound, 1);
     EXPECT_EQ(big.K(), bound);
+    if (!fma_kernel_runnable(k)) continue;
+    // At the bound, every product at its largest magnitude still sums exactly.
+    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, 1, bound));
+    for (int8_t wv : {int8_t(-128), int8_t(127)})
+      for (uint8_t xv : {uint8_t(0), uint8_t(255)}) {
+        const std::vector<int8_t> wk(size_t(bound), wv);
+        const std::vector<uint8_t> xk(size_t(bound), xv);
+        big.pack_s8(k, wk.data(), &scale, bound, 1);
+        float y = 0.f;
+        fma_matmul(big, xk.data(), 1, bound, &y, 1, scratch.data());
+        EXPECT_EQ(y, float(int64_t(int(xv) - 128) * wv * bound)) << fma_kernel_name(k) << " w=" << int(wv) << " x=" << int(xv);
+      }
   }
-  // avx2_int8 cannot negate -128 (vpsignb wraps): such weights are refused, naming where they are.
-  std::vector<int8_t> w8(3 * 40, 5);
-  w8[size_t(2) * 40 + 17] = -128;
-  const std::vector<float> scales(3, 1.f);
-  FmaWeights w;
-  try {
-    w.pack_s8(FmaKernel::Avx2Int8, w8.data(), scales.data(), 40, 3);
-    ADD_FAILURE() << "a weight of -128 was packed for avx2_int8";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("row 2, column 17 holds -128"), std::string::npos) << e.what();
-  }
-  w.pack_s8(FmaKernel::Avx512Vnni, w8.data(), scales.data(), 40, 3);  // vpdpbusd takes the whole s8 range
 }
 
 // A kernel this process may not run (e.g. avx512_fma under ALPAMAYO_CPU_ISA=avx2: ctest conformance_avx2) is

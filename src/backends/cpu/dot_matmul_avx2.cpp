@@ -2,20 +2,20 @@
 // flags, CMakeLists.txt; called only where isa().has(kAvx2Fma)). The exact int32 sum of q_x * w, rounded once to
 // fp32: the same bits as avx512_vnni.
 //
-// vpmaddubsw multiplies u8 by s8 and adds adjacent products into an int16 with saturation, so u8 = q + 128 against
-// weights of full range would saturate (255 * 127 * 2 > 32767: oneDNN's AVX2 int8 path does, cpu_backend.cpp).
-// Here the u8 operand is |q| (0..128) and the s8 one is w with q's sign (vpsignb; |w| <= 127, so it cannot wrap):
-// each product is q * w, and a pair sums to at most 2 * 128 * 127 = 32512. vpmaddwd with ones then adds the two
-// pairs of a group of 4 k into int32 lanes, and vpaddd accumulates. On AMD Zen 3 that sequence runs 1.4 times the
-// int8 multiply-adds per cycle of fp32 FMAs on widened int8 (docs/PERFORMANCE.md).
+// Why vpmaddwd on int16 and not vpmaddubsw on the bytes: vpmaddubsw saturates its int16 pair sums, so an exact
+// kernel must feed it |q| and w with q's sign (vpsignb), and on AMD Zen 3 vpsignb issues on the same two pipes as
+// the multiplies: three multiply-pipe instructions per 32 multiply-adds, at most 2/3 of the unit's rate (measured
+// 135 GOP/s on one core against 162 for this kernel's loop, both on L1-resident data). vpmaddwd multiplies int16
+// pairs into int32 without saturation (|q|, |w| <= 128): one multiply-pipe instruction per 16 multiply-adds, the
+// same unit rate, nothing to fix up, and weights of -128 need no exclusion.
 //
-// Layout (FmaWeights::pack_s8 for this kernel): panels of 16 columns, K in spans of kDotKSpan rows, and within a
-// span-panel the rows go in groups of 4 k, [ceil(ks/4)][16][4] bytes zero-padded: one 64-byte line per group, two
-// ymm of 8 columns. Per span and panel a register tile of up to 4 rows x 16 columns walks all the span's groups:
-// 8 int32 accumulators, 2 weight vectors, and per row and group a broadcast dword of q and one of |q| (prepared
-// once per call, as x's rows rounded up to the group with zeros). The span-panel (at most 128 KB) comes from DRAM
-// for the first row tile and from L1/L2 for the others. Sums go back to y as int32 between spans and fp32 after
-// the last.
+// Layout (FmaWeights::pack_s8 for this kernel): panels of 16 columns, K in spans of kFmaKSpan rows, and within a
+// span-panel the rows go in pairs of k, [ceil(ks/2)][16][2] bytes zero-padded. x is copied once per call to int16
+// q = u8 - 128, rows of K rounded up to the pair. Per span and panel, block by block of kKB rows: the block's first
+// register tile (up to 6 rows x 16 columns: 12 int32 accumulators, 2 weight vectors, one broadcast pair of q) widens
+// the weights to int16 in registers and leaves them in an L1 block for the other tiles, as fma_matmul_avx2.cpp does
+// with fp32. The panel's int32 partial sums stay in a dense buffer between blocks, go to y as int32 between spans,
+// and as fp32 after the last. The weights are prefetched into L2 256 KB ahead and the next block into L1.
 //
 // Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
 #include <immintrin.h>
@@ -28,8 +28,11 @@
 namespace alpamayo::cpu {
 namespace {
 
-constexpr int kNR = 16;  // columns per panel: 2 ymm of 8 columns x 4 k
-constexpr int kMR = 4;   // rows per register tile: 8 accumulators + 2 weights + 2 broadcasts + ones + a temporary
+constexpr int kNR = 16;   // columns per panel: 2 ymm of 8 columns x a pair of k
+constexpr int kMR = 6;    // rows per register tile
+constexpr int kKB = kAvx2Int8KBlock;  // rows of K per widened block: 256 pairs x 16 columns x 2 x int16 = 16 KB
+static_assert(kFmaKSpan % kKB == 0 && kKB % 2 == 0, "K blocks must not straddle spans or pairs");
+constexpr int kAhead = 256 << 10;  // L2 prefetch distance (fma_matmul_avx2.cpp)
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }
 
@@ -39,71 +42,79 @@ __attribute__((always_inline)) inline int32_t load_dword(const void* p) {
   return v;
 }
 
-// Row m of x (u8 = q + 128) as q (s8) and |q| (u8) in rows of Kg >= K, the padding zero.
-void prepare(const uint8_t* x, int M, int ldx, int K, int Kg, int8_t* q, uint8_t* a) {
-  const __m256i bias = _mm256_set1_epi8(char(0x80));
+// Row m of x (u8 = q + 128) as int16 q in rows of Kp >= K, the padding zero.
+void prepare(const uint8_t* x, int M, int ldx, int K, int Kp, int16_t* q) {
+  const __m256i bias = _mm256_set1_epi16(128);
   for (int m = 0; m < M; ++m) {
     const uint8_t* src = x + int64_t(m) * ldx;
-    int8_t* qr = q + int64_t(m) * Kg;
-    uint8_t* ar = a + int64_t(m) * Kg;
+    int16_t* dst = q + int64_t(m) * Kp;
     int k = 0;
-    for (; k + 32 <= K; k += 32) {
-      const __m256i s = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k)), bias);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + k), s);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ar + k), _mm256_abs_epi8(s));  // |-128| = 0x80 = 128 as u8
+    for (; k + 16 <= K; k += 16) {
+      const __m256i u = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), _mm256_sub_epi16(u, bias));
     }
-    for (; k < K; ++k) {
-      const int v = int(src[k]) - 128;
-      qr[k] = static_cast<int8_t>(v);
-      ar[k] = static_cast<uint8_t>(v < 0 ? -v : v);
-    }
-    for (; k < Kg; ++k) qr[k] = 0, ar[k] = 0;
+    for (; k < K; ++k) dst[k] = static_cast<int16_t>(int(src[k]) - 128);
+    for (; k < Kp; ++k) dst[k] = 0;
   }
 }
 
-// Rows [0, R) of a tile over the ng groups of one span-panel wp ([ng][16][4]); q, a: the span's first k of row 0
-// (row stride ld). first: start from 0, else from the int32 partials in y. last: store fp32, else int32 partials.
-template <int R>
-void tile(const int8_t* q, const uint8_t* a, int64_t ld, const int8_t* wp, int ng, float* y, int ldy, bool first,
-          bool last, const __m256i* mask) {
-  const __m256i ones = _mm256_set1_epi16(1);
+// acc0 += vpmaddwd(broadcast pair at xp, w0), acc1 likewise with w1. In asm with two fixed temporaries: from the
+// intrinsics GCC kept each sum in a temporary and copied it back, and with 6 rows spilled accumulators to the
+// stack (16 ymm: 12 accumulators, 2 weights, the broadcast and one product). 6 x 16 without spills measured 1.2x
+// the 4 x 16 tile (bench_matmul --fma, AMD EPYC Zen 3).
+__attribute__((always_inline)) inline void row_pair(const int16_t* xp, __m256i w0, __m256i w1, __m256i& acc0,
+                                                    __m256i& acc1) {
+  asm("vpbroadcastd %[xm], %%ymm15\n\t"
+      "vpmaddwd %[w0], %%ymm15, %%ymm14\n\t"
+      "vpaddd %%ymm14, %[a0], %[a0]\n\t"
+      "vpmaddwd %[w1], %%ymm15, %%ymm14\n\t"
+      "vpaddd %%ymm14, %[a1], %[a1]"
+      : [a0] "+x"(acc0), [a1] "+x"(acc1)
+      : [w0] "x"(w0), [w1] "x"(w1), [xm] "m"(*reinterpret_cast<const int32_t*>(xp))
+      : "xmm14", "xmm15");
+}
+
+// Rows [0, R) of a tile over np pairs of k of one block: x's row r at x + r * ld (int16, the block's first k),
+// partial sums in yb ([R][16] int32, dense), starting at 0 (first) or at yb's. kWiden: this tile widens the packed
+// pairs src ([np][16][2] s8) itself and leaves them in wb ([np][16][2] int16) for the block's other tiles.
+template <int R, bool kWiden>
+void tile(const int16_t* x, int64_t ld, const int8_t* src, int16_t* wb, int np, int32_t* yb, bool first) {
   __m256i acc[R][2];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
     for (int j = 0; j < 2; ++j)
-      acc[r][j] = first ? _mm256_setzero_si256()
-                        : _mm256_maskload_epi32(reinterpret_cast<const int*>(y + int64_t(r) * ldy + 8 * j), mask[j]);
-  for (int g = 0; g < ng; ++g) {
-    const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp + 64 * g));
-    const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp + 64 * g + 32));
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256i qb = _mm256_set1_epi32(load_dword(q + r * ld + 4 * g));
-      const __m256i ab = _mm256_set1_epi32(load_dword(a + r * ld + 4 * g));
-      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(ab, _mm256_sign_epi8(w0, qb)), ones));
-      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(ab, _mm256_sign_epi8(w1, qb)), ones));
+      acc[r][j] = first ? _mm256_setzero_si256() : _mm256_load_si256(reinterpret_cast<const __m256i*>(yb + r * kNR + 8 * j));
+  for (int p = 0; p < np; ++p) {
+    __m256i w0, w1;
+    auto* wp = reinterpret_cast<__m256i*>(wb + 32 * p);
+    if constexpr (kWiden) {
+      w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32 * p)));
+      w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32 * p + 16)));
+      _mm256_store_si256(wp, w0);
+      _mm256_store_si256(wp + 1, w1);
+    } else {
+      w0 = _mm256_load_si256(wp);
+      w1 = _mm256_load_si256(wp + 1);
     }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) row_pair(x + r * ld + 2 * p, w0, w1, acc[r][0], acc[r][1]);
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
-    for (int j = 0; j < 2; ++j) {
-      float* dst = y + int64_t(r) * ldy + 8 * j;
-      if (last)
-        _mm256_maskstore_ps(dst, mask[j], _mm256_cvtepi32_ps(acc[r][j]));
-      else
-        _mm256_maskstore_epi32(reinterpret_cast<int*>(dst), mask[j], acc[r][j]);
-    }
+    for (int j = 0; j < 2; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(yb + r * kNR + 8 * j), acc[r][j]);
 }
 
-void tile_rows(int R, const int8_t* q, const uint8_t* a, int64_t ld, const int8_t* wp, int ng, float* y, int ldy,
-               bool first, bool last, const __m256i* mask) {
+template <bool kWiden>
+void tile_rows(int R, const int16_t* x, int64_t ld, const int8_t* src, int16_t* wb, int np, int32_t* yb, bool first) {
   switch (R) {
-    case 4: tile<4>(q, a, ld, wp, ng, y, ldy, first, last, mask); break;
-    case 3: tile<3>(q, a, ld, wp, ng, y, ldy, first, last, mask); break;
-    case 2: tile<2>(q, a, ld, wp, ng, y, ldy, first, last, mask); break;
-    default: tile<1>(q, a, ld, wp, ng, y, ldy, first, last, mask); break;
+    case 6: tile<6, kWiden>(x, ld, src, wb, np, yb, first); break;
+    case 5: tile<5, kWiden>(x, ld, src, wb, np, yb, first); break;
+    case 4: tile<4, kWiden>(x, ld, src, wb, np, yb, first); break;
+    case 3: tile<3, kWiden>(x, ld, src, wb, np, yb, first); break;
+    case 2: tile<2, kWiden>(x, ld, src, wb, np, yb, first); break;
+    default: tile<1, kWiden>(x, ld, src, wb, np, yb, first); break;
   }
 }
 
@@ -112,26 +123,60 @@ void tile_rows(int R, const int8_t* q, const uint8_t* a, int64_t ld, const int8_
 void dot_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
                         uint8_t* scratch) {
   if (M <= 0 || N <= 0) return;
-  const int Kg = (K + 3) / 4 * 4;
-  auto* q = reinterpret_cast<int8_t*>(scratch);
-  uint8_t* a = scratch + int64_t(M) * Kg;
-  prepare(x, M, ldx, K, Kg, q, a);
-  const int panels = (N + kNR - 1) / kNR;
-  const int8_t* src = w;  // the packed weights, in order: spans, panels, groups
-  for (int s0 = 0; s0 < K; s0 += kDotKSpan) {
-    const int s1 = imin(K, s0 + kDotKSpan), ng = (s1 - s0 + 3) / 4;
-    const bool first = s0 == 0, last = s1 == K;
+  const int Kp = (K + 1) / 2 * 2;
+  auto* q = reinterpret_cast<int16_t*>(scratch);
+  auto* wb = reinterpret_cast<int16_t*>(scratch + (int64_t(M) * Kp * 2 + 63) / 64 * 64);  // 64-byte aligned
+  auto* yb = reinterpret_cast<int32_t*>(wb + kKB * kNR);                                  // [M][16]
+  prepare(x, M, ldx, K, Kp, q);
+  const int panels = (N + kNR - 1) / kNR, tiles = (M + kMR - 1) / kMR;
+  constexpr int kLines = kKB * kNR / 64;  // cache lines of one packed block
+  const int per_tile = (kLines + tiles - 1) / tiles;
+  const int8_t* src = w;  // the packed weights, read in order: spans, panels, pairs
+  for (int s0 = 0; s0 < K; s0 += kFmaKSpan) {
+    const int s1 = imin(K, s0 + kFmaKSpan);
+    const bool last = s1 == K;
     for (int p = 0; p < panels; ++p) {
       const int valid = imin(kNR, N - p * kNR);
-      __m256i mask[2];
-      for (int j = 0; j < 2; ++j) {
-        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        mask[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * j), lane);
+      float* yp = y + int64_t(p) * kNR;
+      // Partial int32 sums of earlier spans come back from y (stored there as int32 bits).
+      if (s0 > 0)
+        for (int m = 0; m < M; ++m)
+          for (int c = 0; c < kNR; ++c) {
+            int32_t v = 0;
+            if (c < valid) std::memcpy(&v, yp + int64_t(m) * ldy + c, 4);
+            yb[m * kNR + c] = v;
+          }
+      for (int k0 = s0; k0 < s1; k0 += kKB) {
+        const int np = (imin(kKB, s1 - k0) + 1) / 2;
+        const int8_t* blk = src;
+        src += np * 2 * kNR;
+        const char* next = reinterpret_cast<const char*>(src) + kAhead;  // past the end is harmless
+        for (int t = 0; t < tiles; ++t) {
+          const int l0 = t * per_tile, l1 = imin(kLines, l0 + per_tile);
+          for (int l = l0; l < l1; ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T1);
+          for (int l = l0; l < l1; ++l) _mm_prefetch(reinterpret_cast<const char*>(src) + 64 * l, _MM_HINT_T0);
+          const int m0 = t * kMR, R = imin(kMR, M - m0);
+          const int16_t* xt = q + int64_t(m0) * Kp + k0;
+          const bool first = s0 == 0 && k0 == 0;
+          if (t == 0) tile_rows<true>(R, xt, Kp, blk, wb, np, yb + m0 * kNR, first);
+          else tile_rows<false>(R, xt, Kp, blk, wb, np, yb + m0 * kNR, first);
+        }
       }
-      for (int m0 = 0; m0 < M; m0 += kMR)
-        tile_rows(imin(kMR, M - m0), q + int64_t(m0) * Kg + s0, a + int64_t(m0) * Kg + s0, Kg, src, ng,
-                  y + int64_t(m0) * ldy + int64_t(p) * kNR, ldy, first, last, mask);
-      src += int64_t(ng) * 4 * kNR;
+      for (int m = 0; m < M; ++m) {
+        const int32_t* from = yb + m * kNR;
+        float* to = yp + int64_t(m) * ldy;
+        if (last) {
+          if (valid == kNR) {
+            const __m256i* f = reinterpret_cast<const __m256i*>(from);
+            _mm256_storeu_ps(to, _mm256_cvtepi32_ps(_mm256_load_si256(f)));
+            _mm256_storeu_ps(to + 8, _mm256_cvtepi32_ps(_mm256_load_si256(f + 1)));
+          } else {
+            for (int c = 0; c < valid; ++c) to[c] = static_cast<float>(from[c]);
+          }
+        } else {
+          std::memcpy(to, from, size_t(valid) * 4);
+        }
+      }
     }
   }
 }

@@ -79,7 +79,7 @@ const char* fma_kernel_instruction(FmaKernel k) {
     case FmaKernel::Portable: return "";
     case FmaKernel::Avx512Vnni: return "vpdpbusd zmm";
     case FmaKernel::Avx512Bf16: return "vdpbf16ps zmm";
-    case FmaKernel::Avx2Int8: return "vpmaddubsw ymm";
+    case FmaKernel::Avx2Int8: return "vpmaddwd ymm";
   }
   return "";
 }
@@ -94,7 +94,7 @@ bool fma_kernel_from_name(const std::string& name, FmaKernel* k) {
 }
 
 int fma_k_span(FmaKernel k) {
-  return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx512Bf16 || k == FmaKernel::Avx2Int8 ? kDotKSpan : kFmaKSpan;
+  return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx512Bf16 ? kDotKSpan : kFmaKSpan;
 }
 
 int fma_panel_width(FmaKernel k) {
@@ -106,12 +106,9 @@ int fma_packed_slot(FmaKernel k, bool int8, int j) {
   return j / 32 * 32 + j % 16 * 2 + j % 32 / 16;
 }
 
-namespace {
-// k per packed group: the dot-product kernels keep a group of k of one column side by side.
-int k_group(FmaKernel k) {
-  return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx2Int8 ? 4 : k == FmaKernel::Avx512Bf16 ? 2 : 1;
+int fma_k_group(FmaKernel k) {
+  return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKernel::Avx2Int8 || k == FmaKernel::Avx512Bf16 ? 2 : 1;
 }
-}  // namespace
 
 template <class T>
 void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W) {
@@ -123,7 +120,7 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W) {
   N_ = N;
   // The dot-product kernels: each span's rows in groups of g, [ceil(ks / g)][w][g] (dot_matmul_avx512.cpp,
   // dot_matmul_avx2.cpp); the others [ks][w].
-  const int g = k_group(k);
+  const int g = fma_k_group(k);
   const int w = fma_panel_width(k), panels = (N + w - 1) / w, Kq = (K + g - 1) / g * g;
   bytes_ = size_t(panels) * Kq * w * sizeof(T);
   buf_.reset();
@@ -151,6 +148,10 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W) {
             const T* from = W + size_t(n) * K + k0 + kq;
             if (kn == g && sizeof(T) * g == 4) {
               std::memcpy(out, from, 4);  // the dot-product kernels' groups: one word, a copy of a constant size
+              continue;
+            }
+            if (kn == g && sizeof(T) * g == 2) {
+              std::memcpy(out, from, 2);
               continue;
             }
             for (; e < kn; ++e) out[e] = from[e];
@@ -181,21 +182,6 @@ void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N) {
 }
 
 void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N) {
-  if (k == FmaKernel::Avx2Int8 && K > 0 && N > 0) {  // vpsignb would wrap -(-128) (dot_matmul_avx2.cpp)
-    const size_t n = size_t(N) * K;
-    int lo = 0;
-#pragma omp simd reduction(min : lo)
-    for (size_t i = 0; i < n; ++i) lo = std::min(lo, int(Wq[i]));
-    if (lo == -128) {
-      const size_t i = size_t(std::find(Wq, Wq + n, int8_t(-128)) - Wq);
-      throw Error("fma_matmul: kernel avx2_int8 takes weights in [-127, 127]; row " + std::to_string(i / K) +
-                  ", column " + std::to_string(i % K) + " holds -128");
-    }
-  }
-  store_s8(k, Wq, scales, K, N);
-}
-
-void FmaWeights::store_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N) {
   pack_with<int8_t>(k, K, N, Wq);
   type_ = FmaType::INT8;
   corr_.assign(N, 0.f);
@@ -217,14 +203,15 @@ void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N) {
   std::vector<int8_t> q(size_t(std::max(N, 0)) * std::max(K, 0));
   std::vector<float> scales(std::max(N, 0));
   quantize_weight_rows(W, K, N, q.data(), scales.data(), nullptr);
-  store_s8(k, q.data(), scales.data(), K, N);  // in [-127, 127] by construction: no scan for -128
+  pack_s8(k, q.data(), scales.data(), K, N);
 }
 
 size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
-  if (const int g = k_group(k); g > 1) {  // the dot-product kernels: x in rows of K rounded up to the group
-    // avx2_int8: q and |q| (two bytes per element)
-    const size_t elem = k == FmaKernel::Avx512Vnni ? 1 : 2;
-    return size_t(std::max(M, 0)) * ((std::max(K, 0) + g - 1) / g * g) * elem + 64;
+  if (const int g = fma_k_group(k); g > 1) {  // the dot-product kernels: x in rows of K rounded up to the group
+    const size_t rows = size_t(std::max(M, 0)) * ((std::max(K, 0) + g - 1) / g * g);
+    if (k == FmaKernel::Avx2Int8)  // q as int16, then one int16 weight block of 16 columns and a panel's int32 sums
+      return (rows * 2 + 63) / 64 * 64 + size_t(kAvx2Int8KBlock) * 16 * 2 + size_t(std::max(M, 0)) * 16 * 4;
+    return rows * (k == FmaKernel::Avx512Vnni ? 1 : 2) + 64;
   }
   const size_t xf = (size_t(std::max(M, 0)) * std::max(K, 0) + 15) / 16 * 16;
   return (xf + size_t(kFmaKBlock) * 64 + size_t(std::max(M, 0)) * 64) * sizeof(float);

@@ -20,9 +20,9 @@
 // by side, fp32 sums. Its products are exact too, but it adds them in its own order (and flushes denormals), so
 // it is not bitwise equal to the FMA chain; its results do not depend on M, N or the column slice either.
 //
-// int8 weights also run on "avx2_int8" (dot_matmul_avx2.cpp), for CPUs without VNNI: vpmaddubsw on |q| and w with
-// q's sign, the pairs widened to int32 by vpmaddwd; the exact int32 sum rounded once to fp32, so the same bits as
-// avx512_vnni. Its weights must lie in [-127, 127] (quantize_weight_rows' range; pack_s8 refuses -128).
+// int8 weights also run on "avx2_int8" (dot_matmul_avx2.cpp), for CPUs without VNNI: q and w widened to int16 and
+// multiplied in pairs of k by vpmaddwd into int32; the exact int32 sum rounded once to fp32, so the same bits as
+// avx512_vnni.
 //
 // Summation order: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k], acc) for
 // k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. All kernels (AVX-512,
@@ -46,10 +46,11 @@ const char* fma_kernel_name(FmaKernel k);
 // Whether the kernel multiplies bf16 weights (all but avx512_vnni and avx2_int8) and int8 ones (all but avx512_bf16).
 bool fma_kernel_takes_bf16(FmaKernel k);
 bool fma_kernel_takes_int8(FmaKernel k);
-// The largest K whose int32 sums cannot overflow on avx512_vnni (255 * 127 * K < 2^31); none for the others.
-inline constexpr int kVnniMaxK = 66000;
-// The same for avx2_int8 (128 * 127 * K < 2^31: |q| <= 128 with x's u8 of any value, |w| <= 127).
-inline constexpr int kAvx2Int8MaxK = 132000;
+// The largest K whose int32 sums cannot overflow on avx512_vnni (255 * 128 * K < 2^31: u8 x s8 before the
+// correction); none for the others.
+inline constexpr int kVnniMaxK = 65700;
+// The same for avx2_int8 (128 * 128 * K < 2^31: |q| <= 128 with x's u8 of any value, |w| <= 128).
+inline constexpr int kAvx2Int8MaxK = 131000;
 // Whether this process may run the kernel (isa(), capped by ALPAMAYO_CPU_ISA); the portable one always.
 bool fma_kernel_runnable(FmaKernel k);
 // Empty when runnable, else why not ("needs AVX-512 with AVX512-VNNI (usable here: ...)").
@@ -107,7 +108,6 @@ class FmaWeights {
  private:
   template <class T>
   void pack_with(FmaKernel k, int K, int N, const T* W);  // W [N, K], row-major
-  void store_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N);  // pack_s8 without its check
   FmaKernel kernel_ = FmaKernel::Portable;
   FmaType type_ = FmaType::BF16;
   int K_ = 0, N_ = 0;
@@ -118,8 +118,8 @@ class FmaWeights {
 };
 
 // Scratch bytes (64-byte aligned memory) fma_matmul needs for M rows of K: x widened to fp32 and one
-// widened weight block (avx512_vnni, avx512_bf16: x copied to rows of K rounded up to the k-group; avx2_int8: q and
-// |q| in such rows).
+// widened weight block (avx512_vnni, avx512_bf16: x copied to rows of K rounded up to the k-group; avx2_int8: q as
+// int16 in such rows, one int16 weight block and a panel's int32 sums).
 size_t fma_scratch_bytes(FmaKernel k, int M, int K);
 
 // y[m][n] = sum_k x[m][k] w[n][k] (the fixed order above) for m < M, n < w.N(): x [M, ldx] bf16 (bf16 weights)
@@ -157,7 +157,12 @@ inline constexpr int kFmaKSpan = 1024;
 // between spans. With six samples (M = 384) those round trips were 15% of the int8 gate_up phase
 // (docs/PERFORMANCE.md). A multiple of kFmaKSpan, so the kernels' K blocks, and with them every sum, are the same.
 inline constexpr int kDotKSpan = 8 * kFmaKSpan;
+// K rows per widened (int16) weight block of avx2_int8; its scratch holds one such block of 16 columns.
+inline constexpr int kAvx2Int8KBlock = 512;
 // The span of kernel k's packed layout.
 int fma_k_span(FmaKernel k);
+// k per packed group: the dot-product kernels keep a group of consecutive k of one column side by side (4 for
+// avx512_vnni, 2 for avx2_int8 and avx512_bf16), the others 1.
+int fma_k_group(FmaKernel k);
 
 }  // namespace alpamayo::cpu

@@ -89,7 +89,7 @@ double Peaks::best_bf16_unit(std::string* which) const {
 
 double Peaks::best_int8_unit(std::string* which) const {
   double best = 0;
-  for (const char* i : {"vpdpbusd zmm", "vpdpbusd ymm", "vpmaddubsw ymm"})
+  for (const char* i : {"vpdpbusd zmm", "vpdpbusd ymm", "vpmaddwd ymm"})
     if (of(i) > best) {
       best = of(i);
       if (which) *which = i;
@@ -120,7 +120,7 @@ const Peaks& measured_peaks(int threads) {
       {"vpdpwssd zmm", "GOP/s", kAvx512 | kAvx512Vnni, peak_loop_dpwssd_zmm},
       {"vpdpbusd ymm", "GOP/s", vex_vnni ? uint32_t(kAvx2Fma | kAvxVnni) : uint32_t(kAvx512 | kAvx512Vnni),
        vex_vnni ? peak_loop_dpbusd_ymm_vex : peak_loop_dpbusd_ymm_evex},
-      {"vpmaddubsw ymm", "GOP/s", kAvx2Fma, peak_loop_maddubs_ymm},
+      {"vpmaddwd ymm", "GOP/s", kAvx2Fma, peak_loop_maddwd_ymm},
   };
   Peaks p;
   p.threads = threads;

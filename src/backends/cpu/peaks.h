@@ -9,7 +9,7 @@
 namespace alpamayo::cpu {
 
 struct PeakEntry {
-  std::string instruction;  // "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm", "vpdpbusd zmm", "vpdpwssd zmm", "vpmaddubsw ymm", ...
+  std::string instruction;  // "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm", "vpdpbusd zmm", "vpdpwssd zmm", "vpmaddwd ymm", ...
   std::string unit;         // "GFLOP/s" (a multiply-add is 2 flops) or "GOP/s" (int8)
   double rate = 0;          // all threads together; 0: not runnable here
   std::string why_not;      // when rate == 0
@@ -23,7 +23,7 @@ struct Peaks {
   double of(const std::string& instruction) const;
   // The fastest of the fp32-capable units for bf16 operands: max(vdpbf16ps zmm, vfmadd231ps zmm, ymm).
   double best_bf16_unit(std::string* which = nullptr) const;
-  // The fastest int8 unit: max(vpdpbusd zmm, ymm, vpmaddubsw ymm).
+  // The fastest int8 unit: max(vpdpbusd zmm, ymm, vpmaddwd ymm).
   double best_int8_unit(std::string* which = nullptr) const;
 };
 
@@ -40,7 +40,7 @@ float peak_loop_dpwssd_zmm(long iters, float seed, double* ops_per_iter);  // in
 float peak_loop_dpbusd_ymm_evex(long iters, float seed, double* ops_per_iter);  // AVX512-VNNI + VL
 float peak_loop_fma_ymm(long iters, float seed, double* ops_per_iter);
 float peak_loop_dpbusd_ymm_vex(long iters, float seed, double* ops_per_iter);   // AVX-VNNI
-float peak_loop_maddubs_ymm(long iters, float seed, double* ops_per_iter);      // AVX2: vpmaddubsw + vpmaddwd + vpaddd
+float peak_loop_maddwd_ymm(long iters, float seed, double* ops_per_iter);       // AVX2: vpmaddwd + vpaddd
 
 }  // namespace alpamayo::cpu
 
@@ -49,7 +49,7 @@ namespace alpamayo::cpu {
 // The floor of one denoising step: the weight matmuls and the attention at the measured peak of the
 // instruction their chosen kernel multiplies with (kernel_choices(), isa.h). Weight matmuls without a
 // recorded instruction (oneDNN, the block kernels) are held to the fastest unit for their operands: bf16 ->
-// max(vdpbf16ps, fp32 FMA), int8 -> the fastest of vpdpbusd and vpmaddubsw.
+// max(vdpbf16ps, fp32 FMA), int8 -> the fastest of vpdpbusd and vpmaddwd.
 struct OpFloor {
   std::string op, kernel, instruction;
   double gflop = 0;     // per step
