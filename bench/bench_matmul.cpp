@@ -1,7 +1,8 @@
 // Throughput of the expert's weight matmuls (M = B*T rows) on oneDNN, as packed by the cpu backend:
 // per-thread column slices run single-threaded from our pool ("pool") versus one matmul threaded by
-// oneDNN's own OpenMP runtime ("omp"), for bf16 and int8 weights. The "pool" times include one pool
-// dispatch per call (a step has one per step). Then, single-threaded, which oneDNN implementation
+// oneDNN's own OpenMP runtime ("omp"), for bf16 and int8 weights, and the same pool slices on each of our kernels
+// that runs here and takes the weights. The "pool" times include one pool dispatch per call (a step has one per
+// step). Then, single-threaded, which oneDNN implementation
 // the attribute choices the backend avoids would get (--study), and what cold weights cost (--cold).
 // --block: one thread's slices on the block-format kernels (bfp_matmul.h: bf16 pairs, bfp8_b, bfp4_b, AVX512-BF16
 // and portable) against oneDNN bf16, hot and cold weights.
@@ -21,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/aligned.h"
 #include "backends/cpu/bfp_matmul.h"
@@ -314,6 +316,7 @@ int main(int argc, char** argv) {
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
                           {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
+  isa();  // first: ALPAMAYO_CPU_ISA caps oneDNN's instruction set only before its first primitive
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   if (fma) {
     fma_kernels(eng, M, reps < 5 ? reps : 5);
@@ -353,51 +356,57 @@ int main(int argc, char** argv) {
       AlignedBuf<uint16_t> x(size_t(M) * s.K);
       AlignedBuf<float> y(size_t(M) * s.N);
       const double flop = 2.0 * M * s.K * s.N;
-      // pool: one slice per thread, single-threaded oneDNN in each.
+      std::vector<std::pair<const char*, std::function<void()>>> modes;
+      // pool: one slice per thread, single-threaded oneDNN in each; omp: one matmul, oneDNN threads it itself.
+      // Skipped where oneDNN has no such matmul (bf16 below AVX-512).
       std::vector<PackedLinear> slices(threads);
       std::vector<MatmulPlan> plans(threads);
-      {
-        ScopedOmpThreads one(1);
-        for (int t = 0; t < threads; ++t) {
-          const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
-          // Dense per-thread destinations: with a strided one (ldy = N) oneDNN 2.6 leaves brgemm.
-          slices[t].pack(kernels, wt, s.K, n1 - n0, W.data() + size_t(n0) * s.K, M, n1 - n0);
-          plans[t] = slices[t].plan(kernels, M, n1 - n0);
-        }
-      }
       std::vector<AlignedBuf<uint8_t>> scratch(threads);
-      for (int t = 0; t < threads; ++t) scratch[t].resize(plans[t].scratch_bytes() + 1);
-      auto run_pool = [&] {
-        ScopedOmpThreads one(1);
-        pool.run([&](int t) {
-          slices[t].run(streams[t], plans[t], x.data(), y.data() + size_t(M) * (s.N * t / threads), scratch[t].data());
-        });
-      };
-      // omp: one matmul, oneDNN threads it itself.
       PackedLinear whole;
       MatmulKernels omp_kernels(eng);
       AlignedBuf<uint8_t> wscratch;
       MatmulPlan wplan;
-      {
-        ScopedOmpThreads n(threads);
-        whole.pack(omp_kernels, wt, s.K, s.N, W.data(), M, s.N);
-        wplan = whole.plan(omp_kernels, M, s.N);
-        wscratch.resize(wplan.scratch_bytes() + 1);
+      try {
+        {
+          ScopedOmpThreads one(1);
+          for (int t = 0; t < threads; ++t) {
+            const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
+            // Dense per-thread destinations: with a strided one (ldy = N) oneDNN 2.6 leaves brgemm.
+            slices[t].pack(kernels, wt, s.K, n1 - n0, W.data() + size_t(n0) * s.K, M, n1 - n0);
+            plans[t] = slices[t].plan(kernels, M, n1 - n0);
+          }
+        }
+        for (int t = 0; t < threads; ++t) scratch[t].resize(plans[t].scratch_bytes() + 1);
+        {
+          ScopedOmpThreads n(threads);
+          whole.pack(omp_kernels, wt, s.K, s.N, W.data(), M, s.N);
+          wplan = whole.plan(omp_kernels, M, s.N);
+          wscratch.resize(wplan.scratch_bytes() + 1);
+        }
+        modes.emplace_back("pool", [&] {
+          ScopedOmpThreads one(1);
+          pool.run([&](int t) {
+            slices[t].run(streams[t], plans[t], x.data(), y.data() + size_t(M) * (s.N * t / threads), scratch[t].data());
+          });
+        });
+        modes.emplace_back("omp", [&] {
+          ScopedOmpThreads n(threads);
+          whole.run(streams[0], wplan, x.data(), y.data(), wscratch.data());
+        });
+      } catch (const alpamayo::Error& e) {
+        std::printf("%-5s %-20s onednn     unavailable: %s\n", wt == WeightType::BF16 ? "bf16" : "int8", s.name, e.what());
       }
-      auto run_omp = [&] {
-        ScopedOmpThreads n(threads);
-        whole.run(streams[0], wplan, x.data(), y.data(), wscratch.data());
-      };
-      // bf16: the same pool slices on the fp32-FMA kernels (fma_matmul.h), where they run.
-      std::vector<std::pair<const char*, std::function<void()>>> modes{{"pool", run_pool}, {"omp", run_omp}};
+      // The same pool slices on our kernels (fma_matmul.h) that take these weights and run here.
       std::vector<std::vector<FmaWeights>> fma_slices;
       std::vector<AlignedBuf<uint8_t>> fma_scratch(threads);
-      for (FmaKernel k : {FmaKernel::Avx512, FmaKernel::Avx2}) {
-        if (wt != WeightType::BF16 || !fma_kernel_runnable(k)) continue;
+      for (FmaKernel k : kFmaKernels) {
+        const bool i8 = wt == WeightType::INT8;
+        if (k == FmaKernel::Portable || !fma_kernel_runnable(k) || !fma_kernel_refuses(k, i8, s.K).empty()) continue;
         std::vector<FmaWeights>& fs = fma_slices.emplace_back(threads);
         for (int t = 0; t < threads; ++t) {
           const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
-          fs[t].pack(k, W.data() + size_t(n0) * s.K, s.K, n1 - n0);
+          if (i8) fs[t].pack_int8(k, W.data() + size_t(n0) * s.K, s.K, n1 - n0);
+          else fs[t].pack(k, W.data() + size_t(n0) * s.K, s.K, n1 - n0);
           if (fma_scratch[t].size() < fma_scratch_bytes(k, M, s.K)) fma_scratch[t].resize(fma_scratch_bytes(k, M, s.K));
         }
       }
