@@ -171,6 +171,19 @@ TEST(Peaks, MeasuredWhereRunnable) {
   else EXPECT_EQ(p.of("vpdpbusd zmm + vpdpwssd zmm"), 0.0);
 }
 
+// remeasure_peaks: the same cached object, every rate the best so far (never lower).
+TEST(Peaks, RemeasureKeepsTheBest) {
+  std::vector<double> before;
+  for (const PeakEntry& e : measured_peaks(1).entries) before.push_back(e.rate);
+  const Peaks& again = remeasure_peaks(1);
+  EXPECT_EQ(&again, &measured_peaks(1));
+  ASSERT_EQ(again.entries.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_GE(again.entries[i].rate, before[i]) << again.entries[i].instruction;
+    EXPECT_EQ(again.entries[i].rate > 0, before[i] > 0) << again.entries[i].instruction;
+  }
+}
+
 TEST(Peaks, StepFloorFromTheConfig) {
   // The full-size expert (L=64, D=1536, 16/8 heads of 128, I=6144), one sample of 64 tokens, 4700 cache rows:
   // the 309 GFLOP of weight matmuls and 158 GFLOP of attention.

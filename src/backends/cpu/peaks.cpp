@@ -97,22 +97,20 @@ double Peaks::best_int8_unit(std::string* which) const {
   return best;
 }
 
-const Peaks& measured_peaks(int threads) {
-  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  static std::mutex mu;
-  static std::map<int, Peaks> cache;
-  std::lock_guard<std::mutex> lk(mu);
-  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+namespace {
+
+struct Spec {
+  const char* instruction;
+  const char* unit;
+  uint32_t need;
+  Loop loop;
+};
+
+std::vector<Spec> specs() {
   const IsaInfo& i = isa();
-  struct Spec {
-    const char* instruction;
-    const char* unit;
-    uint32_t need;
-    Loop loop;
-  };
   // vpdpbusd ymm: the VEX form (AVX-VNNI) where offered, else the EVEX form (AVX512-VNNI + VL).
   const bool vex_vnni = i.has(kAvxVnni);
-  const Spec specs[] = {
+  return {
       {"vdpbf16ps zmm", "GFLOP/s", kAvx512 | kAvx512Bf16, peak_loop_dpbf16_zmm},
       {"vfmadd231ps zmm", "GFLOP/s", kAvx512, peak_loop_fma_zmm},
       {"vfmadd231ps ymm", "GFLOP/s", kAvx2Fma, peak_loop_fma_ymm},
@@ -122,23 +120,56 @@ const Peaks& measured_peaks(int threads) {
        vex_vnni ? peak_loop_dpbusd_ymm_vex : peak_loop_dpbusd_ymm_evex},
       {"vpmaddwd ymm", "GOP/s", kAvx2Fma, peak_loop_maddwd_ymm},
   };
+}
+
+// Three runs of 25 ms per instruction, taken in turn over the instructions, each entry keeping its best: on a
+// shared machine a neighbour's burst then has to span the whole ~0.4 s to lower a peak (two back-to-back runs
+// once measured every peak a third low, and the step's floor with them).
+void measure_passes(const std::vector<Spec>& sp, int threads, Peaks& p) {
+  std::vector<long> iters;
+  for (const Spec& s : sp) iters.push_back(isa().has(s.need) ? iterations_for(s.loop, 0.025) : 0);
+  for (int pass = 0; pass < 3; ++pass)
+    for (size_t k = 0; k < sp.size(); ++k)
+      if (iters[k] > 0)
+        p.entries[k].rate = std::max(p.entries[k].rate, measure_once(sp[k].loop, iters[k], threads) * 1e-9);
+}
+
+std::mutex peaks_mu;
+std::map<int, Peaks>& peaks_cache() {
+  static std::map<int, Peaks> cache;  // node-based: references to its values stay valid
+  return cache;
+}
+
+int resolve_threads(int threads) {
+  return threads > 0 ? threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+}  // namespace
+
+const Peaks& measured_peaks(int threads) {
+  threads = resolve_threads(threads);
+  std::lock_guard<std::mutex> lk(peaks_mu);
+  std::map<int, Peaks>& cache = peaks_cache();
+  if (auto it = cache.find(threads); it != cache.end()) return it->second;
+  const std::vector<Spec> sp = specs();
   Peaks p;
   p.threads = threads;
-  std::vector<long> iters;
-  for (const Spec& s : specs) {
+  for (const Spec& s : sp) {
     PeakEntry e{s.instruction, s.unit, 0.0, ""};
-    if (!i.has(s.need)) e.why_not = "needs " + isa_names(s.need & ~i.usable);
-    iters.push_back(i.has(s.need) ? iterations_for(s.loop, 0.025) : 0);
+    if (!isa().has(s.need)) e.why_not = "needs " + isa_names(s.need & ~isa().usable);
     p.entries.push_back(e);
   }
-  // Three runs of 25 ms per instruction, taken in turn over the instructions and the best kept: on a shared
-  // machine a neighbour's burst then has to span the whole ~0.4 s to lower a peak (two back-to-back runs once
-  // measured every peak a third low, and the step's floor with them).
-  for (int pass = 0; pass < 3; ++pass)
-    for (size_t k = 0; k < p.entries.size(); ++k)
-      if (iters[k] > 0)
-        p.entries[k].rate = std::max(p.entries[k].rate, measure_once(specs[k].loop, iters[k], threads) * 1e-9);
+  measure_passes(sp, threads, p);
   return cache[threads] = p;
+}
+
+const Peaks& remeasure_peaks(int threads) {
+  threads = resolve_threads(threads);
+  measured_peaks(threads);
+  std::lock_guard<std::mutex> lk(peaks_mu);
+  Peaks& p = peaks_cache()[threads];
+  measure_passes(specs(), threads, p);
+  return p;
 }
 
 }  // namespace alpamayo::cpu

@@ -29,6 +29,10 @@ struct Peaks {
 
 // Measured on `threads` threads at once (0: all cores), once per process and thread count.
 const Peaks& measured_peaks(int threads);
+// Measures again and keeps, per instruction, the best of all measurements so far (the same object
+// measured_peaks returns). For a benchmark's summary after its timed work: a neighbour's burst at the first
+// measurement then cannot lower the floor it reports against. Not while other threads read the peaks.
+const Peaks& remeasure_peaks(int threads);
 
 // Internal: the loops of the ISA translation units (peaks_avx512.cpp, peaks_avx2.cpp). Each runs `iters`
 // iterations of 12 independent accumulators and returns a value derived from them (so nothing is elided);
