@@ -273,8 +273,9 @@ TEST(FmaMatmul, Int8KernelsMatchAnExactIntegerSumAndEachOther) {
       }
 }
 
-// K past one span of the dot-product kernels' layout (kDotKSpan), so their span loop runs twice with a short last
-// span: bf16 against a double reference, int8 exactly (every partial sum here is below 2^24, so exact in fp32 too).
+// K past one span of every dot-product kernel's layout (kDotKSpan; avx2_int8's spans are kFmaKSpan), so their span
+// loops run more than once with a short last span: bf16 against a double reference, int8 exactly (every partial
+// sum here is below 2^24, so exact in fp32 too).
 TEST(FmaMatmul, DotKernelsAcrossTwoSpans) {
   const int K = kDotKSpan + 300;
   for (int M : {1, 7})
