@@ -18,7 +18,11 @@ stage "ThreadSanitizer build with the cpu backend: the concurrency tests"
 # Sessions sharing a model from several threads (reference and cpu backends), the cpu backend's thread pool and
 # its results for 1 to 5 threads, and threads sharing one model through the C API.
 TSAN="-fsanitize=thread"
-cmake -S . -B build-tsan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# The sanitizer builds keep line tables only (-g1): reports still name functions, files and lines, and the heaviest
+# test file compiled in 46 s instead of 65 (ASan flags, AMD EPYC Zen 3).
+SANBUILD=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+          "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+cmake -S . -B build-tsan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
   -DCMAKE_CXX_FLAGS="$TSAN" -DCMAKE_C_FLAGS="$TSAN" -DCMAKE_EXE_LINKER_FLAGS="$TSAN" \
   -DCMAKE_SHARED_LINKER_FLAGS="$TSAN" >/dev/null
 cmake --build build-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
@@ -32,7 +36,7 @@ stage "ASan + UBSan (with float-cast-overflow) build of the engine with the cpu 
 # Every finding aborts (-fno-sanitize-recover). The CLI tests (hostile inputs and error paths) run against
 # this build's CLI; tests/python/cli.py fails a test whose run printed a sanitizer report.
 SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer"
-cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
   -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build build-asan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
