@@ -3,11 +3,11 @@
 // fp32: the same bits as avx512_vnni.
 //
 // Why vpmaddwd on int16 and not vpmaddubsw on the bytes: vpmaddubsw saturates its int16 pair sums, so an exact
-// kernel must feed it |q| and w with q's sign (vpsignb), and on AMD Zen 3 vpsignb issues on the same two pipes as
-// the multiplies: three multiply-pipe instructions per 32 multiply-adds, at most 2/3 of the unit's rate (measured
-// 135 GOP/s on one core against 162 for this kernel's loop, both on L1-resident data). vpmaddwd multiplies int16
-// pairs into int32 without saturation (|q|, |w| <= 128): one multiply-pipe instruction per 16 multiply-adds, the
-// same unit rate, nothing to fix up, and weights of -128 need no exclusion.
+// kernel must feed it |q| and w with q's sign (vpsignb): four vector instructions per 32 multiply-adds (vpsignb,
+// vpmaddubsw, vpmaddwd, vpaddd), measured at 135 GOP/s on one AMD Zen 3 core against 162-170 for this kernel's loop,
+// both on L1-resident data (docs/CPU_BACKEND.md). vpmaddwd multiplies int16 pairs into int32 without saturation
+// (|q|, |w| <= 128): two instructions per 16 multiply-adds, nothing to fix up, and weights of -128 need no
+// exclusion.
 //
 // Layout (FmaWeights::pack_s8 for this kernel): panels of 16 columns, K in spans of kFmaKSpan rows, and within a
 // span-panel the rows go in pairs of k, [ceil(ks/2)][16][2] bytes zero-padded. x is copied once per call to int16
@@ -36,12 +36,6 @@ constexpr int kAhead = 256 << 10;  // L2 prefetch distance (fma_matmul_avx2.cpp)
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }
 
-__attribute__((always_inline)) inline int32_t load_dword(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // Row m of x (u8 = q + 128) as int16 q in rows of Kp >= K, the padding zero.
 void prepare(const uint8_t* x, int M, int ldx, int K, int Kp, int16_t* q) {
   const __m256i bias = _mm256_set1_epi16(128);
@@ -60,8 +54,8 @@ void prepare(const uint8_t* x, int M, int ldx, int K, int Kp, int16_t* q) {
 
 // acc0 += vpmaddwd(broadcast pair at xp, w0), acc1 likewise with w1. In asm with two fixed temporaries: from the
 // intrinsics GCC kept each sum in a temporary and copied it back, and with 6 rows spilled accumulators to the
-// stack (16 ymm: 12 accumulators, 2 weights, the broadcast and one product). 6 x 16 without spills measured 1.2x
-// the 4 x 16 tile (bench_matmul --fma, AMD EPYC Zen 3).
+// stack (16 ymm: 12 accumulators, 2 weights, the broadcast and one product). 6 x 16 without spills ran the seed's
+// slices at 132-143 GOP/s against 120-126 for the 4 x 16 tile (bench_matmul --fma, one thread, AMD EPYC Zen 3).
 __attribute__((always_inline)) inline void row_pair(const int16_t* xp, __m256i w0, __m256i w1, __m256i& acc0,
                                                     __m256i& acc1) {
   asm("vpbroadcastd %[xm], %%ymm15\n\t"
