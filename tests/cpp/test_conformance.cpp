@@ -638,6 +638,43 @@ TEST(Conformance, CpuForcedAttentionKernel) {
   test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); }, {"ALPAMAYO_CPU_KERNELS", "unknown op \"matmul_fp8\""});
 }
 
+// The cpu backend's --profile table: every phase of the layer with its time, its share and the threads' idle
+// share at its barriers (where work stealing shows), the kernels chosen and the floor, for each weight format.
+TEST(Conformance, CpuProfileTablesEveryPhase) {
+  Problem p(shapes()[2]);
+  const char* phases[] = {"rms_norm ", "qkv matmul", "q/k norm + rope", "attention ", "o_proj + residual",
+                          "rms_norm2", "gate_up + silu*mul", "down + residual"};
+  for (const std::string format : {"bf16", "int8", "bfp8_b"}) {
+    ::testing::internal::CaptureStderr();
+    run(p.model("cpu", format, 2, {}, "", "", true), p.context(), -1);
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    ASSERT_NE(err.find("cpu backend profile (" + format + " weights, 2 threads"), std::string::npos) << err;
+    EXPECT_NE(err.find("idle"), std::string::npos) << err;
+    EXPECT_NE(err.find("kernel attention"), std::string::npos) << err;
+    EXPECT_NE(err.find("floor"), std::string::npos) << err;
+    // The last step's table: each phase's line has ms/layer, ms/step, % and idle %, all in range.
+    const size_t last = err.rfind("cpu backend profile");
+    double share = 0;
+    for (const char* ph : phases) {
+      const size_t at = err.find(std::string("  ") + ph, last);
+      ASSERT_NE(at, std::string::npos) << format << ": no line for " << ph << " in\n" << err.substr(last);
+      const size_t eol = err.find('\n', at);
+      std::string line = err.substr(at + 2 + std::strlen(ph), eol - at - 2 - std::strlen(ph));
+      for (char& ch : line)
+        if (ch == '%') ch = ' ';
+      double per_layer = -1, per_step = -1, pct = -1, idle = -1;
+      ASSERT_EQ(std::sscanf(line.c_str(), "%lf %lf %lf %lf", &per_layer, &per_step, &pct, &idle), 4)
+          << format << " " << ph << ": '" << line << "'";
+      EXPECT_GE(per_layer, 0) << ph;
+      EXPECT_NEAR(per_step, per_layer * p.cfg.L, 0.02 + 1e-3 * per_step) << ph;
+      EXPECT_GE(idle, 0) << ph;
+      EXPECT_LE(idle, 100) << ph;
+      share += pct;
+    }
+    EXPECT_NEAR(share, 100, 0.5) << format;
+  }
+}
+
 // A model's `kernels` option pins its kernels, ahead of ALPAMAYO_CPU_KERNELS: what one model reports
 // (Model::kernels) given to another loads the same kernels, which sample the same bits; a bad value is an error
 // naming the option, and so is the option on a backend without kernel choices.

@@ -390,5 +390,36 @@ TEST(CpuOps, ThreadPoolBarrierAndErrors) {
   EXPECT_EQ(ran, 1);
 }
 
+// The matmuls' work stealing: owners take from the front, the others from the back, every item exactly once.
+TEST(CpuOps, StealQueueHandsOutEveryItemOnce) {
+  StealQueue q;
+  q.reset(3, 7);
+  EXPECT_EQ(q.take_front(), 3);
+  EXPECT_EQ(q.take_back(), 6);
+  EXPECT_EQ(q.take_front(), 4);
+  EXPECT_EQ(q.take_back(), 5);
+  EXPECT_EQ(q.take_front(), -1);
+  EXPECT_EQ(q.take_back(), -1);
+  q.reset(2, 2);
+  EXPECT_EQ(q.take_back(), -1);
+
+  // Four threads, each owning a queue, then taking from the others' backs: each item claimed once.
+  constexpr int kThreads = 4, kItems = 5000;
+  ThreadPool pool(kThreads);
+  std::vector<StealQueue> queues(kThreads);
+  for (int round = 0; round < 20; ++round) {
+    // Uneven queues, one empty, so that stealing happens.
+    const int bounds[kThreads + 1] = {0, kItems / 10, kItems / 10, kItems / 2, kItems};
+    for (int t = 0; t < kThreads; ++t) queues[t].reset(bounds[t], bounds[t + 1]);
+    std::vector<std::atomic<int>> claimed(kItems);
+    pool.run([&](int t) {
+      for (int i; (i = queues[t].take_front()) >= 0;) claimed[i].fetch_add(1);
+      for (int v = 1; v < kThreads; ++v)
+        for (int i; (i = queues[(t + v) % kThreads].take_back()) >= 0;) claimed[i].fetch_add(1);
+    });
+    for (int i = 0; i < kItems; ++i) ASSERT_EQ(claimed[i].load(), 1) << "item " << i << ", round " << round;
+  }
+}
+
 }  // namespace
 }  // namespace alpamayo::cpu

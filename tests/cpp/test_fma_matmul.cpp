@@ -127,6 +127,58 @@ TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
     }
 }
 
+// The cpu backend's chunked matmuls: a slice packed as chunks back to back in one arena, run one after another on
+// one scratch, the later calls reusing the x the first prepared (x_ready), equal the whole matrix bit for bit,
+// for bf16 and int8 weights on every kernel this machine runs; a full arena is refused.
+TEST(FmaMatmul, ChunksInOneArenaWithThePreparedXAreBitwiseEqual) {
+  for (const bool int8 : {false, true})
+    for (FmaKernel k : runnable(int8))
+      for (int M : {1, 17, 64})
+        for (int K : {7, 1000, 2100}) {
+          const int N = 300;
+          const Case c = make_case(M, K, N, uint32_t(11 * M + K));
+          std::vector<float> Wf(size_t(N) * K);
+          for (size_t i = 0; i < Wf.size(); ++i) Wf[i] = bf(c.W[i]);
+          std::vector<uint8_t> xq(size_t(M) * K);
+          for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t((c.x[i] * 2654435761u) >> 7);
+          const void* x = int8 ? static_cast<const void*>(xq.data()) : c.x.data();
+          auto pack = [&](FmaWeights& w, int n0, int n1, FmaArena* arena) {
+            if (int8) w.pack_int8(k, Wf.data() + size_t(n0) * K, K, n1 - n0, arena);
+            else w.pack(k, Wf.data() + size_t(n0) * K, K, n1 - n0, arena);
+          };
+          FmaWeights whole;
+          pack(whole, 0, N, nullptr);
+          AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, K));
+          std::vector<float> ref(size_t(M) * N);
+          fma_matmul(whole, x, M, K, ref.data(), N, scratch.data());
+
+          const std::vector<int> cuts = {0, 16, 64, 65, 200, 300};
+          size_t bytes = 0;
+          for (size_t i = 0; i + 1 < cuts.size(); ++i)
+            bytes += FmaWeights::packed_bytes(k, int8, K, cuts[i + 1] - cuts[i]);
+          FmaArena arena(bytes);
+          std::vector<FmaWeights> chunks(cuts.size() - 1);
+          for (size_t i = 0; i + 1 < cuts.size(); ++i) pack(chunks[i], cuts[i], cuts[i + 1], &arena);
+          EXPECT_EQ(arena.used, bytes);
+          for (size_t i = 0; i + 1 < chunks.size(); ++i)  // back to back, 64-byte aligned
+            EXPECT_EQ(reinterpret_cast<const char*>(chunks[i + 1].data()) - reinterpret_cast<const char*>(chunks[i].data()),
+                      std::ptrdiff_t(FmaWeights::packed_bytes(k, int8, K, cuts[i + 1] - cuts[i])));
+          // Reversed order, as a thread taking chunks from another's back; fresh scratch, so x_ready really reuses.
+          AlignedBuf<uint8_t> own(fma_scratch_bytes(k, M, K));
+          std::vector<float> y(size_t(M) * N, std::nanf(""));
+          std::vector<float> part(size_t(M) * N);
+          for (size_t j = chunks.size(); j-- > 0;) {
+            const int n0 = cuts[j], n = cuts[j + 1] - cuts[j];
+            fma_matmul(chunks[j], x, M, K, part.data(), n, own.data(), j + 1 < chunks.size());
+            for (int m = 0; m < M; ++m)
+              for (int i = 0; i < n; ++i) y[size_t(m) * N + n0 + i] = part[size_t(m) * n + i];
+          }
+          ASSERT_EQ(y, ref) << fma_kernel_name(k) << (int8 ? " int8" : " bf16") << " M=" << M << " K=" << K;
+          FmaWeights extra;
+          EXPECT_THROW(pack(extra, 0, 16, &arena), Error) << "the arena is full";
+        }
+}
+
 TEST(FmaMatmul, StridedActivationsAndRowSubsets) {
   // x with a row stride larger than K (a view into a wider buffer): the same result as dense rows.
   for (FmaKernel k : runnable()) {

@@ -214,7 +214,31 @@ const float* as_f32(const TensorView& t, std::vector<float>& buf) {
   return buf.data();
 }
 
+// Chunks per thread of a linear layer on our kernels (FmaLinear): the phase ends about half a chunk after the
+// last thread's work runs out, so more chunks bound the loss to a thread held back more tightly; each chunk is
+// still a run of whole panels (16 or 64 columns) with its own prologue. Measured: docs/PERFORMANCE.md.
+constexpr int kChunksPerThread = 8;
+
+// Thread slice s in up to `chunks` runs of whole panels of width w (the last run ends at s.n1).
+std::vector<Slice> chunk_slice(Slice s, int w, int chunks) {
+  std::vector<Slice> out;
+  const int panels = (s.n1 - s.n0 + w - 1) / w, n = std::max(1, std::min(chunks, panels));
+  for (int c = 0; c < n && panels > 0; ++c)
+    out.push_back({s.n0 + panels * c / n * w, std::min(s.n1, s.n0 + panels * (c + 1) / n * w)});
+  return out;
+}
+
 }  // namespace
+
+const char* FmaLinear::thread_data(int t) const {
+  return first[t] < first[t + 1] ? reinterpret_cast<const char*>(chunks[first[t]].data()) : nullptr;
+}
+
+size_t FmaLinear::thread_bytes(int t) const {
+  if (first[t] >= first[t + 1]) return 0;
+  const FmaWeights& last = chunks[first[t + 1] - 1];
+  return size_t(reinterpret_cast<const char*>(last.data()) - thread_data(t)) + last.bytes();
+}
 
 void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc) {
   const int D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I;
@@ -227,10 +251,6 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc
   out.o.resize(nthreads_);
   out.gate_up.resize(nthreads_);
   out.down.resize(nthreads_);
-  out.fqkv.resize(nthreads_);
-  out.fo.resize(nthreads_);
-  out.fgate_up.resize(nthreads_);
-  out.fdown.resize(nthreads_);
 
   if (sc.a.size() < size_t(Nqkv) * D) sc.a.resize(size_t(Nqkv) * D);
   float* qkv = sc.a.data();
@@ -241,45 +261,53 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc
     pack_layer_blocks(qkv, lw, out, sc);  // qkv lies in sc.a
     return;
   }
-  // One thread's slice: oneDNN's layout, or the fp32-FMA kernel's panels (only the chosen kernel's copy).
-  auto pack = [&](std::vector<PackedLinear>& lin, std::vector<FmaWeights>& fw, int t, int K, int n, const float* W) {
-    if (use_fma_ && wtype_ == WeightType::INT8)
-      fw[t].pack_int8(fma_kernel_, W, K, n);
-    else if (use_fma_)
-      fw[t].pack(fma_kernel_, W, K, n);
-    else
-      lin[t].pack(*kernels_, wtype_, K, n, W, Mhint, n);
+  // One thread's slice in oneDNN's layout, or its chunks in our kernel's panels (only the chosen kernel's copy).
+  // rows(s) gives the rows of columns s, [n, K]; gated (gate_up): a slice or chunk holds gate rows [n0, n1) then
+  // up rows [n0, n1), so that SiLU*up stays with the thread that computed them.
+  auto pack = [&](std::vector<PackedLinear>& lin, FmaLinear& fl, const std::vector<Slice>& slices, int K,
+                  const std::function<const float*(Slice)>& rows, bool gated) {
+    const int f = gated ? 2 : 1;
+    if (!use_fma_) {
+      for (int t = 0; t < nthreads_; ++t)
+        if (const Slice s = slices[t]; s.n1 > s.n0) {
+          const int n = f * (s.n1 - s.n0);
+          lin[t].pack(*kernels_, wtype_, K, n, rows(s), Mhint, n);
+        }
+      return;
+    }
+    const bool i8 = wtype_ == WeightType::INT8;
+    const int chunks = nthreads_ > 1 ? kChunksPerThread : 1;  // one thread has nobody to take chunks from
+    fl.first.assign(1, 0);
+    for (int t = 0; t < nthreads_; ++t) {
+      const std::vector<Slice> cs = chunk_slice(slices[t], fma_panel_width(fma_kernel_), chunks);
+      size_t bytes = 0;
+      for (const Slice c : cs) bytes += FmaWeights::packed_bytes(fma_kernel_, i8, K, f * (c.n1 - c.n0));
+      FmaArena arena(bytes);
+      for (const Slice c : cs) {
+        FmaWeights& w = fl.chunks.emplace_back();
+        if (i8) w.pack_int8(fma_kernel_, rows(c), K, f * (c.n1 - c.n0), &arena);
+        else w.pack(fma_kernel_, rows(c), K, f * (c.n1 - c.n0), &arena);
+        fl.cols.push_back(c);
+      }
+      fl.first.push_back(static_cast<int>(fl.chunks.size()));
+    }
   };
-  for (int t = 0; t < nthreads_; ++t) {
-    const Slice s = qkv_slices_[t];
-    if (s.n1 > s.n0) pack(out.qkv, out.fqkv, t, D, s.n1 - s.n0, qkv + size_t(s.n0) * D);
-  }
+  pack(out.qkv, out.fqkv, qkv_slices_, D, [&](Slice s) { return qkv + size_t(s.n0) * D; }, false);
   const float* o = as_f32(lw.o, sc.a);
-  for (int t = 0; t < nthreads_; ++t) {
-    const Slice s = o_slices_[t];
-    const int n = s.n1 - s.n0;
-    if (n > 0) pack(out.o, out.fo, t, Hq * d, n, o + size_t(s.n0) * Hq * d);
-  }
+  pack(out.o, out.fo, o_slices_, Hq * d, [&](Slice s) { return o + size_t(s.n0) * Hq * d; }, false);
   {
-    // Each thread's slice holds gate rows [n0, n1) then up rows [n0, n1): SiLU*up stays thread-local.
     const float* gate = as_f32(lw.gate, sc.a);
     const float* up = as_f32(lw.up, sc.b);
-    for (int t = 0; t < nthreads_; ++t) {
-      const Slice s = mlp_slices_[t];
-      const int n = s.n1 - s.n0;
-      if (n == 0) continue;
-      if (sc.c.size() < size_t(2) * n * D) sc.c.resize(size_t(2) * n * D);
+    pack(out.gate_up, out.fgate_up, mlp_slices_, D, [&](Slice s) {
+      const size_t n = s.n1 - s.n0;
+      if (sc.c.size() < 2 * n * D) sc.c.resize(2 * n * D);
       std::copy(gate + size_t(s.n0) * D, gate + size_t(s.n1) * D, sc.c.begin());
-      std::copy(up + size_t(s.n0) * D, up + size_t(s.n1) * D, sc.c.begin() + size_t(n) * D);
-      pack(out.gate_up, out.fgate_up, t, D, 2 * n, sc.c.data());
-    }
+      std::copy(up + size_t(s.n0) * D, up + size_t(s.n1) * D, sc.c.begin() + n * D);
+      return static_cast<const float*>(sc.c.data());
+    }, true);
   }
   const float* down = as_f32(lw.down, sc.a);
-  for (int t = 0; t < nthreads_; ++t) {
-    const Slice s = down_slices_[t];
-    const int n = s.n1 - s.n0;
-    if (n > 0) pack(out.down, out.fdown, t, I, n, down + size_t(s.n0) * I);
-  }
+  pack(out.down, out.fdown, down_slices_, I, [&](Slice s) { return down + size_t(s.n0) * I; }, false);
 }
 
 // Block formats: each thread's column slices stored as the device holds them (bfp_matmul.h); slices start at
@@ -359,7 +387,7 @@ size_t CpuModel::weight_bytes() const {
     for (const auto* list : {&layer.bqkv, &layer.bo, &layer.bgate_up, &layer.bdown})
       for (const BlockLinear& b : *list) n += b.bytes();
     for (const auto* list : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
-      for (const FmaWeights& f : *list) n += f.bytes() + (f.col_scale() ? 2 * sizeof(float) * f.N() : 0);
+      for (const FmaWeights& f : list->chunks) n += f.bytes() + (f.col_scale() ? 2 * sizeof(float) * f.N() : 0);
   }
   return n;
 }
@@ -372,7 +400,8 @@ CpuSession::CpuSession(const CpuModel& m)
       nthreads_(m.nthreads_),
       attn_kernel_(m.attn_kernel_),
       block_kernel_(default_block_kernel()),
-      pool_(nthreads_) {
+      pool_(nthreads_),
+      queues_(std::make_unique<StealQueue[]>(size_t(kLins) * nthreads_)) {
   for (int t = 0; t < nthreads_; ++t) streams_.emplace_back(m.eng_);
   per_thread_.resize(nthreads_);
 }
@@ -477,12 +506,13 @@ void CpuSession::bind_step(const Binding& bnd) {
       for (const PackedLinear* lin : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]})
         tmp = std::max(tmp, size_t(M_) * lin->N());
       for (const MatmulPlan* mp : {&p.qkv, &p.o, &p.gate_up, &p.down}) scratch = std::max(scratch, mp->scratch_bytes());
-      if (m_.use_fma_) {
-        for (const FmaWeights* fw : {&layer.fqkv[t], &layer.fo[t], &layer.fgate_up[t], &layer.fdown[t]})
-          if (fw->N()) {
-            tmp = std::max(tmp, size_t(M_) * fw->N());
-            scratch = std::max(scratch, fma_scratch_bytes(fw->kernel(), M_, fw->K()));
-          }
+      if (m_.use_fma_) {  // any thread may run any chunk
+        for (const FmaLinear* fl : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
+          for (const FmaWeights& fw : fl->chunks)
+            if (fw.N()) {
+              tmp = std::max(tmp, size_t(M_) * fw.N());
+              scratch = std::max(scratch, fma_scratch_bytes(fw.kernel(), M_, fw.K()));
+            }
       }
       if (m_.wf_.is_block()) {
         for (const BlockLinear* lin : {&layer.bqkv[t], &layer.bo[t], &layer.bgate_up[t], &layer.bdown[t]})

@@ -27,11 +27,25 @@ struct Slice {
   int n0 = 0, n1 = 0;
 };
 
+// A linear layer on our kernels (fma_matmul.h), run with work stealing: each thread's column slice is packed as
+// chunks of whole panels, back to back in one huge-page arena per thread. A thread runs its own chunks from the
+// front; one done early takes the others' from their back (CpuSession::run_chunks), so that a thread the OS or
+// the hypervisor holds back no longer holds up the whole phase. Every chunk's sums are those of the whole
+// matrix (fma_matmul.h: no split of the columns changes a bit).
+struct FmaLinear {
+  std::vector<FmaWeights> chunks;  // in column order, thread 0's first
+  std::vector<Slice> cols;         // chunk c's columns of the output (gate_up: [n0, n1) of gate and of up)
+  std::vector<int> first;          // thread t owns chunks [first[t], first[t + 1])
+  // Thread t's packed bytes, contiguous (what the attention phase prefetches of o_proj).
+  const char* thread_data(int t) const;
+  size_t thread_bytes(int t) const;
+};
+
 struct CpuLayer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
   std::vector<PackedLinear> qkv, o, gate_up, down;  // one per thread (bf16, int8: oneDNN)
   std::vector<BlockLinear> bqkv, bo, bgate_up, bdown;  // one per thread (block formats: bfp_matmul.h)
-  std::vector<FmaWeights> fqkv, fo, fgate_up, fdown;   // one per thread (bf16, int8 on the fp32-FMA kernels: fma_matmul.h)
+  FmaLinear fqkv, fo, fgate_up, fdown;                 // bf16, int8 on our kernels (fma_matmul.h)
 };
 
 // One attention work item for KV head g, writing partial slot `slot` (a [Rp][dp] block, or `count`
@@ -122,10 +136,19 @@ class CpuSession final : public HostLoopSession {
   void run_step(int tid, const float* emb, float* hidden, float* const* layers);
   void layer_phases(int tid, int l);
   void attention_phase(int tid, int l);
-  // This thread's slice of a linear layer, x [M, K] -> pt.tmp [M, slice width]: oneDNN, the fp32-FMA kernels
-  // (bf16 or int8 weights, use_fma_) or the block kernels.
-  void run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk,
-                  const FmaWeights& fw, const void* x, int K);
+  // The pool's barrier; with the profile on, the wait is added to this thread's share of phase p.
+  void barrier(int tid, Phase p);
+  // This thread's slice of a linear layer, x [M, K] -> pt.tmp [M, slice width]: oneDNN or the block kernels.
+  void run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk, const void* x,
+                  int K);
+  // Work stealing over an FmaLinear's chunks (our kernels): per linear and thread, the chunks it has not started
+  // (queues_). Reset once per layer by thread 0 between barriers.
+  enum Lin { kLinQkv, kLinO, kLinGateUp, kLinDown, kLins };
+  void reset_chunk_queues();
+  // Runs f on x [M, K] chunk by chunk: this thread's own, then the others' from their back; each chunk's
+  // output [M, cols] is left in pt.tmp for epi(cols, corr, cscale).
+  template <class Epi>
+  void run_chunks(int tid, Lin kind, const FmaLinear& f, const void* x, int K, Epi&& epi);
   void print_profile(double step_ms) const;
 
   const CpuModel& m_;
@@ -133,6 +156,7 @@ class CpuSession final : public HostLoopSession {
   AttnKernel attn_kernel_;
   BlockKernel block_kernel_;
   ThreadPool pool_;
+  std::unique_ptr<StealQueue[]> queues_;  // [kLins][threads]
   std::vector<dnnl::stream> streams_;
   std::vector<std::vector<LayerPlans>> plans_;  // [layer][thread]
 
@@ -200,6 +224,10 @@ class CpuSession final : public HostLoopSession {
     AlignedBuf<float> tmp, row;
     AlignedBuf<uint8_t> scratch;
     AttnScratch attn;
+    // Profile: seconds this thread spent in each phase, and of those waited at its barriers (uneven work, or
+    // a thread the OS or the hypervisor held back), since its last barrier at `left`.
+    double busy_s[kPhases] = {}, wait_s[kPhases] = {};
+    std::chrono::steady_clock::time_point left;
   };
   std::vector<PerThread> per_thread_;
 

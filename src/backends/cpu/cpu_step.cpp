@@ -14,13 +14,42 @@
 namespace alpamayo::cpu {
 namespace {
 const BlockLinear kNoBlocks;  // the block argument of run_linear() for the oneDNN formats
-const FmaWeights kNoFma;      // its fp32-FMA argument where oneDNN or the block kernels run
 }  // namespace
+
+void CpuSession::reset_chunk_queues() {
+  if (!m_.use_fma_ || m_.layers_.empty()) return;
+  const CpuLayer& l0 = m_.layers_[0];  // every layer has the same chunks
+  const FmaLinear* lins[kLins] = {&l0.fqkv, &l0.fo, &l0.fgate_up, &l0.fdown};
+  for (int k = 0; k < kLins; ++k)
+    for (int t = 0; t < nthreads_; ++t)
+      queues_[k * nthreads_ + t].reset(lins[k]->first[t], lins[k]->first[t + 1]);
+}
+
+template <class Epi>
+void CpuSession::run_chunks(int tid, Lin kind, const FmaLinear& f, const void* x, int K, Epi&& epi) {
+  PerThread& pt = per_thread_[tid];
+  bool x_ready = false;  // the first chunk this thread runs prepares x in its scratch, the others reuse it
+  auto run = [&](int c) {
+    const FmaWeights& w = f.chunks[c];
+    fma_matmul(w, x, M_, K, pt.tmp.data(), w.N(), pt.scratch.data(), x_ready);
+    x_ready = true;
+    epi(f.cols[c], w.col_correction(), w.col_scale());
+  };
+  StealQueue* q = queues_.get() + size_t(kind) * nthreads_;
+  for (int c; (c = q[tid].take_front()) >= 0;) run(c);
+  for (int i = 1; i < nthreads_; ++i)
+    for (int c; (c = q[(tid + i) % nthreads_].take_back()) >= 0;) run(c);
+}
 
 void CpuSession::step(const float* emb, float* hidden, float* const* layers) {
   ScopedOmpThreads one(1);
   std::fill(std::begin(phase_s_), std::end(phase_s_), 0.0);
+  for (PerThread& pt : per_thread_) {
+    std::fill(std::begin(pt.busy_s), std::end(pt.busy_s), 0.0);
+    std::fill(std::begin(pt.wait_s), std::end(pt.wait_s), 0.0);
+  }
   const auto t0 = Clock::now();
+  reset_chunk_queues();
   pool_.run([&](int tid) { run_step(tid, emb, hidden, layers); });
   if (m_.opts_.profile) print_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
@@ -30,6 +59,7 @@ void CpuSession::run_step(int tid, const float* emb, float* hidden, float* const
   const int r0 = M_ * tid / nthreads_, r1 = M_ * (tid + 1) / nthreads_;
   std::copy(emb + int64_t(r0) * D, emb + int64_t(r1) * D, h_.data() + int64_t(r0) * D);
   pool_.barrier();
+  if (m_.opts_.profile) per_thread_[tid].left = Clock::now();
   if (tid == 0) mark_ = Clock::now();
   for (int l = 0; l < cfg_.L; ++l) {
     layer_phases(tid, l);
@@ -55,7 +85,7 @@ void CpuSession::layer_phases(int tid, int l) {
   const void* x_in = i8 ? static_cast<const void*>(x_u8_.data()) : x_bf16_.data();
   const void* y_in = i8 ? static_cast<const void*>(y_u8_.data()) : y_bf16_.data();
   auto sync = [&](Phase p) {
-    pool_.barrier();
+    barrier(tid, p);
     if (tid == 0) {
       const auto now = Clock::now();
       phase_s_[p] += std::chrono::duration<double>(now - mark_).count();
@@ -63,27 +93,30 @@ void CpuSession::layer_phases(int tid, int l) {
     }
   };
 
-  // The int8 epilogue's column correction and weight scales: from whichever packed copy this format runs on.
-  auto corr = [&](const PackedLinear& lin, const std::vector<FmaWeights>& fw) {
-    return m_.use_fma_ ? fw[tid].col_correction() : lin.col_correction();
-  };
-  auto cscale = [&](const PackedLinear& lin, const std::vector<FmaWeights>& fw) {
-    return m_.use_fma_ ? fw[tid].col_scale() : lin.col_scale();
+  // A linear layer on x [M, K]: on our kernels as chunks taken from the queues (run_chunks), else this thread's
+  // slice s on oneDNN or the block kernels. epi(cols, corr, cscale) takes each part's output, [M, cols] in
+  // pt.tmp, with its int8 column correction and weight scales (nullptr for bf16).
+  auto linear = [&](Lin kind, const FmaLinear& f, const PackedLinear& lin, const MatmulPlan& mp,
+                    const std::vector<BlockLinear>& blk, Slice s, const void* x, int K, auto&& epi) {
+    if (m_.use_fma_) return run_chunks(tid, kind, f, x, K, epi);
+    if (s.n1 <= s.n0) return;
+    run_linear(tid, lin, mp, block ? blk[tid] : kNoBlocks, x, K);
+    epi(s, lin.col_correction(), lin.col_scale());
   };
 
   rms_norm_rows(h_.data(), w.input_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
                 i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm1);
 
-  if (const Slice s = m_.qkv_slices_[tid]; s.n1 > s.n0) {
-    // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
-    const PackedLinear& lin = w.qkv[tid];
-    run_linear(tid, lin, plan.qkv, block ? w.bqkv[tid] : kNoBlocks, m_.use_fma_ ? w.fqkv[tid] : kNoFma, x_in, D);
-    copy_rows(qkv_.data() + s.n0, Nqkv, pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr,
-              corr(lin, w.fqkv), cscale(lin, w.fqkv));
-  }
+  // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
+  linear(kLinQkv, w.fqkv, w.qkv[tid], plan.qkv, w.bqkv, m_.qkv_slices_[tid], x_in, D,
+         [&](Slice c, const float* corr, const float* cs) {
+           copy_rows(qkv_.data() + c.n0, Nqkv, pt.tmp.data(), M, c.n1 - c.n0, i8 ? x_scale_.data() : nullptr, corr, cs);
+         });
   if (tid == 0) next_item_.store(0, std::memory_order_relaxed);
   sync(kQkv);
+  // Nobody takes chunks again before the o_proj phase, two barriers on.
+  if (tid == 0) reset_chunk_queues();
 
   {
     // Per (token, head): q/k RMSNorm + rotary, written in the layouts attention reads.
@@ -119,44 +152,47 @@ void CpuSession::layer_phases(int tid, int l) {
   attention_phase(tid, l);
   sync(kAttn);
 
-  // This thread's column slice of a projection of y_in, added to the residual stream.
-  auto matmul_residual = [&](const PackedLinear& lin, const MatmulPlan& mp, const std::vector<BlockLinear>& blk,
-                             const std::vector<FmaWeights>& fw, Slice s, int K) {
-    if (s.n1 <= s.n0) return;
-    run_linear(tid, lin, mp, block ? blk[tid] : kNoBlocks, m_.use_fma_ ? fw[tid] : kNoFma, y_in, K);
-    add_rows(h_.data() + s.n0, D, pt.tmp.data(), s.n1 - s.n0, M, s.n1 - s.n0, i8 ? y_scale_.data() : nullptr,
-             corr(lin, fw), cscale(lin, fw));
+  // A projection of y_in, added to the residual stream.
+  auto add_residual = [&](Slice c, const float* corr, const float* cs) {
+    add_rows(h_.data() + c.n0, D, pt.tmp.data(), c.n1 - c.n0, M, c.n1 - c.n0, i8 ? y_scale_.data() : nullptr, corr, cs);
   };
-  matmul_residual(w.o[tid], plan.o, w.bo, w.fo, m_.o_slices_[tid], Hq * d);
+  linear(kLinO, w.fo, w.o[tid], plan.o, w.bo, m_.o_slices_[tid], y_in, Hq * d, add_residual);
   sync(kOproj);
 
   rms_norm_rows(h_.data(), w.post_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
                 i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm2);
 
-  if (const Slice s = m_.mlp_slices_[tid]; s.n1 > s.n0) {
-    run_linear(tid, w.gate_up[tid], plan.gate_up, block ? w.bgate_up[tid] : kNoBlocks,
-               m_.use_fma_ ? w.fgate_up[tid] : kNoFma, x_in, D);
-    silu_mul_rows(pt.tmp.data(), M, s.n1 - s.n0, i8 ? x_scale_.data() : nullptr, corr(w.gate_up[tid], w.fgate_up),
-                  cscale(w.gate_up[tid], w.fgate_up), I,
-                  i8 ? nullptr : y_bf16_.data() + s.n0, i8 ? act_f32_.data() + s.n0 : nullptr);
-  }
+  linear(kLinGateUp, w.fgate_up, w.gate_up[tid], plan.gate_up, w.bgate_up, m_.mlp_slices_[tid], x_in, D,
+         [&](Slice c, const float* corr, const float* cs) {
+           silu_mul_rows(pt.tmp.data(), M, c.n1 - c.n0, i8 ? x_scale_.data() : nullptr, corr, cs, I,
+                         i8 ? nullptr : y_bf16_.data() + c.n0, i8 ? act_f32_.data() + c.n0 : nullptr);
+         });
   if (i8) {
-    pool_.barrier();
+    barrier(tid, kGateUp);
     quantize_rows(act_f32_.data(), r0, r1, I, y_u8_.data(), y_scale_.data());
   }
   sync(kGateUp);
 
-  matmul_residual(w.down[tid], plan.down, w.bdown, w.fdown, m_.down_slices_[tid], I);
+  linear(kLinDown, w.fdown, w.down[tid], plan.down, w.bdown, m_.down_slices_[tid], y_in, I, add_residual);
   sync(kDown);
 }
 
-void CpuSession::run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk,
-                            const FmaWeights& fw, const void* x, int K) {
+void CpuSession::barrier(int tid, Phase p) {
+  if (!m_.opts_.profile) return pool_.barrier();
   PerThread& pt = per_thread_[tid];
-  if (m_.use_fma_)
-    fma_matmul(fw, x, M_, K, pt.tmp.data(), fw.N(), pt.scratch.data());
-  else if (m_.wf_.is_block())
+  const auto arrive = Clock::now();
+  pool_.barrier();
+  const auto now = Clock::now();
+  pt.wait_s[p] += std::chrono::duration<double>(now - arrive).count();
+  pt.busy_s[p] += std::chrono::duration<double>(now - pt.left).count();
+  pt.left = now;
+}
+
+void CpuSession::run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk,
+                            const void* x, int K) {
+  PerThread& pt = per_thread_[tid];
+  if (m_.wf_.is_block())
     block_matmul(block_kernel_, blk, static_cast<const uint16_t*>(x), M_, K, pt.tmp.data(), blk.N(), pt.scratch.data());
   else
     lin.run(streams_[tid], plan, x, pt.tmp.data(), pt.scratch.data());
@@ -179,10 +215,10 @@ void CpuSession::attention_phase(int tid, int l) {
     const MatmulPlan& op = plans_[l][tid].o;
     pf_base = op.own_weights ? static_cast<const char*>(op.own_weights.get_data_handle()) : o.packed_data();
     pf_total = op.own_weights ? op.own_bytes() : o.packed_bytes();
-    if (m_.use_fma_) {
-      const FmaWeights& fo = m_.layers_[l].fo[tid];
-      pf_base = reinterpret_cast<const char*>(fo.data());
-      pf_total = fo.bytes();
+    if (m_.use_fma_) {  // this thread's own o_proj chunks (others take some only when it falls behind)
+      const FmaLinear& fo = m_.layers_[l].fo;
+      pf_base = fo.thread_data(tid);
+      pf_total = fo.thread_bytes(tid);
     }
     if (m_.wf_.is_block() && !m_.layers_[l].bo[tid].parts.empty()) {
       const BlockWeights& bo = m_.layers_[l].bo[tid].parts.front();
@@ -251,7 +287,7 @@ void CpuSession::attention_phase(int tid, int l) {
                      out_bf16 ? out_bf16 + out_off(b) : nullptr);
   }
   if (!single_chunk_) {
-    pool_.barrier();
+    barrier(tid, kAttn);
     std::vector<const float*> op, mp, lp;
     for (int bg = tid; bg < B_ * Hkv; bg += nthreads_) {
       const int b = bg / Hkv, g = bg % Hkv;
@@ -266,7 +302,7 @@ void CpuSession::attention_phase(int tid, int l) {
     }
   }
   if (i8) {
-    pool_.barrier();
+    barrier(tid, kAttn);
     const int r0 = M_ * tid / nthreads_, r1 = M_ * (tid + 1) / nthreads_;
     quantize_rows(act_f32_.data(), r0, r1, ld, y_u8_.data(), y_scale_.data());
   }
@@ -283,10 +319,16 @@ void CpuSession::print_profile(double step_ms) const {
   for (int b = 0; b < B_; ++b) s_max = std::max(s_max, kv_.attended(b));
   std::fprintf(stderr, "cpu backend profile (%s weights, %d threads, B=%d T=%d S_max=%lld, L=%d)\n",
                m_.opts_.weights.c_str(), nthreads_, B_, T_, static_cast<long long>(s_max), cfg_.L);
-  std::fprintf(stderr, "  %-20s %12s %12s %7s\n", "op", "ms/layer", "ms/step", "%");
-  for (int p = 0; p < kPhases; ++p)
-    std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", names[p], 1e3 * phase_s_[p] / L, 1e3 * phase_s_[p],
-                 sum > 0 ? 100.0 * phase_s_[p] / sum : 0.0);
+  // idle: the share of the phase the threads spent waiting at its barriers, their mean (uneven work, or a
+  // thread the OS or the hypervisor held back).
+  std::fprintf(stderr, "  %-20s %12s %12s %7s %7s\n", "op", "ms/layer", "ms/step", "%", "idle");
+  for (int p = 0; p < kPhases; ++p) {
+    double idle = 0;
+    for (const PerThread& pt : per_thread_) idle += pt.busy_s[p] > 0 ? pt.wait_s[p] / pt.busy_s[p] : 0.0;
+    idle /= per_thread_.empty() ? 1.0 : double(per_thread_.size());
+    std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%% %6.1f%%\n", names[p], 1e3 * phase_s_[p] / L,
+                 1e3 * phase_s_[p], sum > 0 ? 100.0 * phase_s_[p] / sum : 0.0, 100.0 * idle);
+  }
   std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", "total (layers)", 1e3 * sum / L, 1e3 * sum, 100.0);
   std::fprintf(stderr, "  %-20s %12s %12.2f\n", "step (wall)", "", step_ms);
   // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per

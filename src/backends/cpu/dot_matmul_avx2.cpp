@@ -115,13 +115,13 @@ void tile_rows(int R, const int16_t* x, int64_t ld, const int8_t* src, int16_t* 
 }  // namespace
 
 void dot_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
-                        uint8_t* scratch) {
+                        uint8_t* scratch, bool x_ready) {
   if (M <= 0 || N <= 0) return;
   const int Kp = (K + 1) / 2 * 2;
   auto* q = reinterpret_cast<int16_t*>(scratch);
   auto* wb = reinterpret_cast<int16_t*>(scratch + (int64_t(M) * Kp * 2 + 63) / 64 * 64);  // 64-byte aligned
   auto* yb = reinterpret_cast<int32_t*>(wb + kKB * kNR);                                  // [M][16]
-  prepare(x, M, ldx, K, Kp, q);
+  if (!x_ready) prepare(x, M, ldx, K, Kp, q);
   const int panels = (N + kNR - 1) / kNR, tiles = (M + kMR - 1) / kMR;
   constexpr int kLines = kKB * kNR / 64;  // cache lines of one packed block
   const int per_tile = (kLines + tiles - 1) / tiles;

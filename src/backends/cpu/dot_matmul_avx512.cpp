@@ -129,14 +129,14 @@ void tile_rows(int R, const typename Dot::X* x, int ldx, const typename Dot::W* 
 // multiple of it (the padding meets zero weights).
 template <class Dot>
 void run(const typename Dot::W* w, const int32_t* colsum, int K, int N, const typename Dot::X* x, int M, int ldx,
-         float* y, int ldy, void* scratch) {
+         float* y, int ldy, void* scratch, bool x_ready) {
   using X = typename Dot::X;
   constexpr int G = Dot::kGroup, kKB = kGroups * G;
   if (M <= 0 || N <= 0) return;
   const int Kg = (K + G - 1) / G * G;
   if (Kg != K) {
     auto* xs = static_cast<X*>(scratch);
-    for (int m = 0; m < M; ++m) {
+    for (int m = 0; m < M && !x_ready; ++m) {
       std::memcpy(xs + int64_t(m) * Kg, x + int64_t(m) * ldx, sizeof(X) * K);
       std::memset(xs + int64_t(m) * Kg + K, 0, sizeof(X) * (Kg - K));
     }
@@ -181,13 +181,13 @@ void run(const typename Dot::W* w, const int32_t* colsum, int K, int N, const ty
 }  // namespace
 
 void fma_matmul_s8_avx512vnni(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx,
-                              float* y, int ldy, uint8_t* scratch) {
-  run<Int8Dot>(w, colsum, K, N, x, M, ldx, y, ldy, scratch);
+                              float* y, int ldy, uint8_t* scratch, bool x_ready) {
+  run<Int8Dot>(w, colsum, K, N, x, M, ldx, y, ldy, scratch, x_ready);
 }
 
 void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
-                           void* scratch) {
-  run<Bf16Dot>(w, nullptr, K, N, x, M, ldx, y, ldy, scratch);
+                           void* scratch, bool x_ready) {
+  run<Bf16Dot>(w, nullptr, K, N, x, M, ldx, y, ldy, scratch, x_ready);
 }
 
 }  // namespace alpamayo::cpu

@@ -111,7 +111,7 @@ int fma_k_group(FmaKernel k) {
 }
 
 template <class T>
-void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W) {
+void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* arena) {
   if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
   if (const std::string why = fma_kernel_refuses(k, std::is_same_v<T, int8_t>, K); !why.empty())
     throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " " + why);
@@ -124,9 +124,22 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W) {
   const int w = fma_panel_width(k), panels = (N + w - 1) / w, Kq = (K + g - 1) / g * g;
   bytes_ = size_t(panels) * Kq * w * sizeof(T);
   buf_.reset();
+  off_ = 0;
   if (bytes_ == 0) return;
-  auto buf = std::make_shared<HugeBuf>(bytes_);
-  auto* dst = static_cast<T*>(buf->data());
+  std::shared_ptr<HugeBuf> buf;
+  if (arena) {
+    const size_t need = packed_bytes(k, std::is_same_v<T, int8_t>, K, N);
+    if (!arena->buf || arena->size - std::min(arena->size, arena->used) < need)
+      throw Error("fma_matmul: a packed " + std::to_string(N) + "x" + std::to_string(K) + " matrix needs " +
+                  std::to_string(need) + " bytes of its arena, which has " +
+                  std::to_string(arena->size - std::min(arena->size, arena->used)) + " left");
+    buf = arena->buf;
+    off_ = arena->used;
+    arena->used += need;
+  } else {
+    buf = std::make_shared<HugeBuf>(bytes_);
+  }
+  auto* dst = reinterpret_cast<T*>(static_cast<char*>(buf->data()) + off_);
   std::vector<int> slot(w);
   for (int j = 0; j < w; ++j) slot[j] = fma_packed_slot(k, std::is_same_v<T, int8_t>, j);
   // Written in order, a packed row (one k-group of the panel's columns) at a time: column-major writes, a
@@ -164,25 +177,31 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W) {
   buf_ = std::move(buf);
 }
 
-void FmaWeights::pack(FmaKernel k, const float* W, int K, int N) {
+size_t FmaWeights::packed_bytes(FmaKernel k, bool int8, int K, int N) {
+  const int g = fma_k_group(k), w = fma_panel_width(k);
+  const size_t panels = (size_t(std::max(N, 0)) + w - 1) / w, Kq = (size_t(std::max(K, 0)) + g - 1) / g * g;
+  return (panels * Kq * w * (int8 ? 1 : 2) + 63) / 64 * 64;
+}
+
+void FmaWeights::pack(FmaKernel k, const float* W, int K, int N, FmaArena* arena) {
   // Rounded in one vectorised pass, then copied: rounding inside the packing's transposition took most of a
   // bf16 model's packing time.
   std::vector<uint16_t> b(size_t(std::max(N, 0)) * std::max(K, 0));
   const size_t n = b.size();
 #pragma omp simd
   for (size_t i = 0; i < n; ++i) b[i] = f32_to_bf16(W[i]);
-  pack_bf16(k, b.data(), K, N);
+  pack_bf16(k, b.data(), K, N, arena);
 }
 
-void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N) {
-  pack_with<uint16_t>(k, K, N, W);
+void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N, FmaArena* arena) {
+  pack_with<uint16_t>(k, K, N, W, arena);
   type_ = FmaType::BF16;
   corr_.clear();
   scale_.clear();
 }
 
-void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N) {
-  pack_with<int8_t>(k, K, N, Wq);
+void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N, FmaArena* arena) {
+  pack_with<int8_t>(k, K, N, Wq, arena);
   type_ = FmaType::INT8;
   corr_.assign(N, 0.f);
   scale_.assign(scales, scales + N);
@@ -199,11 +218,11 @@ void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int
   }
 }
 
-void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N) {
+void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N, FmaArena* arena) {
   std::vector<int8_t> q(size_t(std::max(N, 0)) * std::max(K, 0));
   std::vector<float> scales(std::max(N, 0));
   quantize_weight_rows(W, K, N, q.data(), scales.data(), nullptr);
-  pack_s8(k, q.data(), scales.data(), K, N);
+  pack_s8(k, q.data(), scales.data(), K, N, arena);
 }
 
 size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
@@ -220,11 +239,11 @@ size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
 namespace {
 
 template <class T, class X>
-void portable(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy, float* scratch) {
+void portable(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy, float* scratch, bool x_ready) {
   constexpr int kW = 16;
   auto wv = [](T v) { return std::is_same_v<T, int8_t> ? float(v) : widen(uint16_t(v)); };
   float* xf = scratch;
-  for (int m = 0; m < M; ++m)
+  for (int m = 0; m < M && !x_ready; ++m)
     for (int k = 0; k < K; ++k) {
       const X v = x[size_t(m) * ldx + k];
       xf[size_t(m) * K + k] = std::is_same_v<X, uint8_t> ? float(int(v) - 128) : widen(uint16_t(v));
@@ -255,16 +274,16 @@ void portable(const T* w, int K, int N, const X* x, int M, int ldx, float* y, in
 }  // namespace
 
 void fma_matmul_portable(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
-                         float* scratch) {
-  portable(w, K, N, x, M, ldx, y, ldy, scratch);
+                         float* scratch, bool x_ready) {
+  portable(w, K, N, x, M, ldx, y, ldy, scratch, x_ready);
 }
 
 void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
-                            float* scratch) {
-  portable(w, K, N, x, M, ldx, y, ldy, scratch);
+                            float* scratch, bool x_ready) {
+  portable(w, K, N, x, M, ldx, y, ldy, scratch, x_ready);
 }
 
-void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch) {
+void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch, bool x_ready) {
   if (M <= 0 || w.N() == 0) return;
   if (!fma_kernel_runnable(w.kernel()))
     throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(w.kernel()) + " cannot run on this CPU (" +
@@ -273,15 +292,15 @@ void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, in
   if (w.type() == FmaType::INT8) {
     const auto* xq = static_cast<const uint8_t*>(x);
     switch (w.kernel()) {
-      case FmaKernel::Avx512: fma_matmul_s8_avx512(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s); break;
-      case FmaKernel::Avx2: fma_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s); break;
-      case FmaKernel::Portable: fma_matmul_s8_portable(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s); break;
+      case FmaKernel::Avx512: fma_matmul_s8_avx512(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
+      case FmaKernel::Avx2: fma_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
+      case FmaKernel::Portable: fma_matmul_s8_portable(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
       case FmaKernel::Avx512Vnni:
         fma_matmul_s8_avx512vnni(w.data_s8(), w.col_sums(), w.K(), w.N(), xq, M, ldx, y, ldy,
-                                 static_cast<uint8_t*>(scratch));
+                                 static_cast<uint8_t*>(scratch), x_ready);
         break;
       case FmaKernel::Avx2Int8:
-        dot_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, static_cast<uint8_t*>(scratch));
+        dot_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, static_cast<uint8_t*>(scratch), x_ready);
         break;
       case FmaKernel::Avx512Bf16: break;  // refused at packing
     }
@@ -289,10 +308,10 @@ void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, in
   }
   const auto* xb = static_cast<const uint16_t*>(x);
   switch (w.kernel()) {
-    case FmaKernel::Avx512: fma_matmul_avx512(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
-    case FmaKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
-    case FmaKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s); break;
-    case FmaKernel::Avx512Bf16: dot_matmul_avx512bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch); break;
+    case FmaKernel::Avx512: fma_matmul_avx512(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
+    case FmaKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
+    case FmaKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
+    case FmaKernel::Avx512Bf16: dot_matmul_avx512bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch, x_ready); break;
     case FmaKernel::Avx512Vnni:
     case FmaKernel::Avx2Int8: break;  // refused at packing
   }

@@ -77,27 +77,40 @@ int fma_packed_slot(FmaKernel k, bool int8, int j);
 // The weights' element type: bf16 (x bf16), or int8 (x u8 = q + 128, the cpu backend's int8 activations).
 enum class FmaType { BF16, INT8 };
 
+// One buffer that several packed matrices share (FmaWeights::pack* with an arena): the cpu backend packs a
+// thread's columns of a layer as chunks, back to back in one huge-page buffer, where buffers of their own
+// would each be too small for a huge page.
+struct FmaArena {
+  std::shared_ptr<HugeBuf> buf;
+  size_t size = 0;  // bytes of buf
+  size_t used = 0;  // bytes taken so far (each matrix's start is 64-byte aligned)
+  explicit FmaArena(size_t bytes) : buf(std::make_shared<HugeBuf>(bytes)), size(bytes) {}
+};
+
 // One packed weight matrix (a thread's column slice) for one kernel. Immutable once packed; copies share it.
 class FmaWeights {
  public:
   // Packs W [N, K] (fp32 rows, rounded to bf16 to nearest even) for kernel k (fma_kernel_takes_bf16(k), else
-  // alpamayo::Error; the int8 packers likewise need fma_kernel_takes_int8(k)).
-  void pack(FmaKernel k, const float* W, int K, int N);
+  // alpamayo::Error; the int8 packers likewise need fma_kernel_takes_int8(k)). Into a buffer of its own, or
+  // into `arena` from its first unused byte (alpamayo::Error where packed_bytes() do not fit).
+  void pack(FmaKernel k, const float* W, int K, int N, FmaArena* arena = nullptr);
   // Packs W [N, K] already in bf16.
-  void pack_bf16(FmaKernel k, const uint16_t* W, int K, int N);
+  void pack_bf16(FmaKernel k, const uint16_t* W, int K, int N, FmaArena* arena = nullptr);
   // int8: W [N, K] quantized per output row by quantize_weight_rows (cpu_ops.h), as the oneDNN int8 path is:
   // scale max|w| / 127, q = round(w / scale) in [-127, 127]. The kernel widens x (u8 = q + 128) to q itself, so y is
   // sum_k q_x w_q (products exact in fp32) and col_correction() is all zeros; col_scale() the row scales.
-  void pack_int8(FmaKernel k, const float* W, int K, int N);
+  void pack_int8(FmaKernel k, const float* W, int K, int N, FmaArena* arena = nullptr);
   // int8 with given values and scales (tests).
-  void pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N);
+  void pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N, FmaArena* arena = nullptr);
+  // Bytes an arena needs for one packed [N, K] matrix (int8 or bf16 weights), its alignment included.
+  static size_t packed_bytes(FmaKernel k, bool int8, int K, int N);
 
   FmaKernel kernel() const { return kernel_; }
   FmaType type() const { return type_; }
   int K() const { return K_; }
   int N() const { return N_; }
-  const uint16_t* data() const { return buf_ ? static_cast<const uint16_t*>(buf_->data()) : nullptr; }  // bf16
-  const int8_t* data_s8() const { return buf_ ? static_cast<const int8_t*>(buf_->data()) : nullptr; }   // int8
+  const uint16_t* data() const { return reinterpret_cast<const uint16_t*>(bytes_ptr()); }  // bf16
+  const int8_t* data_s8() const { return reinterpret_cast<const int8_t*>(bytes_ptr()); }    // int8
   size_t bytes() const { return bytes_; }
   // int8: the epilogue's inputs (as PackedLinear's): zeros and the weight scales; nullptr for bf16.
   const float* col_correction() const { return corr_.empty() ? nullptr : corr_.data(); }
@@ -107,11 +120,12 @@ class FmaWeights {
 
  private:
   template <class T>
-  void pack_with(FmaKernel k, int K, int N, const T* W);  // W [N, K], row-major
+  void pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* arena);  // W [N, K], row-major
+  const char* bytes_ptr() const { return buf_ ? static_cast<const char*>(buf_->data()) + off_ : nullptr; }
   FmaKernel kernel_ = FmaKernel::Portable;
   FmaType type_ = FmaType::BF16;
   int K_ = 0, N_ = 0;
-  size_t bytes_ = 0;
+  size_t bytes_ = 0, off_ = 0;
   std::shared_ptr<const HugeBuf> buf_;  // huge pages: the weights stream cold from DRAM every step
   std::vector<float> corr_, scale_;
   std::vector<int32_t> colsum_;
@@ -124,29 +138,32 @@ size_t fma_scratch_bytes(FmaKernel k, int M, int K);
 
 // y[m][n] = sum_k x[m][k] w[n][k] (the fixed order above) for m < M, n < w.N(): x [M, ldx] bf16 (bf16 weights)
 // or u8 = q + 128 (int8 weights; the sum is over q), y fp32 [M, ldy]. Runs w.kernel(), which must be runnable
-// here; M == 0 or N == 0 does nothing.
-void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch);
+// here; M == 0 or N == 0 does nothing. x_ready: the last call on this scratch had the same x, M, ldx, K and
+// kernel, so the copy of x it left there (widened, or padded to the k-group) is reused instead of made again;
+// that is what lets a thread run a matrix as several column chunks (the cpu backend's work stealing).
+void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch,
+                bool x_ready = false);
 
 // Internal: the kernels on raw packed panels (fma_matmul_avx512.cpp, fma_matmul_avx2.cpp, fma_matmul.cpp).
 // scratch: fma_scratch_bytes(kernel, M, K).
 void fma_matmul_avx512(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
-                       float* scratch);
+                       float* scratch, bool x_ready);
 void fma_matmul_avx2(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
-                     float* scratch);
+                     float* scratch, bool x_ready);
 void fma_matmul_portable(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
-                         float* scratch);
+                         float* scratch, bool x_ready);
 void fma_matmul_s8_avx512(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
-                          float* scratch);
+                          float* scratch, bool x_ready);
 void fma_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
-                        float* scratch);
+                        float* scratch, bool x_ready);
 void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
-                            float* scratch);
+                            float* scratch, bool x_ready);
 void fma_matmul_s8_avx512vnni(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx,
-                              float* y, int ldy, uint8_t* scratch);
+                              float* y, int ldy, uint8_t* scratch, bool x_ready);
 void dot_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
-                        uint8_t* scratch);
+                        uint8_t* scratch, bool x_ready);
 void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
-                           void* scratch);
+                           void* scratch, bool x_ready);
 
 // K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
 inline constexpr int kFmaKBlock = 128;

@@ -127,12 +127,12 @@ void tile_rows(int R, const float* xf, int ldxf, const T* src, float* wb, int kb
 
 // T: the weights' element (bf16 bits or s8), X: the activations' (bf16 bits or u8 = q + 128).
 template <class T, class X>
-void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy, float* scratch) {
+void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy, float* scratch, bool x_ready) {
   if (M <= 0 || N <= 0) return;
   float* xf = scratch;
   float* wb = scratch + (int64_t(M) * K + 15) / 16 * 16;  // 64-byte aligned (scratch is)
   float* yb = wb + kFmaKBlock * 64;                           // [M][16]: one panel's partial sums
-  widen_x(x, M, ldx, K, xf);
+  if (!x_ready) widen_x(x, M, ldx, K, xf);
   const int panels = (N + kNR - 1) / kNR, tiles = (M + kMR - 1) / kMR;
   constexpr int kLines = kKB * kNR * int(sizeof(T)) / 64;  // cache lines of one packed block
   const int per_tile = (kLines + tiles - 1) / tiles;
@@ -178,13 +178,13 @@ void run(const T* w, int K, int N, const X* x, int M, int ldx, float* y, int ldy
 }  // namespace
 
 void fma_matmul_avx2(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
-                     float* scratch) {
-  run(w, K, N, x, M, ldx, y, ldy, scratch);
+                     float* scratch, bool x_ready) {
+  run(w, K, N, x, M, ldx, y, ldy, scratch, x_ready);
 }
 
 void fma_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, int ldx, float* y, int ldy,
-                        float* scratch) {
-  run(w, K, N, x, M, ldx, y, ldy, scratch);
+                        float* scratch, bool x_ready) {
+  run(w, K, N, x, M, ldx, y, ldy, scratch, x_ready);
 }
 
 }  // namespace alpamayo::cpu

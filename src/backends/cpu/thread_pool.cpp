@@ -83,6 +83,16 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
   if (error_) std::rethrow_exception(error_);
 }
 
+int StealQueue::take(bool back_end) {
+  uint64_t v = word_.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint32_t front = uint32_t(v), back = uint32_t(v >> 32);
+    if (front >= back) return -1;
+    const uint64_t next = back_end ? uint64_t(back - 1) << 32 | front : uint64_t(back) << 32 | (front + 1);
+    if (word_.compare_exchange_weak(v, next, std::memory_order_relaxed)) return int(back_end ? back - 1 : front);
+  }
+}
+
 void ThreadPool::barrier() {
   if (n_ == 1) return;
   const uint32_t gen = bar_gen_.load(std::memory_order_acquire);

@@ -4,6 +4,7 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -23,6 +24,21 @@ class ScopedOmpThreads {
 
  private:
   int saved_ = 0;
+};
+
+// Work items [front, back) that their owner takes from the front and other threads from the back (the cpu
+// backend's work stealing over matmul chunks). Both ends live in one word, so a claim is one compare-and-swap
+// and no item is taken twice or lost. reset() must not race with take_*() (callers separate them by a barrier).
+class alignas(64) StealQueue {
+ public:
+  void reset(uint32_t front, uint32_t back) { word_.store(uint64_t(back) << 32 | front, std::memory_order_relaxed); }
+  // The item taken, or -1 when none is left.
+  int take_front() { return take(false); }
+  int take_back() { return take(true); }
+
+ private:
+  int take(bool back_end);
+  std::atomic<uint64_t> word_{0};
 };
 
 class ThreadPool {
