@@ -15,8 +15,8 @@ cmake -S . -B build-ref -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_CUDA_BACKEND=OFF -
 cmake --build build-ref -j"$(nproc)" --target alpamayo_tests
 build-ref/alpamayo_tests --gtest_brief=1
 stage "ThreadSanitizer build with the cpu backend: the concurrency tests"
-# Sessions sharing a model from several threads (reference and cpu backends), the cpu backend's thread pool and
-# its results for 1 to 5 threads, and threads sharing one model through the C API.
+# Sessions sharing a model from several threads (reference and cpu backends), the cpu backend's thread pool, its
+# work stealing and its results for 1 to 5 threads, and threads sharing one model through the C API.
 TSAN="-fsanitize=thread"
 # The sanitizer builds keep line tables only (-g1): reports still name functions, files and lines, and the heaviest
 # test file compiled in 46 s instead of 65 (ASan flags, AMD EPYC Zen 3).
@@ -30,7 +30,7 @@ cmake --build build-tsan -j"$(nproc)" --target alpamayo_tests alpamayo-expert te
 # only its f32 weights on the smaller shapes: its block formats and largest shapes took 6 of the 13 minutes of
 # these tests on a 2-core AMD EPYC Zen 3 and add no other code path.
 TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/sanitizers/tsan.supp" build-tsan/alpamayo_tests --gtest_brief=1 \
-  --gtest_filter='*Deterministic*:*ThreadCount*:*ThreadPool*:Api.*-*/reference_bfp*:*/reference_*_shared_G1_B6_*:*/reference_*_gqa4_d128_*'
+  --gtest_filter='*Deterministic*:*ThreadCount*:*ThreadPool*:*StealQueue*:*CpuProfile*:Api.*-*/reference_bfp*:*/reference_*_shared_G1_B6_*:*/reference_*_gqa4_d128_*'
 TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/sanitizers/tsan.supp" build-tsan/test_capi build-tsan/alpamayo-expert
 stage "ASan + UBSan (with float-cast-overflow) build of the engine with the cpu backend: C++ suite, C API, CLI tests"
 # Every finding aborts (-fno-sanitize-recover). The CLI tests (hostile inputs and error paths) run against
