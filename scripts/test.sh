@@ -20,8 +20,11 @@ stage "ThreadSanitizer build with the cpu backend: the concurrency tests"
 TSAN="-fsanitize=thread"
 # The sanitizer builds keep line tables only (-g1): reports still name functions, files and lines, and the heaviest
 # test file compiled in 46 s instead of 65 (ASan flags, AMD EPYC Zen 3).
-SANBUILD=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
-          "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+sanbuild() {  # $1: the optimisation level
+  SANBUILD=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG"
+            "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG")
+}
+sanbuild -O2
 cmake -S . -B build-tsan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
   -DCMAKE_CXX_FLAGS="$TSAN" -DCMAKE_C_FLAGS="$TSAN" -DCMAKE_EXE_LINKER_FLAGS="$TSAN" \
   -DCMAKE_SHARED_LINKER_FLAGS="$TSAN" >/dev/null
@@ -36,6 +39,9 @@ stage "ASan + UBSan (with float-cast-overflow) build of the engine with the cpu 
 # Every finding aborts (-fno-sanitize-recover). The CLI tests (hostile inputs and error paths) run against
 # this build's CLI; tests/python/cli.py fails a test whose run printed a sanitizer report.
 SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer"
+# -O1, as ASan's documentation suggests: on a 2-core AMD EPYC Zen 3 the build took 332 s against about 500 at -O2
+# and the suite 259 s against 216, the stage 721 s against 827. (TSan keeps -O2: its suite is the larger part.)
+sanbuild -O1
 cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
   -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
