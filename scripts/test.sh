@@ -40,7 +40,8 @@ stage "ASan + UBSan (with float-cast-overflow) build of the engine with the cpu 
 # this build's CLI; tests/python/cli.py fails a test whose run printed a sanitizer report.
 SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer"
 # -O1, as ASan's documentation suggests: on a 2-core AMD EPYC Zen 3 the build took 332 s against about 500 at -O2
-# and the suite 259 s against 216, the stage 721 s against 827. (TSan keeps -O2: its suite is the larger part.)
+# and the suite 259 s against 216, the stage 721 s against 827 (in a whole CI run 799 s against 827). TSan keeps
+# -O2: its suite is the larger part of its stage.
 sanbuild -O1
 cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
   -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \

@@ -222,8 +222,8 @@ constexpr int kChunksPerThread = 8;
 // Thread slice s in up to `chunks` runs of whole panels of width w (the last run ends at s.n1).
 std::vector<Slice> chunk_slice(Slice s, int w, int chunks) {
   std::vector<Slice> out;
-  const int panels = (s.n1 - s.n0 + w - 1) / w, n = std::max(1, std::min(chunks, panels));
-  for (int c = 0; c < n && panels > 0; ++c)
+  const int panels = (s.n1 - s.n0 + w - 1) / w, n = std::min(chunks, panels);
+  for (int c = 0; c < n; ++c)
     out.push_back({s.n0 + panels * c / n * w, std::min(s.n1, s.n0 + panels * (c + 1) / n * w)});
   return out;
 }

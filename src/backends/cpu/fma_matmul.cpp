@@ -110,6 +110,20 @@ int fma_k_group(FmaKernel k) {
   return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKernel::Avx2Int8 || k == FmaKernel::Avx512Bf16 ? 2 : 1;
 }
 
+namespace {
+// Bytes of the packed layout of an [N, K] matrix: whole panels of fma_panel_width(k) columns, K rounded up to the
+// k-group.
+size_t layout_bytes(FmaKernel k, bool int8, int K, int N) {
+  const int g = fma_k_group(k), w = fma_panel_width(k);
+  const size_t panels = (size_t(std::max(N, 0)) + w - 1) / w, Kq = (size_t(std::max(K, 0)) + g - 1) / g * g;
+  return panels * Kq * w * (int8 ? 1 : 2);
+}
+}  // namespace
+
+size_t FmaWeights::packed_bytes(FmaKernel k, bool int8, int K, int N) {
+  return (layout_bytes(k, int8, K, N) + 63) / 64 * 64;
+}
+
 template <class T>
 void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* arena) {
   if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
@@ -121,18 +135,18 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* aren
   // The dot-product kernels: each span's rows in groups of g, [ceil(ks / g)][w][g] (dot_matmul_avx512.cpp,
   // dot_matmul_avx2.cpp); the others [ks][w].
   const int g = fma_k_group(k);
-  const int w = fma_panel_width(k), panels = (N + w - 1) / w, Kq = (K + g - 1) / g * g;
-  bytes_ = size_t(panels) * Kq * w * sizeof(T);
+  const int w = fma_panel_width(k), panels = (N + w - 1) / w;
+  bytes_ = layout_bytes(k, std::is_same_v<T, int8_t>, K, N);
   buf_.reset();
   off_ = 0;
   if (bytes_ == 0) return;
   std::shared_ptr<HugeBuf> buf;
   if (arena) {
     const size_t need = packed_bytes(k, std::is_same_v<T, int8_t>, K, N);
-    if (!arena->buf || arena->size - std::min(arena->size, arena->used) < need)
+    const size_t left = arena->size - std::min(arena->size, arena->used);
+    if (left < need)
       throw Error("fma_matmul: a packed " + std::to_string(N) + "x" + std::to_string(K) + " matrix needs " +
-                  std::to_string(need) + " bytes of its arena, which has " +
-                  std::to_string(arena->size - std::min(arena->size, arena->used)) + " left");
+                  std::to_string(need) + " bytes of its arena, which has " + std::to_string(left) + " left");
     buf = arena->buf;
     off_ = arena->used;
     arena->used += need;
@@ -175,12 +189,6 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* aren
     }
   }
   buf_ = std::move(buf);
-}
-
-size_t FmaWeights::packed_bytes(FmaKernel k, bool int8, int K, int N) {
-  const int g = fma_k_group(k), w = fma_panel_width(k);
-  const size_t panels = (size_t(std::max(N, 0)) + w - 1) / w, Kq = (size_t(std::max(K, 0)) + g - 1) / g * g;
-  return (panels * Kq * w * (int8 ? 1 : 2) + 63) / 64 * 64;
 }
 
 void FmaWeights::pack(FmaKernel k, const float* W, int K, int N, FmaArena* arena) {
