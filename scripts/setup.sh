@@ -20,7 +20,8 @@ need_apt() {
   fi
 }
 
-need_apt build-essential cmake libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libdnnl-dev
+need_apt build-essential cmake libgtest-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev libdnnl-dev ccache
+. scripts/compiler-env.sh
 
 if [ "${1:-}" = "--python" ]; then
   VENV="${ALPAMAYO_VENV:-$HOME/.cache/alpamayo-expert/venv}"
