@@ -15,50 +15,21 @@ cmake -S . -B build-ref -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_CUDA_BACKEND=OFF -
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-ref -j"$(nproc)" --target alpamayo_tests
 build-ref/alpamayo_tests --gtest_brief=1
-# Two jobs at a time where one alone leaves a core idle (a test suite, the CLI tests): bg runs "$@" in the
-# background with its output in build-logs/NAME.log; join waits for it, prints that output and fails where it failed.
-mkdir -p build-logs
-declare -A BG
-bg() { local name=$1; shift; "$@" > "build-logs/$name.log" 2>&1 & BG[$name]=$!; }
-join() {
-  local rc=0
-  wait "${BG[$1]}" || rc=$?
-  cat "build-logs/$1.log"
-  [ "$rc" -eq 0 ] || { echo "== $1 failed (exit $rc)" >&2; exit "$rc"; }
-}
-trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+stage "ThreadSanitizer build with the cpu backend: the concurrency tests"
+# Sessions sharing a model from several threads (reference and cpu backends), the cpu backend's thread pool, its
+# work stealing and its results for 1 to 5 threads, and threads sharing one model through the C API.
+TSAN="-fsanitize=thread"
 # The sanitizer builds keep line tables only (-g1): reports still name functions, files and lines, and the heaviest
 # test file compiled in 46 s instead of 65 (ASan flags, AMD EPYC Zen 3).
 sanbuild() {  # $1: the optimisation level
   SANBUILD=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG"
             "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$1 -g1 -DNDEBUG")
 }
-
-stage "ThreadSanitizer build with the cpu backend: the concurrency tests"
-# Sessions sharing a model from several threads (reference and cpu backends), the cpu backend's thread pool, its
-# work stealing and its results for 1 to 5 threads, and threads sharing one model through the C API.
-TSAN="-fsanitize=thread"
 sanbuild -O2
 cmake -S . -B build-tsan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
   -DCMAKE_CXX_FLAGS="$TSAN" -DCMAKE_C_FLAGS="$TSAN" -DCMAKE_EXE_LINKER_FLAGS="$TSAN" \
   -DCMAKE_SHARED_LINKER_FLAGS="$TSAN" >/dev/null
 cmake --build build-tsan -j"$(nproc)" --target alpamayo_concurrency_tests alpamayo-expert test_capi
-
-# ASan + UBSan (with float-cast-overflow) build of the engine with the cpu backend, compiled while the TSan tests run.
-# Every finding aborts (-fno-sanitize-recover).
-SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer"
-# -O1, as ASan's documentation suggests: on a 2-core AMD EPYC Zen 3 the build took 332 s against about 500 at -O2
-# and the suite 259 s against 216, the stage 721 s against 827 (in a whole CI run 799 s against 827). TSan keeps
-# -O2: its suite is the larger part of its stage.
-asan_build() {
-  sanbuild -O1
-  cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
-    -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
-    -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-  cmake --build build-asan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
-}
-bg asan-build asan_build
-
 # The reference backend's sessions run the same sharing code for every weight format, shape and thread count, so
 # under TSan only its f32 weights on the smaller shapes, with 2 threads (its determinism tests). On a 2-core AMD EPYC
 # Zen 3 its block formats and largest shapes took 6 of the 13 minutes of these tests, and its thread-count tests
@@ -72,21 +43,25 @@ TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/sanitizers/tsan.supp" buil
   --gtest_brief=1 --gtest_filter="$(IFS=:; echo "${TSAN_TESTS[*]}")-*/reference_bfp*:*/reference_*_shared_G1_B6_*:\
 */reference_*_gqa4_d128_*:*ThreadCount*/reference_*"
 TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/sanitizers/tsan.supp" build-tsan/test_capi build-tsan/alpamayo-expert
-
-stage "ASan + UBSan build (made while the TSan tests ran): C++ suite, C API, CLI tests"
-join asan-build
+stage "ASan + UBSan (with float-cast-overflow) build of the engine with the cpu backend: C++ suite, C API, CLI tests"
+# Every finding aborts (-fno-sanitize-recover). The CLI tests (hostile inputs and error paths) run against
+# this build's CLI; tests/python/cli.py fails a test whose run printed a sanitizer report.
+SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer"
+# -O1, as ASan's documentation suggests: on a 2-core AMD EPYC Zen 3 the build took 332 s against about 500 at -O2
+# and the suite 259 s against 216, the stage 721 s against 827 (in a whole CI run 799 s against 827). TSan keeps
+# -O2: its suite is the larger part of its stage.
+sanbuild -O1
+cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
+  -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+  -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+cmake --build build-asan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
 # The reference backend's block formats run its f32 code for sessions, reruns and threads: their determinism and
 # thread-count tests are left to the Release suite (the block formats' own code runs in every other test here).
-# The suite runs beside the C API program and the CLI tests.
-bg asan-suite build-asan/alpamayo_tests --gtest_brief=1 \
-  --gtest_filter='-*Deterministic*/reference_bfp*:*ThreadCount*/reference_bfp*'
+build-asan/alpamayo_tests --gtest_brief=1 --gtest_filter='-*Deterministic*/reference_bfp*:*ThreadCount*/reference_bfp*'
 build-asan/test_capi build-asan/alpamayo-expert
-# The CLI tests (hostile inputs and error paths) run against this build's CLI; tests/python/cli.py fails a test whose
-# run printed a sanitizer report.
 ALPAMAYO_CLI="$PWD/build-asan/alpamayo-expert" PYTHONPATH="$PWD/python" \
   "$VENV/bin/python" -m pytest tests/python/test_cli_errors.py tests/python/test_hostile.py \
   tests/python/test_hostile_numbers.py -q
-join asan-suite
 stage "the Python module: pip install . into $VENV"
 # scikit-build-core with the pinned nanobind of requirements.txt; the build directory build/python-<tag> is kept,
 # so a rerun compiles only what changed. The tests then import the installed module.
