@@ -317,19 +317,26 @@ TEST(Conformance, PerSampleSeedsAndTemperature) {
 // the number of threads (nor, in the cpu backend's matmuls, on which thread takes which chunk), so every backend
 // gives bitwise the same results for any thread count: here 1 to 5 threads on shapes whose attention is split
 // into several chunks, shared prompts included. One test per target, so that the ThreadSanitizer stage can
-// leave out the formats that add no threading code (scripts/test.sh).
+// leave out the formats that add no threading code (scripts/test.sh). Each shape is run with 1 thread, then with
+// each of the other thread counts.
+void expect_thread_count_independent(const std::string& label, const std::string& backend, const std::string& format,
+                                     const std::string& kv, std::initializer_list<int> shape_indices,
+                                     std::initializer_list<int> threads) {
+  for (int si : shape_indices) {
+    Problem p(shapes()[si]);
+    const SampleResult one = run(p.model(backend, format, 1, {}, kv), p.context(), -1).r;
+    for (int t : threads)
+      EXPECT_EQ(run(p.model(backend, format, t, {}, kv), p.context(), -1).r.action, one.action)
+          << label << " " << shapes()[si].name << ": " << t << " threads against 1";
+  }
+}
+
 class ThreadCountConformance : public ::testing::TestWithParam<Target> {};
 
 TEST_P(ThreadCountConformance, ResultsAreBitwiseIndependentOfThreadCount) {
   const Target& tg = GetParam();
   SKIP_IF_UNAVAILABLE(tg);
-  for (int si : {2, 4, 6}) {
-    Problem p(shapes()[si]);
-    const SampleResult one = run(p.model(tg.backend, tg.format, 1), p.context(), -1).r;
-    for (int t : {2, 3, 5})
-      EXPECT_EQ(run(p.model(tg.backend, tg.format, t), p.context(), -1).r.action, one.action)
-          << target_name(tg) << " " << shapes()[si].name << ": " << t << " threads against 1";
-  }
+  expect_thread_count_independent(target_name(tg), tg.backend, tg.format, "", {2, 4, 6}, {2, 3, 5});
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ThreadCountConformance, ::testing::ValuesIn(targets()),
@@ -341,13 +348,7 @@ class ThreadCountConformanceKv : public ::testing::TestWithParam<KvTarget> {};
 TEST_P(ThreadCountConformanceKv, ResultsAreBitwiseIndependentOfThreadCount) {
   const KvTarget& tg = GetParam();
   SKIP_IF_UNAVAILABLE(tg);
-  for (int si : {4, 6}) {
-    Problem p(shapes()[si]);
-    const SampleResult one = run(p.model(tg.backend, tg.format, 1, {}, tg.kv), p.context(), -1).r;
-    for (int t : {2, 3})
-      EXPECT_EQ(run(p.model(tg.backend, tg.format, t, {}, tg.kv), p.context(), -1).r.action, one.action)
-          << target_name(tg) << " " << shapes()[si].name << ": " << t << " threads against 1";
-  }
+  expect_thread_count_independent(target_name(tg), tg.backend, tg.format, tg.kv, {4, 6}, {2, 3});
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ThreadCountConformanceKv, ::testing::ValuesIn(kv_targets()),
