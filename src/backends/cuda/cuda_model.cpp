@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "alpamayo/error.h"
+#include "backends/cuda/cublaslt_loader.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_session.h"
 #include "backends/cuda/kernels.h"
@@ -32,6 +33,9 @@ std::string unavailable() {
     if (major * 10 + minor < 89)
       return "CUDA device " + std::to_string(dev) + " has compute capability " + std::to_string(major) + "." +
              std::to_string(minor) + "; the cuda backend needs 8.9 or newer (sm_89+)";
+#ifndef ALPAMAYO_CUDA_EMU
+    if (!cuda_lt::unavailable().empty()) return cuda_lt::unavailable();
+#endif
     return std::string();
   }();
   return why;

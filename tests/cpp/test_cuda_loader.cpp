@@ -1,0 +1,65 @@
+// cuBLASLt, loaded on first use (src/backends/cuda/cublaslt_loader.h): the forwarding functions reach the real
+// library where it is installed, and a missing library is named, with every function failing cleanly. Neither
+// needs a GPU: the calls below are cuBLASLt's host-side descriptor functions.
+#include <cublasLt.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "backends/cuda/cublaslt_loader.h"
+
+namespace alpamayo {
+namespace {
+
+TEST(CublasLtLoader, ForwardsToTheInstalledLibrary) {
+  if (!cuda_lt::unavailable().empty()) GTEST_SKIP() << cuda_lt::unavailable();
+  EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+  EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
+  cublasLtMatmulDesc_t desc = nullptr;
+  ASSERT_EQ(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+  const cublasOperation_t t = CUBLAS_OP_T;
+  EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), CUBLAS_STATUS_SUCCESS);
+  // A wrong size is the library's own check, so this call reached it.
+  EXPECT_EQ(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, 1), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasLtMatmulDescDestroy(desc), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatrixLayout_t layout = nullptr;
+  ASSERT_EQ(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, 128, 64, 128), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatrixLayoutDestroy(layout), CUBLAS_STATUS_SUCCESS);
+  cublasLtMatmulPreference_t pref = nullptr;
+  ASSERT_EQ(cublasLtMatmulPreferenceCreate(&pref), CUBLAS_STATUS_SUCCESS);
+  const size_t ws = 1 << 20;
+  EXPECT_EQ(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(cublasLtMatmulPreferenceDestroy(pref), CUBLAS_STATUS_SUCCESS);
+}
+
+// In a fresh process (the library is loaded once per process): ALPAMAYO_CUBLASLT names a file that is not there.
+TEST(CublasLtLoader, AMissingLibraryIsNamedAndEveryCallFails) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("ALPAMAYO_CUBLASLT", "/nonexistent/libcublasLt.so.99", 1);
+        std::fprintf(stderr, "unavailable: %s\n", cuda_lt::unavailable().c_str());
+        std::fprintf(stderr, "status string: %s\n", cublasLtGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED));
+        cublasLtHandle_t h = nullptr;
+        cublasLtMatmulDesc_t d = nullptr;
+        cublasLtMatmulPreference_t p = nullptr;
+        const bool all_fail = cublasLtCreate(&h) == CUBLAS_STATUS_NOT_INITIALIZED &&
+                              cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
+                                  CUBLAS_STATUS_NOT_INITIALIZED &&
+                              cublasLtMatmulPreferenceCreate(&p) == CUBLAS_STATUS_NOT_INITIALIZED &&
+                              std::string(cublasLtGetStatusName(CUBLAS_STATUS_SUCCESS)) ==
+                                  "CUBLAS_STATUS_NOT_INITIALIZED" &&
+                              h == nullptr && d == nullptr && p == nullptr;
+        std::exit(all_fail ? 3 : 4);
+      },
+      ::testing::ExitedWithCode(3),
+      "unavailable: cuBLASLt \\(/nonexistent/libcublasLt.so.99\\) could not be loaded: /nonexistent/libcublasLt.so.99.*"
+      "ALPAMAYO_CUBLASLT.*\nstatus string: cuBLASLt \\(/nonexistent");
+  EXPECT_EQ(cuda_lt::library_name().find("libcublasLt.so"), 0u) << cuda_lt::library_name();
+}
+
+}  // namespace
+}  // namespace alpamayo
