@@ -30,7 +30,7 @@ cmake -S . -B build-tsan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF 
   -DCMAKE_CXX_FLAGS="$TSAN" -DCMAKE_C_FLAGS="$TSAN" -DCMAKE_EXE_LINKER_FLAGS="$TSAN" \
   -DCMAKE_SHARED_LINKER_FLAGS="$TSAN" >/dev/null
 # The C API program drives the Release build's CLI (it only writes fixtures and reference outputs there): the CLI's
-# own threads are the engine's, which the tests below cover, and its five files cost this build about 40 s.
+# threads are the engine's, which the tests below cover, so this build leaves the CLI's files out.
 cmake --build build-tsan -j"$(nproc)" --target alpamayo_concurrency_tests test_capi
 # The reference backend's sessions run the same sharing code for every weight format, shape and thread count, so
 # under TSan only its f32 weights on the smaller shapes, with 2 threads (its determinism tests). On a 2-core AMD EPYC
