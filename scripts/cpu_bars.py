@@ -161,7 +161,7 @@ def main() -> int:
     for res in runs + forced:
         if "error" in res:
             print(f"| {res['args'][res['args'].index('--weights') + 1]} | {res['kernels'] or 'chosen'} | - | - | "
-                  f"{res['error']} | - |")
+                  f"{res['error'].split('. Candidates:')[0]} | - |")  # the full message is printed above
             continue
         w = res["weights"] + (", kv " + res["args"][res["args"].index("--kv") + 1] if "--kv" in res["args"] else "")
         kern = ", ".join(" ".join(l.split()[:2]) for l in res["kernel_lines"])
