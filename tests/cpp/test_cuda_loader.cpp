@@ -58,7 +58,20 @@ TEST(CublasLtLoader, AMissingLibraryIsNamedAndEveryCallFails) {
       ::testing::ExitedWithCode(3),
       "unavailable: cuBLASLt \\(/nonexistent/libcublasLt.so.99\\) could not be loaded: /nonexistent/libcublasLt.so.99.*"
       "ALPAMAYO_CUBLASLT.*\nstatus string: cuBLASLt \\(/nonexistent");
-  EXPECT_EQ(cuda_lt::library_name().find("libcublasLt.so"), 0u) << cuda_lt::library_name();
+}
+
+// Which library: ALPAMAYO_CUBLASLT when set and not empty, else the soname of the headers' major version.
+TEST(CublasLtLoader, LibraryNameFollowsTheVariable) {
+  const char* was = std::getenv("ALPAMAYO_CUBLASLT");
+  const std::string saved = was ? was : "";
+  unsetenv("ALPAMAYO_CUBLASLT");
+  EXPECT_EQ(cuda_lt::library_name(), "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
+  setenv("ALPAMAYO_CUBLASLT", "", 1);
+  EXPECT_EQ(cuda_lt::library_name(), "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
+  setenv("ALPAMAYO_CUBLASLT", "/opt/cuda/lib64/libcublasLt.so.13", 1);
+  EXPECT_EQ(cuda_lt::library_name(), "/opt/cuda/lib64/libcublasLt.so.13");
+  if (was) setenv("ALPAMAYO_CUBLASLT", saved.c_str(), 1);
+  else unsetenv("ALPAMAYO_CUBLASLT");
 }
 
 }  // namespace
