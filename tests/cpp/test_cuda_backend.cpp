@@ -22,6 +22,14 @@ using test::TempDir;
 void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
 // A checkpoint and a context file of the tiny test size (B = 3, ragged valid lengths).
+// BackendOptions with only the weight format set (a designated initializer of just .weights makes GCC 12 warn
+// about the members left out).
+BackendOptions weights_opt(const char* format) {
+  BackendOptions o;
+  o.weights = format;
+  return o;
+}
+
 struct Fixture {
   TempDir tmp;
   std::shared_ptr<const Checkpoint> ck;
@@ -82,7 +90,7 @@ TEST(CudaBackend, DeviceCacheIsBoundInPlaceAndMatchesTheHostCache) {
   for (DType cache : {DType::BF16, DType::F32})
     for (const char* format : {"bf16", "fp8"}) {
       Fixture f(cache);
-      auto m = Model::load(f.ck, "cuda", {.weights = format});
+      auto m = Model::load(f.ck, "cuda", weights_opt(format));
       Session on_host(m), on_gpu(m);
       on_host.bind(f.host());
       DeviceContext dc(f.host());
@@ -124,9 +132,9 @@ TEST(CudaBackend, GraphReplayEqualsEagerLaunches) {
   Fixture f;
   for (const char* format : {"bf16", "fp8"}) {
     setenv("ALPAMAYO_CUDA_GRAPHS", "0", 1);
-    auto eager_model = Model::load(f.ck, "cuda", {.weights = format});
+    auto eager_model = Model::load(f.ck, "cuda", weights_opt(format));
     unsetenv("ALPAMAYO_CUDA_GRAPHS");
-    auto graph_model = Model::load(f.ck, "cuda", {.weights = format});
+    auto graph_model = Model::load(f.ck, "cuda", weights_opt(format));
     Session eager(eager_model), graph(graph_model);
     eager.bind(f.host(), {.capture = {.step = 1, .layers = true}});
     graph.bind(f.host(), {.capture = {.step = 1, .layers = true}});
