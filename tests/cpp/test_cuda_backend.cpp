@@ -21,7 +21,6 @@ using test::TempDir;
 
 void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
-// A checkpoint and a context file of the tiny test size (B = 3, ragged valid lengths).
 // BackendOptions with only the weight format set (a designated initializer of just .weights makes GCC 12 warn
 // about the members left out).
 BackendOptions weights_opt(const char* format) {
@@ -30,6 +29,7 @@ BackendOptions weights_opt(const char* format) {
   return o;
 }
 
+// A checkpoint and a context file of the tiny test size (B = 3, ragged valid lengths).
 struct Fixture {
   TempDir tmp;
   std::shared_ptr<const Checkpoint> ck;
