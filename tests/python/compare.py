@@ -47,8 +47,10 @@ class Check:
 
     def __str__(self) -> str:
         ratio = self.err / self.bound if self.bound > 0 else float("inf")
-        return (f"{'ok  ' if self.ok else 'FAIL'} {self.name:28s} pcc {self.pcc:.9f} (>= {self.min_pcc})  "
-                f"max|d| {self.err:.3e} <= {self.bound:.3e} (ratio {ratio:.3f})")
+        # 1 - PCC grows with the square of the relative error: the ratio of the square roots compares errors.
+        pr = math.sqrt(max(1 - self.pcc, 0) / (1 - self.min_pcc)) if self.min_pcc < 1 else float(self.pcc < 1) * math.inf
+        return (f"{'ok  ' if self.ok else 'FAIL'} {self.name:28s} pcc {self.pcc:.9f} (>= {self.min_pcc:.9f}, "
+                f"ratio {pr:.3f})  max|d| {self.err:.3e} <= {self.bound:.3e} (ratio {ratio:.3f})")
 
 
 class Checks:

@@ -1,8 +1,9 @@
 """Compare one engine `sample` run with the oracle: layers, Euler steps, action, trajectory.
 
 Bounds are derived in docs/ACCURACY.md; in short, for the fp32 reference backend every compared tensor
-must satisfy max|engine - oracle| <= u * scale * depth * (sqrt(K) + phase) (compare.fp32_bound), and
-for the bf16 cpu backend max|d| <= C_BF16 * u_bf16 * scale * depth, plus PCC floors.
+must satisfy max|engine - oracle| <= u * scale * depth * (sqrt(K) + phase) (compare.fp32_bound), with the PCC
+floor that max-abs bound implies; for the bf16 / int8 / block formats the error model of error_model.py gives a
+relative RMS bound rho(depth), hence a PCC floor and a max-abs bound for each tensor.
 """
 from __future__ import annotations
 
@@ -11,16 +12,28 @@ import math
 import torch
 
 from cli import Backend
-from compare import U32, U_BF16, Checks, fp32_bound, max_abs
+import error_model as em
+from compare import U32, Checks, fp32_bound, max_abs
 from oracle import Checkpoint, Oracle, decode, v0_from_history
 
-C_BF16 = 4.0
-# bfp8_b / bfp4_b: against an oracle holding the same block-quantised weights, so only the bf16 activations differ.
-MIN_PCC = {"reference": 0.99999, "bf16": 0.9999, "int8": 0.999, "bfp8_b": 0.9999, "bfp4_b": 0.9999}
+MATRICES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+            "mlp.up_proj", "mlp.down_proj")
 
 
-def _pcc_floor(backend: Backend) -> float:
-    return MIN_PCC["reference"] if backend.name == "reference" else MIN_PCC[backend.weights or "bf16"]
+def pcc_implied(bound: float, ref: torch.Tensor) -> float:
+    """The PCC floor a max-abs bound implies (rms(e) <= max|e|): for the fp32 bounds."""
+    return em.pcc_floor(bound / max(em.rms(ref), 1e-300), ref)
+
+
+def format_unit(ck: Checkpoint, backend: Backend, keys: int) -> em.UnitModel | None:
+    """The error model's residual unit for a backend with bf16 activations (and the format's weights) against the
+    fp32 oracle, for attention over `keys` rows; None for the fp32 reference backend (its fp32 bounds)."""
+    if backend.name == "reference":
+        return None
+    mats = [ck.w[f"expert.layers.{l}.{m}.weight"] for l in range(ck.L) for m in MATRICES]
+    wfmt = backend.weights or "bf16"
+    return em.UnitModel("int8" if wfmt == "int8" else "bf16", True, em.weight_eps_for(wfmt, mats),
+                        [ck.D, ck.Hq * ck.d, ck.I, ck.d, keys])
 
 
 class Bounds:
@@ -35,6 +48,7 @@ class Bounds:
         self.K_emb = max(3 * ck.ain["F"], ck.ain["hidden"], ck.D)
         self.K_layer = max(ck.D, ck.Hq * ck.d, ck.I, oracle.P + oracle.T)
         self.L = ck.L
+        self.unit = format_unit(ck, backend, oracle.P + oracle.T)
 
     def depth(self, what: str) -> int:
         if what == "emb":
@@ -47,12 +61,16 @@ class Bounds:
         """The sqrt(K) part of the fp32 bound alone (no angle rounding term), for the tables."""
         return fp32_bound(scale, self.K_emb if what == "emb" else self.K_layer, 0.0, self.depth(what))
 
+    def max_abs_and_pcc(self, what: str, ref: torch.Tensor) -> tuple[float, float]:
+        """(max-abs bound, PCC floor) of one compared tensor."""
+        if self.unit is not None:
+            rho = self.unit.rho(self.depth(what))
+            return em.max_abs_bound(rho, ref), em.pcc_floor(rho, ref)
+        b = self(what, float(ref.abs().max()))
+        return b, pcc_implied(b, ref)
+
     def __call__(self, what: str, scale: float) -> float:
-        if self.backend.name != "reference":
-            depth = {"emb": 1, "hidden": self.L + 1, "v": self.L + 2}.get(what, None)
-            if depth is None:  # layer.l
-                depth = int(what.split(".")[1]) + 2
-            return C_BF16 * U_BF16 * max(scale, 1.0) * depth
+        """The fp32 bound (reference backend)."""
         if what == "emb":
             return fp32_bound(scale, self.K_emb, self.phase_emb, 1)
         phase = self.phase_emb + self.p_max
@@ -63,13 +81,13 @@ class Bounds:
         return fp32_bound(scale, self.K_layer, phase, int(what.split(".")[1]) + 2)
 
 
-def check_layers(checks: Checks, got: dict, ref: dict, bounds: Bounds, min_pcc: float):
+def check_layers(checks: Checks, got: dict, ref: dict, bounds: Bounds):
     for name in ["emb"] + [f"layer.{l}" for l in range(bounds.L)] + ["hidden"]:
         if name not in got:
-            checks.add(f"layers-out:{name} MISSING", torch.zeros(1), torch.ones(1), 0.0, min_pcc)
+            checks.add(f"layers-out:{name} MISSING", torch.zeros(1), torch.ones(1), 0.0, 1.0)
             continue
         r = ref[name]
-        checks.add(f"layers-out:{name}", got[name], r, bounds(name, float(r.abs().max())), min_pcc)
+        checks.add(f"layers-out:{name}", got[name], r, *bounds.max_abs_and_pcc(name, r))
 
 
 def oracle_gain(oracle: Oracle, noise: torch.Tensor, steps: int, base_action: torch.Tensor, eps: float = 1e-4) -> float:
@@ -84,7 +102,6 @@ def oracle_gain(oracle: Oracle, noise: torch.Tensor, steps: int, base_action: to
 def verify_sample(ck: Checkpoint, oracle: Oracle, res: dict, noise: torch.Tensor, steps: int, backend: Backend,
                   *, ego_xyz=None, ego_rot=None, v0_given=None, free_running: bool = True) -> Checks:
     checks = Checks()
-    min_pcc = _pcc_floor(backend)
     ref = oracle.sample(noise, steps)
     xmax = float(max(ref["x_steps"].abs().max(), res["x_steps"].abs().max() if "x_steps" in res else 0))
     bounds = Bounds(ck, oracle, xmax, backend)
@@ -92,7 +109,7 @@ def verify_sample(ck: Checkpoint, oracle: Oracle, res: dict, noise: torch.Tensor
 
     # 1. Per-layer hidden states of Euler step 0 (identical input x_0 = noise).
     if "layers" in res:
-        check_layers(checks, res["layers"], ref["layers"], bounds, min_pcc)
+        check_layers(checks, res["layers"], ref["layers"], bounds)
 
     # 2. Every Euler step, teacher-forced: oracle step_fn at the engine's own x_k isolates the step's error.
     xs, vs = res.get("x_steps"), res.get("v_steps")
@@ -102,8 +119,9 @@ def verify_sample(ck: Checkpoint, oracle: Oracle, res: dict, noise: torch.Tensor
         checks.add("x_0 == noise", xs[0], noise, 0.0)
         for k in range(steps):
             v_ref, _ = oracle.step(xs[k], times[k].expand(xs.shape[1]))
-            tol_v.append(bounds("v", float(v_ref.abs().max())))
-            err_v.append(checks.add(f"v_{k} (teacher-forced)", vs[k], v_ref, tol_v[-1], min_pcc).err)
+            tol, floor = bounds.max_abs_and_pcc("v", v_ref)
+            tol_v.append(tol)
+            err_v.append(checks.add(f"v_{k} (teacher-forced)", vs[k], v_ref, tol, floor).err)
             # Euler update in fp32: x + dt*v rounds twice.
             x_next = xs[k] + (times[k + 1] - times[k]) * vs[k]
             checks.add(f"x_{k + 1} = x_{k} + dt v_{k}", xs[k + 1], x_next, 2 * U32 * float(x_next.abs().max()) + 1e-30)
@@ -115,7 +133,8 @@ def verify_sample(ck: Checkpoint, oracle: Oracle, res: dict, noise: torch.Tensor
         gain = max(1.0, oracle_gain(oracle, noise, steps, ref["action"]))
         dts = (times[1:] - times[:-1]).tolist()
         tol_action = 2 * gain * sum(dt * e for dt, e in zip(dts, err_v)) + steps * 2 * U32 * xmax
-        checks.add(f"action (free-running, gain {gain:.0f})", res["action"], ref["action"], tol_action, 0.9999)
+        checks.add(f"action (free-running, gain {gain:.0f})", res["action"], ref["action"], tol_action,
+                   pcc_implied(tol_action, ref["action"]))
     elif free_running:
         checks.note(f"[{backend.id}] free-running action: pcc {__import__('compare').pcc(res['action'], ref['action']):.6f} "
                     f"max|d| {max_abs(res['action'], ref['action']):.3e}")
