@@ -21,8 +21,9 @@ def cli_path() -> Path:
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer")
 
 
-def run(cli, *args, timeout: float = 600) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+def run(cli, *args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                       env=None if env is None else {**os.environ, **env})
     found = [m for m in SANITIZER_MARKS if m in r.stderr]
     assert not found, f"sanitizer finding in `{cli} {' '.join(map(str, args))}`:\n{r.stderr[-4000:]}"
     return r
@@ -32,10 +33,23 @@ def run(cli, *args, timeout: float = 600) -> subprocess.CompletedProcess:
 class Backend:
     name: str                   # a backend of `alpamayo-expert backends`
     weights: str | None = None  # its weight format; None: the backend's default
+    kernel: str | None = None   # cpu backend: one op's kernel forced, "op=kernel" (the other ops as pinned)
 
     @property
     def id(self) -> str:
-        return self.name + (f"-{self.weights}" if self.weights else "")
+        return self.name + (f"-{self.weights}" if self.weights else "") + (f"-{self.kernel}" if self.kernel else "")
+
+    def kernels(self) -> str:
+        """The ALPAMAYO_CPU_KERNELS value (or a Model's `kernels`) of this backend: the session's pin
+        (conftest.py) with this backend's forced op replaced; "" when nothing is forced or pinned."""
+        ops = dict(kv.split("=", 1) for kv in os.environ.get("ALPAMAYO_CPU_KERNELS", "").split(",") if "=" in kv)
+        if self.kernel:
+            op, k = self.kernel.split("=", 1)
+            ops[op] = k
+        return ",".join(f"{op}={k}" for op, k in ops.items())
+
+    def env(self) -> dict | None:
+        return {"ALPAMAYO_CPU_KERNELS": self.kernels()} if self.kernel else None
 
     def args(self) -> list[str]:
         a = ["--backend", self.name]
@@ -72,7 +86,7 @@ def sample(cli, checkpoint, context, out_dir, *, backend: Backend = REFERENCE, n
     if layers:
         args += ["--layers-out", lay]
     args += list(extra)
-    r = run(cli, *args, timeout=timeout)
+    r = run(cli, *args, timeout=timeout, env=backend.env())
     if r.returncode != 0:
         raise CliError(f"{cli} {' '.join(map(str, args))}\nexit {r.returncode}\nstderr:\n{r.stderr}\nstdout:\n{r.stdout}")
     res = dict(load_file(str(out)))

@@ -76,9 +76,51 @@ def compiled_backends() -> list[tuple[str, list[str], str]]:
     return out
 
 
-def backends(with_int8: bool = True) -> list:
+# The cpu backend's ops whose kernel a weight format's run depends on (the block formats decode in kernels of
+# their own, chosen by instruction set, not among these).
+KERNEL_OPS = {"bf16": ("attention", "matmul_bf16"), "int8": ("attention", "matmul_int8"),
+              "bfp8_b": ("attention",), "bfp4_b": ("attention",)}
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_candidates(op: str) -> list[tuple[str, str]]:
+    """The engine's own kernel list for a cpu op, as its error for an unknown kernel names it, each with the reason
+    it cannot run on this machine ("" where it can). Kernels for the other cache or weight type are left out: they
+    are not candidates of this op."""
+    p = cli_path()
+    if not p.is_file():
+        return []
+    from synth import make_checkpoint
+    with tempfile.TemporaryDirectory() as d:
+        ck = make_checkpoint(Path(d) / "ck")
+        probe = lambda k: run(p, "inspect", ck, "--kernels", timeout=300,  # noqa: E731
+                              env={"ALPAMAYO_CPU_KERNELS": f"{op}={k}"}).stderr
+        msg = probe("?")
+        out = []
+        if op.startswith("attention"):
+            m = re.search(r"the attention kernels are ([\w, ]+) \(runnable here: ([\w, ]*)\)", msg)
+            assert m, msg
+            runnable = m.group(2).split(", ")
+            for k in m.group(1).split(", "):
+                why = "" if k in runnable else re.sub(r"^.*cannot run here: ([^;]*).*$", r"\1", probe(k).strip())
+                if not why.startswith("reads only"):
+                    out.append((k, why))
+        else:
+            m = re.search(r"Candidates: (.*)$", msg.strip())
+            assert m, msg
+            for item in m.group(1).split("; "):
+                k, _, why = item.partition(" (")
+                why = why.rstrip(")")
+                if "weights only" not in why:
+                    out.append((k, "" if why == "runs here" else why.removeprefix("not here: ")))
+    return out
+
+
+def backends(with_int8: bool = True, every_kernel: bool = False) -> list:
     """The test matrix: every compiled backend and format; one that cannot run on this machine (a GPU
-    backend without a GPU) is reported as skipped with the reason, never passed and never dropped."""
+    backend without a GPU) is reported as skipped with the reason, never passed and never dropped.
+    every_kernel: the cpu backend also once per kernel of each op its format uses, forced (the timed choice of
+    this machine is one of them; a kernel this machine cannot run is reported as skipped with the reason)."""
     out = []
     for name, formats, why in compiled_backends():
         for f in formats:
@@ -86,12 +128,23 @@ def backends(with_int8: bool = True) -> list:
                 continue
             b = REFERENCE if (name, f) == ("reference", "f32") else Backend(name, f)
             out.append(pytest.param(b, id=b.id, marks=pytest.mark.skip(reason=f"{b.id}: {why}")) if why else b)
+            if every_kernel and name == "cpu" and not why:
+                for op in KERNEL_OPS.get(f, ()):
+                    for k, kwhy in kernel_candidates(op):
+                        bk = Backend(name, f, f"{op}={k}")
+                        out.append(pytest.param(bk, id=bk.id, marks=pytest.mark.skip(
+                            reason=f"{bk.id}: this CPU cannot run {k}: {kwhy}")) if kwhy else bk)
     return out
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "every_kernel: run the cpu backend once per kernel of each op, forced")
 
 
 def pytest_generate_tests(metafunc):
     if "backend" in metafunc.fixturenames:
-        metafunc.parametrize("backend", backends(), ids=lambda b: b.id)
+        every = metafunc.definition.get_closest_marker("every_kernel") is not None
+        metafunc.parametrize("backend", backends(every_kernel=every), ids=lambda b: b.id)
 
 
 def pytest_report_header(config):

@@ -106,11 +106,13 @@ def _check_follows_text_config(checks, ck_dir, ctx, noise, res, tc, weights=None
                        -1.0)  # always fails: the case cannot tell whether the engine read the config
 
 
+@pytest.mark.every_kernel
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_sample_matches_oracle(cli, tmp_path, case, backend):
     _run_case(cli, tmp_path, CASES[case], backend).assert_ok()
 
 
+@pytest.mark.every_kernel
 def test_full_size_layer(cli, tmp_path, backend):
     """One layer at the seed model's sizes with a 4700-row cache: per-layer and velocity vs the oracle."""
     dm = FULL_LAYER

@@ -40,6 +40,7 @@ def _oracle(ck, path):
     return Oracle(ck, ExpertContext.from_file_context(read_context(path)))
 
 
+@pytest.mark.every_kernel
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_matches_oracle(cli, tmp_path, case, backend):
     c = CASES[case]
