@@ -4,8 +4,9 @@ vdpbf16ps, other blockings).
 
 Roundings, as the engine does them: bf16 (RNE) at the matmul inputs (the normed input of q/k/v and of gate/up, the
 attention output before o_proj, silu(gate) * up before down), on q and k after q/k norm and rope, on v, on the KV
-cache rows (an f32 or f16 cache is converted to bf16 at bind), on the probabilities that weight V (the normaliser l
-sums them unrounded, in fp32), and on the five weight matrices. Everything else is fp32: the residual stream, the
+cache rows (an f32 or f16 cache is converted to bf16 at bind), on the probabilities that weight V (as the vdpbf16ps
+and portable attention kernels do; the fp32-FMA ones keep them in fp32, Emulation.prob_bits = None; the normaliser
+l sums them unrounded either way), and on the five weight matrices. Everything else is fp32: the residual stream, the
 norms, rope (fp32 tables as src/model/sampler.cpp builds them), the softmax (base 2, scale log2(e) / sqrt(d)
 applied after the dot, against the exact row max so the largest probability is exactly 1), the final norm and the
 host's action_out_proj (fp32 weights).
@@ -27,9 +28,7 @@ LOG2E = 1.4426950408889634
 
 
 def round_bits(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
-    """Round to `bits` significant bits, to nearest even (8: bf16)."""
-    if bits == 8:
-        return x.to(torch.bfloat16).to(torch.float32)
+    """Round to `bits` significant bits, to nearest even (8: bf16 RNE for normal numbers)."""
     m, e = torch.frexp(x)                       # x = m 2^e, 0.5 <= |m| < 1: m 2^bits has `bits` integer bits
     return torch.ldexp(torch.round(m * 2.0 ** bits) / 2.0 ** bits, e)  # torch.round: half to even
 
@@ -80,17 +79,13 @@ class Emulation:
     order: str = "sequential"
     seed: int = 0                  # of the 'random' order's permutations
     bf16: bool = True              # False: no rounding at all (the oracle's math in fp32), to check the emulation
-    prob_bits: int = 8             # significant bits the probabilities keep; a bug test lowers it
+    prob_bits: int | None = 8      # significant bits the probabilities keep (None: fp32, as the fp32-FMA
+                                   # attention kernels keep them); a bug test lowers it
     drop_down_k: int | None = None  # a bug: down_proj's sums skip this k (negative: from the end)
     drop_last_key: bool = False    # a bug: attention skips each sample's last valid cache row (an off-by-one)
-    truncate: bool = False         # a bug: the activations are truncated to bf16 instead of rounded to nearest
 
-    def r(self, x: torch.Tensor, bits: int = 8) -> torch.Tensor:
-        if not self.bf16:
-            return x
-        if self.truncate and bits == 8:
-            return (x.view(torch.int32) & -65536).view(torch.float32)
-        return round_bits(x, bits)
+    def r(self, x: torch.Tensor, bits: int | None = 8) -> torch.Tensor:
+        return round_bits(x, bits) if self.bf16 and bits is not None else x
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         return ordered_sum(t, self.order, self.seed)
