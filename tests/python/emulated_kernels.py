@@ -159,9 +159,19 @@ def _attention(q, K, V, real, d, emu: Emulation):
     return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
-@torch.no_grad()
 def expert_step(ck: Checkpoint, ctx: ExpertContext, emb: torch.Tensor, emu: Emulation = Emulation()) -> dict:
     """emb [B, T, D] (fp32) -> {'layer.l' (the residual stream after layer l), 'hidden' (after the final norm), 'v'}."""
+    # Thousands of small ops: a second thread only adds waits, and each one stalls while another process holds a core.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _expert_step(ck, ctx, emb, emu)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@torch.no_grad()
+def _expert_step(ck: Checkpoint, ctx: ExpertContext, emb: torch.Tensor, emu: Emulation) -> dict:
     B, T, D = emb.shape
     w, d, Hq, Hkv = ck.w, ck.d, ck.Hq, ck.Hkv
     heads = torch.arange(Hq) // (Hq // Hkv)
