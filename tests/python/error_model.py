@@ -16,7 +16,10 @@ pairs, blocks, trees: each partial sum is a random walk of at most |y|, each add
     rms(e) <= rho rms(r)                          -> PCC(engine, r) >= sqrt(1 - (rho rms(r) / std(r))^2)
     max|e| <= z(N) rms(e), z(N) = sqrt(2 ln(2N / 1e-6))   (a sum of many small roundings is near-Gaussian:
                                                   its largest of N elements exceeds z(N) sigma with prob. < 1e-6)
-No constant here was fitted to a measurement; ACCURACY.md lists the margins measured per kernel.
+The sites: the four matmul inputs (bf16, or int8 rows for the int8 weights, with an assumed crest factor), q, k, v
+and the probabilities (bf16), and each of a layer's seven weight matrices where the format's weights differ from the
+oracle's, with the error the format puts on these very weights (computed by rounding them). No constant here was
+fitted to a measurement; ACCURACY.md lists the margins measured per kernel.
 """
 from __future__ import annotations
 
@@ -37,25 +40,6 @@ def eps_int8(kappa: float) -> float:
     return kappa / (127 * math.sqrt(12))
 
 
-def eps_block(mantissa_bits: int) -> float:
-    """Block floating point (bfp8_b: 7 mantissa bits, bfp4_b: 3) against the largest member's exponent: a
-    member's error is uniform over +-half a step of 2^(e_max - m), which for members at the block's scale is
-    the format's own unit; relative to the block's RMS the crest factor of a 16-block (<= 4) applies."""
-    return 4.0 * 2.0 ** -mantissa_bits / math.sqrt(12)
-
-
-def eps_fp8_e4m3() -> float:
-    """e4m3 with one scale per output channel: 3 mantissa bits, RNE: |error| <= 2^-4 |w|, RMS 2^-4 / sqrt(3)."""
-    return 2.0 ** -4 / math.sqrt(3)
-
-
-def crest(w: torch.Tensor) -> float:
-    """The largest max|row| / rms(row) over the rows of a weight matrix [out, in] (per-output-channel scales)."""
-    w = w.double()
-    rms = w.pow(2).mean(1).sqrt().clamp_min(1e-300)
-    return float((w.abs().amax(1) / rms).max())
-
-
 def z_factor(n: int) -> float:
     return math.sqrt(2 * math.log(2 * max(n, 1) / 1e-6))
 
@@ -65,16 +49,16 @@ class UnitModel:
 
     act: the matmul-input activations rounded per unit ('bf16', or 'int8' for the int8 weights' u8 rows);
     attention_bf16: q, k, v and the probabilities rounded to bf16 (the cpu / cuda attention);
-    weight_eps: the RMS relative error of each of the 5 weight matrices in series (qkv, o, gate, up, down) that
-    the oracle does not share (0 when it holds the same weights);
-    K: the matmul reduction lengths of one unit (D, Hq d, I, and P + T for attention's two reductions)."""
+    weight_eps: per weight matrix of a layer (q, k, v, o, gate, up, down) the RMS relative error of the format's
+    weights against the oracle's (weight_errors; empty when the oracle holds the same weights);
+    K: the matmul reduction lengths of one unit (D, Hq d, I, d, and the keys attended)."""
 
-    def __init__(self, act: str, attention_bf16: bool, weight_eps: float, K: list[int], extra_eps=()):
+    def __init__(self, act: str, attention_bf16: bool, weight_eps: list[float], K: list[int], extra_eps=()):
         a = EPS_BF16 if act == "bf16" else eps_int8(KAPPA_ACT)
         sites = [a] * 4                                  # qkv input, attention output, MLP input, silu * up
         if attention_bf16:
             sites += [EPS_BF16] * 4                      # q, k, v, probabilities
-        sites += [weight_eps] * 5
+        sites += list(weight_eps)
         sites += list(extra_eps)
         self.rounding = math.sqrt(sum(e * e for e in sites))
         self.accumulation = sum(LAMBDA * math.sqrt(k) * U32 for k in K)
@@ -105,15 +89,23 @@ def max_abs_bound(rho: float, ref: torch.Tensor) -> float:
     return z_factor(ref.numel()) * rho * rms(ref)
 
 
-def weight_eps_for(weights: str | None, matrices: list[torch.Tensor]) -> float:
-    """The RMS relative error of the format's weights against the oracle's: bf16 rounding where the
-    checkpoint's values are not bf16 already, int8 from the matrices' own crest factors, 0 for the block
-    formats (the oracle holds the same block-quantised values) and for fp32."""
-    if weights in (None, "f32", "bfp8_b", "bfp4_b"):
-        return 0.0
-    if weights == "int8":
-        return eps_int8(max(crest(m) for m in matrices))
+def format_error(weights: str, w: torch.Tensor) -> float:
+    """The relative RMS error the weight format puts on these weights [out, in], computed by rounding them as the
+    engine does: bf16 round-to-nearest-even; int8 symmetric per output row (step max|row| / 127, RNE)."""
+    w = w.float()
     if weights == "bf16":
-        exact = all(torch.equal(m.bfloat16().float(), m) for m in matrices)
-        return 0.0 if exact else EPS_BF16
-    raise ValueError(f"no error model for weight format {weights!r}")
+        q = w.bfloat16().float()
+    elif weights == "int8":
+        a = w.abs().amax(1, keepdim=True)
+        q = torch.where(a > 0, torch.round(w * (127 / a)) * (a / 127), torch.zeros_like(w))
+    else:
+        raise ValueError(f"no error model for weight format {weights!r}")
+    return float((q - w).double().norm() / w.double().norm().clamp_min(1e-300))
+
+
+def weight_errors(weights: str | None, layers: list[dict[str, torch.Tensor]]) -> list[float]:
+    """Per matrix kind (the dicts' keys, one dict per layer) the largest error over the layers; none for fp32 and
+    the block formats (the oracle holds the same block-quantised values)."""
+    if weights in (None, "f32", "bfp8_b", "bfp4_b"):
+        return []
+    return [max(format_error(weights, lw[k]) for lw in layers) for k in layers[0]]

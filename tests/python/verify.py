@@ -30,9 +30,9 @@ def format_unit(ck: Checkpoint, backend: Backend, keys: int) -> em.UnitModel | N
     fp32 oracle, for attention over `keys` rows; None for the fp32 reference backend (its fp32 bounds)."""
     if backend.name == "reference":
         return None
-    mats = [ck.w[f"expert.layers.{l}.{m}.weight"] for l in range(ck.L) for m in MATRICES]
+    layers = [{m: ck.w[f"expert.layers.{l}.{m}.weight"] for m in MATRICES} for l in range(ck.L)]
     wfmt = backend.weights or "bf16"
-    return em.UnitModel("int8" if wfmt == "int8" else "bf16", True, em.weight_eps_for(wfmt, mats),
+    return em.UnitModel("int8" if wfmt == "int8" else "bf16", True, em.weight_errors(wfmt, layers),
                         [ck.D, ck.Hq * ck.d, ck.I, ck.d, keys])
 
 
