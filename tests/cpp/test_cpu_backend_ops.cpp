@@ -272,6 +272,7 @@ TEST(Matmul, OnednnUsesAmxExactlyWhereUsable) {
     }
     if (info.has(flag)) {
       EXPECT_NE(impl.find("amx"), std::string::npos) << name << " is usable, oneDNN chose " << impl;
+      std::printf("  %s usable here: oneDNN runs %s\n", name, impl.c_str());
     } else {
       EXPECT_EQ(impl.find("amx"), std::string::npos) << name << " is not usable, oneDNN chose " << impl;
       std::printf("  [skipped] %s on oneDNN: not usable here (isa: %s); oneDNN runs %s\n", name,
