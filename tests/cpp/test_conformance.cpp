@@ -579,7 +579,18 @@ std::string cpu_kernel_unavailable(const CpuKernelTarget& t) {
       if (t.kernel == cpu::attn_kernel_name(k)) return cpu::attn_kernel_unavailable(k, t.kv == "int8");
     return "unknown attention kernel";
   }
-  if (t.kernel == "onednn") return t.format == "int8" ? cpu::onednn_int8_refused() : "";
+  if (t.kernel == "onednn") {
+    if (t.format == "int8" && !cpu::onednn_int8_refused().empty()) return cpu::onednn_int8_refused();
+    cpu::isa();  // the ISA cap reaches oneDNN before its first primitive
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    cpu::MatmulKernels kernels(eng);
+    try {  // e.g. no bf16 matmul in oneDNN below AVX-512
+      kernels.get(t.format == "int8" ? cpu::WeightType::INT8 : cpu::WeightType::BF16, 64, 1536, 1024, 1024);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
   cpu::FmaKernel k;
   return cpu::fma_kernel_from_name(t.kernel, &k) ? cpu::fma_kernel_unavailable(k) : "unknown matmul kernel";
 }
