@@ -1,5 +1,6 @@
 // The cpu backend's run-time kernel choice: ISA detection and its cap (ALPAMAYO_CPU_ISA), forced kernels
-// (ALPAMAYO_CPU_KERNELS), the attention kernel's selection, the accuracy check's bounds, and the instruction peaks.
+// (ALPAMAYO_CPU_KERNELS), the attention kernel's selection, the accuracy check at the choice, and the instruction
+// peaks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "alpamayo/tensor.h"
 #include "backends/cpu/attention.h"
+#include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/fma_matmul.h"
 #include "backends/cpu/isa.h"
@@ -343,6 +345,123 @@ TEST(KernelCheck, AttentionBoundsHoldAndHavePower) {
       std::printf("%-24s worst |d| / bound %.3g (outputs), %.3g (normalisers)\n", what.c_str(), a.ratio, an.ratio);
       expect_power(pout, b.out, what);
     }
+  }
+}
+
+// The timing data's check as the choice runs it: every candidate that runs here passes, and the choice says so.
+TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
+  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
+  select_matmul_kernel(WeightType::BF16, kRepModelDim);
+  select_matmul_kernel(WeightType::INT8, kRepModelDim);
+  for (bool int8 : {false, true}) select_attention_kernel(64, 2, 8, 512, int8);
+  int n = 0;
+  for (const KernelChoice& c : kernel_choices()) {
+    if (c.op == "test_op") continue;  // Isa.* record one when run in this process
+    std::printf("%s\n%s\n", format_kernel_choice(c).c_str(), format_kernel_check(c).c_str());
+    EXPECT_EQ(c.check.find("rejected"), std::string::npos) << c.op << ": " << c.check;
+    if (c.kernel != "portable" && c.kernel != "portable_fma") {
+      ++n;
+      const std::string want = c.op.rfind("matmul", 0) == 0 ? "checked against portable_fma on " : "checked against portable on ";
+      EXPECT_EQ(c.check.find(want), 0u) << c.op << ": " << c.check;
+      EXPECT_NE(c.check.find(" " + c.kernel + " "), std::string::npos) << c.op << ": " << c.check;  // its ratio
+      EXPECT_NE(format_kernel_check(c).find(c.check), std::string::npos);
+    }
+  }
+  if (isa().has(kAvx2Fma)) { EXPECT_EQ(n, 4); }
+  // Forced, each runnable candidate passes too and says so.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> ops = {
+      {"matmul_bf16", {"avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
+      {"matmul_int8", {"avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"}},
+      {"attention", {"avx512_bf16", "avx512_fma", "avx2_fma"}},
+      {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma"}}};
+  for (const auto& [op, kernels] : ops)
+    for (const std::string& k : kernels) {
+      env.set(op + "=" + k);
+      try {
+        if (op == "matmul_bf16") select_matmul_kernel(WeightType::BF16, kRepModelDim);
+        else if (op == "matmul_int8") select_matmul_kernel(WeightType::INT8, kRepModelDim);
+        else select_attention_kernel(64, 2, 8, 512, op == "attention_kv_int8");
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_EQ(msg.find("accuracy"), std::string::npos) << msg;  // only "cannot run here" may refuse it
+        continue;
+      }
+      for (const KernelChoice& c : kernel_choices())
+        if (c.op == op) {
+          EXPECT_EQ(c.kernel, k);
+          EXPECT_EQ(c.why, "forced by ALPAMAYO_CPU_KERNELS");
+          EXPECT_EQ(c.check.find("checked against portable"), 0u) << c.check;
+          std::printf("forced %s\n", format_kernel_check(c).c_str());
+        }
+    }
+}
+
+// Test-only: perturbs one candidate's output at the check while in scope.
+class ScopedPerturbation {
+ public:
+  ScopedPerturbation(std::string op, std::string kernel, double relative) : op_(std::move(op)), kernel_(std::move(kernel)) {
+    set_kernel_check_perturbation_for_testing(op_, kernel_, relative);
+  }
+  ~ScopedPerturbation() { set_kernel_check_perturbation_for_testing(op_, kernel_, 0); }
+
+ private:
+  std::string op_, kernel_;
+};
+
+KernelChoice choice_of(const std::string& op) {
+  for (const KernelChoice& c : kernel_choices())
+    if (c.op == op) return c;
+  ADD_FAILURE() << "no choice recorded for " << op;
+  return {};
+}
+
+// A candidate whose output is off is left out of the timing, named as rejected with its difference and bound, and
+// forcing it is an error; far below the bound it passes; without the perturbation the earlier choice is back.
+TEST(KernelCheck, InaccurateCandidateIsRejectedAndNamed) {
+  if (!isa().has(kAvx2Fma)) GTEST_SKIP() << "no AVX2 + FMA: only the portable kernels run here";
+  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
+  struct Op {
+    std::string op;
+    double relative;  // far beyond the op's bound on the timing data (the test prints how far)
+    std::function<void()> select;
+  };
+  const std::vector<Op> ops = {
+      {"matmul_bf16", 1e-2, [] { select_matmul_kernel(WeightType::BF16, kRepModelDim); }},
+      {"matmul_int8", 1e-2, [] { select_matmul_kernel(WeightType::INT8, kRepModelDim); }},
+      {"attention", 1.0, [] { select_attention_kernel(64, 2, 8, 512, false); }},
+      {"attention_kv_int8", 1.0, [] { select_attention_kernel(64, 2, 8, 512, true); }}};
+  for (const Op& o : ops) {
+    o.select();
+    const KernelChoice before = choice_of(o.op);
+    const std::string k = before.kernel;
+    if (k == "portable" || k == "portable_fma") continue;  // the yardstick
+    {
+      ScopedPerturbation p(o.op, k, o.relative);
+      o.select();
+      const KernelChoice c = choice_of(o.op);
+      const std::string line = format_kernel_check(c);
+      std::printf("perturbed %s by %g: %s\n", k.c_str(), o.relative, line.c_str());
+      EXPECT_NE(c.kernel, k) << line;
+      EXPECT_NE(line.find("rejected: " + k + " |d| "), std::string::npos) << line;
+      EXPECT_NE(line.find(" > bound "), std::string::npos) << line;
+      EXPECT_NE(line.find(o.op.rfind("matmul", 0) == 0 ? "against portable_fma on 64 x 1536 x 1024"
+                                                       : "against portable on d=64, 16 rows, 520 keys"),
+                std::string::npos)
+          << line;
+      env.set(o.op + "=" + k);
+      test::expect_error(o.select, {"ALPAMAYO_CPU_KERNELS: " + o.op + "=" + k, "fails the accuracy check",
+                                    k + " |d| ", " > bound ", "times the bound"});
+      env.set("");
+    }
+    {
+      ScopedPerturbation p(o.op, k, 1e-7 * o.relative);  // far below the bound
+      o.select();
+      EXPECT_EQ(choice_of(o.op).check.find("rejected"), std::string::npos) << choice_of(o.op).check;
+    }
+    o.select();  // cached: the unperturbed choice again
+    EXPECT_EQ(choice_of(o.op).kernel, k);
+    EXPECT_EQ(choice_of(o.op).why, before.why);
+    EXPECT_EQ(choice_of(o.op).check, before.check);
   }
 }
 
