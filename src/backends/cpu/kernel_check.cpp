@@ -295,7 +295,7 @@ void attention_errors(const AttnReference& ref, AttnKernel k, std::vector<double
   e.assign(size_t(R) * d, 0.0);
   en.assign(R, 0.0);
   for (int r = 0; r < R; ++r) {
-    const double delta = gamma(d + 8) * 2 * ref.sigma[r] + (a.int8_queries ? (1 + gamma(8)) * ref.qround[r] : 0);
+    const double delta = gamma(d + 10) * 2 * ref.sigma[r] + (a.int8_queries ? (1 + gamma(8)) * ref.qround[r] : 0);
     const double grow = std::exp2(delta) * (1 + a.eps_p) * std::pow(1 + a.eps_alpha, a.rescales) *
                         std::pow(1 + kU, 2.0 * n + 16);
     const double beta = grow - 1, alpha = grow * (1 + a.rho) - 1;
@@ -322,8 +322,9 @@ void attention_errors(const AttnReference& ref, AttnKernel k, std::vector<double
 // the unrounded probabilities):
 // - 2^delta for the logit's error delta. The score is a d-term fp32 dot product (bf16 products exact; an int8 cache's
 //   widened rows and their products one rounding each), multiplied by c and reduced by the running maximum (one
-//   rounding each, the maximum being a computed score): |delta| <= gamma_(d+8) (sigma_j + sigma_max) <=
-//   gamma_(d+8) 2 sigma_max, sigma_j = c sum_i |q_i k_ji|. avx512_vnni rounds the queries to int8 per row (scale
+//   rounding each, the maximum being a computed score); the rescales' arguments m_old - m_new, each rounded, add up to
+//   the maximum's rise, at most 2 sigma_max: |delta| <= gamma_(d+10) 2 sigma_max, sigma_j = c sum_i |q_i k_ji| and
+//   sigma_max its largest over the keys. avx512_vnni rounds the queries to int8 per row (scale
 //   a / 127, a = max_i |q_i|): each q_i off by at most a / 254 (and 2u |q_i| for the fp32 division and product, within
 //   the gamma term), so its logits by at most c (a / 254) sum_i |k_ji| more, times 1 + gamma_8 for the rounding of its
 //   scale products.
