@@ -361,7 +361,8 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
     EXPECT_EQ(c.check.find("rejected"), std::string::npos) << c.op << ": " << c.check;
     if (c.kernel != "portable" && c.kernel != "portable_fma") {
       ++n;
-      const std::string want = c.op.rfind("matmul", 0) == 0 ? "checked against portable_fma on " : "checked against portable on ";
+      const std::string want =
+          c.op.rfind("matmul", 0) == 0 ? "checked against portable_fma on " : "checked against portable on ";
       EXPECT_EQ(c.check.find(want), 0u) << c.op << ": " << c.check;
       EXPECT_NE(c.check.find(" " + c.kernel + " "), std::string::npos) << c.op << ": " << c.check;  // its ratio
       EXPECT_NE(format_kernel_check(c).find(c.check), std::string::npos);
@@ -399,7 +400,8 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
 // Test-only: perturbs one candidate's output at the check while in scope.
 class ScopedPerturbation {
  public:
-  ScopedPerturbation(std::string op, std::string kernel, double relative) : op_(std::move(op)), kernel_(std::move(kernel)) {
+  ScopedPerturbation(std::string op, std::string kernel, double relative)
+      : op_(std::move(op)), kernel_(std::move(kernel)) {
     set_kernel_check_perturbation_for_testing(op_, kernel_, relative);
   }
   ~ScopedPerturbation() { set_kernel_check_perturbation_for_testing(op_, kernel_, 0); }

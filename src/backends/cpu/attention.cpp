@@ -163,7 +163,8 @@ struct AttnData {
   AlignedBuf<int8_t> v8c, v8o;
   AlignedBuf<float> ksc, vsc, kso, vso;
   KeyRows kv;
-  AttnData(int d, int group, int T, int keys, bool int8_) : g(AttnGeometry::make(d, group, T)), n(keys + T), int8(int8_) {
+  AttnData(int d, int group, int T, int keys, bool int8_)
+      : g(AttnGeometry::make(d, group, T)), n(keys + T), int8(int8_) {
     uint64_t state = 0x9E3779B97F4A7C15ull;
     auto rnd = [&] {
       state ^= state << 13;
