@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
     const AttnKernel chosen = select_attention_kernel(d, group, T, 2048, int8);
     for (const KernelChoice& c : kernel_choices())
       if (c.op == (int8 ? "attention_kv_int8" : "attention"))
-        std::printf("selected: %s (%s)\n", attn_kernel_name(chosen), c.why.c_str());
+        std::printf("selected: %s (%s%s%s)\n", attn_kernel_name(chosen), c.why.c_str(), c.check.empty() ? "" : "; ",
+                    c.check.c_str());
   }
   return 0;
 }

@@ -229,8 +229,10 @@ int main(int argc, char** argv) {
       cpu::remeasure_peaks(nt);
       const std::vector<cpu::OpFloor> floors = cpu::step_floors(work, model->weights(), nt, model->kv() == "int8");
       std::printf("isa: %s\n", cpu::isa().describe().c_str());
-      for (const cpu::KernelChoice& c : cpu::kernel_choices())
+      for (const cpu::KernelChoice& c : cpu::kernel_choices()) {
         std::printf("kernel %s\n", cpu::format_kernel_choice(c).c_str());
+        if (!c.check.empty()) std::printf("check %s\n", cpu::format_kernel_check(c).c_str());
+      }
       std::printf("peaks (%d threads, best of bind and after the steps):", nt);
       for (const cpu::PeakEntry& e : cpu::measured_peaks(nt).entries)
         std::printf("  %s %.1f", e.instruction.c_str(), e.rate);

@@ -72,8 +72,10 @@ Run add_inspect(CLI::App& app) {
         cpu::select_attention_kernel(cpu::kRepHeadDim, cpu::kRepGroup, cpu::kRepTokens, 2048, kv_int8);
       const int k_model = std::max({c.D, c.Hq * c.d, c.I});
       for (cpu::WeightType t : {cpu::WeightType::BF16, cpu::WeightType::INT8}) cpu::select_matmul_kernel(t, k_model);
-      for (const cpu::KernelChoice& k : cpu::kernel_choices())
+      for (const cpu::KernelChoice& k : cpu::kernel_choices()) {
         std::printf("cpu kernel   %s\n", cpu::format_kernel_choice(k).c_str());
+        if (!k.check.empty()) std::printf("cpu check    %s\n", cpu::format_kernel_check(k).c_str());
+      }
       // Timed choices can differ between processes where kernels are close: this value reproduces these.
       std::printf("cpu pin      ALPAMAYO_CPU_KERNELS=%s\n", cpu::kernel_pin().c_str());
       const cpu::Peaks& p = cpu::measured_peaks(a->threads);

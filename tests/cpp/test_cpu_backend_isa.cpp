@@ -1,13 +1,23 @@
 // The cpu backend's run-time kernel choice: ISA detection and its cap (ALPAMAYO_CPU_ISA), forced kernels
-// (ALPAMAYO_CPU_KERNELS), the attention kernel's selection, and the instruction peaks.
+// (ALPAMAYO_CPU_KERNELS), the attention kernel's selection, the accuracy check at the choice, and the instruction
+// peaks.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
+#include "alpamayo/tensor.h"
 #include "backends/cpu/attention.h"
+#include "backends/cpu/cpu_backend_impl.h"
+#include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/fma_matmul.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kernel_check.h"
 #include "backends/cpu/peaks.h"
 #include "test_util.h"
 
@@ -166,6 +176,295 @@ TEST(AttentionSelection, FastestRunnableOrForced) {
   env.set("attention=fastest");
   test::expect_error([] { select_attention_kernel(64, 2, 8, 512); },
                      {"ALPAMAYO_CPU_KERNELS", "unknown attention kernel \"fastest\"", "avx2_fma"});
+}
+
+// The accuracy check at the choice (kernel_check.h, docs/CPU_BACKEND.md "Accuracy check at the choice").
+
+TEST(KernelCheck, AccuracyIsTheWorstElementAgainstItsBound) {
+  const std::vector<float> ref = {1.f, 2.f, 3.f, 4.f};
+  const std::vector<double> bound = {0.1, 0.1, 0.5, 0.1};
+  KernelAccuracy a = kernel_accuracy(ref.data(), ref.data(), bound.data(), ref.size());
+  EXPECT_TRUE(a.ok());
+  EXPECT_EQ(a.ratio, 0.0);
+  std::vector<float> c = {1.05f, 2.f, 3.9f, 4.f};  // 0.5 and 1.8 of their bounds
+  a = kernel_accuracy(c.data(), ref.data(), bound.data(), c.size());
+  EXPECT_FALSE(a.ok());
+  EXPECT_EQ(a.index, 2u);
+  EXPECT_NEAR(a.ratio, 1.8, 1e-6);
+  EXPECT_NEAR(a.diff, 0.9, 1e-6);
+  EXPECT_EQ(a.bound, 0.5);
+  c = {1.f, std::numeric_limits<float>::quiet_NaN(), 3.f, 4.f};
+  a = kernel_accuracy(c.data(), ref.data(), bound.data(), c.size());
+  EXPECT_FALSE(a.ok());
+  EXPECT_EQ(a.index, 1u);
+  const std::vector<double> zero(4, 0.0);
+  EXPECT_TRUE(kernel_accuracy(ref.data(), ref.data(), zero.data(), 4).ok());
+  c = {1.f, 2.f, 3.f, 4.0001f};
+  EXPECT_FALSE(kernel_accuracy(c.data(), ref.data(), zero.data(), 4).ok());
+  const std::string msg = accuracy_failure("k", kernel_accuracy(c.data(), ref.data(), bound.data(), 4), "output (0, 3)",
+                                           "portable_fma", "1 x 2 x 4");
+  EXPECT_NE(msg.find("k |d| "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("against portable_fma on 1 x 2 x 4"), std::string::npos) << msg;
+}
+
+// ref + f * bound, the sign alternating: f > 1 must fail at about f times the bound, f < 1 pass.
+template <class T>
+void expect_power(const std::vector<T>& ref, const std::vector<double>& bound, const std::string& what) {
+  for (double f : {3.0, 0.01}) {
+    std::vector<T> c(ref.size());
+    for (size_t i = 0; i < c.size(); ++i) c[i] = T(ref[i] + (i % 2 ? -f : f) * bound[i]);
+    const KernelAccuracy a = kernel_accuracy(c.data(), ref.data(), bound.data(), c.size());
+    EXPECT_EQ(a.ok(), f < 1) << what << ": " << f << " times the bound, ratio " << a.ratio;
+    EXPECT_NEAR(a.ratio, f, 0.05 * f + 1e-3) << what;  // the float rounding of ref + f * bound
+  }
+}
+
+// Every runnable matmul kernel on random data is within the bound against portable_fma, with room; the bound is
+// small against the outputs (a relative error of 1% exceeds it), and a few times it fails while far below passes.
+TEST(KernelCheck, MatmulBoundsHoldAndHavePower) {
+  const int M = 16, K = 1000, N = 80;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  std::vector<float> W(size_t(N) * K), x(size_t(M) * K);
+  for (float& v : W) v = nd(rng);
+  for (float& v : x) v = nd(rng);
+  std::vector<uint16_t> xb(x.size()), wb(W.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+  for (size_t i = 0; i < W.size(); ++i) wb[i] = f32_to_bf16(W[i]);
+  std::vector<uint8_t> xq(x.size());
+  std::vector<float> rs(M), ws(N);
+  quantize_rows(x.data(), 0, M, K, xq.data(), rs.data());
+  std::vector<int8_t> wq(W.size());
+  quantize_weight_rows(W.data(), K, N, wq.data(), ws.data(), nullptr);
+  const Int8Sums sums = int8_sums(xq.data(), wq.data(), M, K, N);
+  // Kernel k's output after the epilogue.
+  auto run = [&](FmaKernel k, bool int8) {
+    FmaWeights w;
+    if (int8) w.pack_int8(k, W.data(), K, N);
+    else w.pack(k, W.data(), K, N);
+    std::vector<uint8_t> scratch(fma_scratch_bytes(k, M, K) + 64);
+    void* sp = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
+    std::vector<float> y(size_t(M) * N), out(y.size());
+    fma_matmul(w, int8 ? static_cast<const void*>(xq.data()) : xb.data(), M, K, y.data(), N, sp);
+    copy_rows(out.data(), N, y.data(), M, N, int8 ? rs.data() : nullptr, w.col_correction(), w.col_scale());
+    return out;
+  };
+  for (bool int8 : {false, true}) {
+    const std::vector<float> ref = run(FmaKernel::Portable, int8);
+    const std::vector<double> bf16_bound = matmul_bf16_bound(xb.data(), wb.data(), M, K, N);
+    for (FmaKernel k : kFmaKernels) {
+      if (!fma_kernel_refuses(k, int8, K).empty() || !fma_kernel_runnable(k)) continue;
+      const std::vector<double> b =
+          int8 ? matmul_int8_bound(sums, rs.data(), ws.data(), int8_sum_of(fma_kernel_name(k))) : bf16_bound;
+      const std::vector<float> y = run(k, int8);
+      const KernelAccuracy a = kernel_accuracy(y.data(), ref.data(), b.data(), y.size());
+      const std::string what = std::string(fma_kernel_name(k)) + (int8 ? " int8" : " bf16");
+      EXPECT_LT(a.ratio, 0.5) << what;
+      std::printf("%-18s worst |d| / bound %.3g\n", what.c_str(), a.ratio);
+      expect_power(ref, b, what);
+      std::vector<float> off = y;
+      for (float& v : off) v *= 1.01f;
+      EXPECT_FALSE(kernel_accuracy(off.data(), ref.data(), b.data(), off.size()).ok()) << what << ": 1% off passes";
+    }
+  }
+  // oneDNN's int8 bound allows for its correction's rounding: never below the exact-int32 kernels'.
+  const auto exact = matmul_int8_bound(sums, rs.data(), ws.data(), Int8Sum::Int32);
+  const auto onednn = matmul_int8_bound(sums, rs.data(), ws.data(), Int8Sum::OnednnU8);
+  for (size_t i = 0; i < exact.size(); ++i) ASSERT_GE(onednn[i], exact[i]);
+}
+
+// Attention data of unit scale: bf16 queries, cache and own rows, and the same as an int8 cache.
+struct AttnTestData {
+  AttnGeometry g;
+  int n;
+  AlignedBuf<uint32_t> qp;  // the kernels load queries and O aligned
+  std::vector<uint16_t> k, v;
+  std::vector<uint8_t> k8;
+  std::vector<int8_t> v8;
+  std::vector<float> ks, vs;
+  KeyRows kv;
+  AttnTestData(int d, int group, int T, int keys, bool int8)
+      : g(AttnGeometry::make(d, group, T)), n(keys + T), qp(size_t(d / 2) * g.qld), k(size_t(n) * d), v(k.size()) {
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> ud(-1.5f, 1.5f);
+    for (int i = 0; i < d / 2; ++i)
+      for (int r = 0; r < g.R; ++r)
+        qp[size_t(i) * g.qld + r] = uint32_t(f32_to_bf16(ud(rng))) | uint32_t(f32_to_bf16(ud(rng))) << 16;
+    for (size_t i = 0; i < k.size(); ++i) k[i] = f32_to_bf16(ud(rng)), v[i] = f32_to_bf16(ud(rng));
+    // Rows [0, keys) are the cache, [keys, n) the own rows.
+    kv.k_cache = k.data();
+    kv.v_cache = v.data();
+    kv.S = keys;
+    kv.k_own = k.data() + size_t(keys) * d;
+    kv.v_own = v.data() + size_t(keys) * d;
+    if (int8) {
+      k8.resize(k.size()), v8.resize(k.size()), ks.resize(n), vs.resize(n);
+      store_int8_rows(k.data(), v.data(), n, d, k8.data(), v8.data(), ks.data(), vs.data());
+      kv.int8 = true;
+      kv.i8[0] = {k8.data(), v8.data(), ks.data(), vs.data()};
+      kv.i8[2] = {k8.data() + size_t(keys) * d, v8.data() + size_t(keys) * d, ks.data() + keys, vs.data() + keys};
+    }
+  }
+  // Kernel k's O / l [R][d] and l 2^m [R], in double as the check computes them.
+  void run(AttnKernel kernel, std::vector<double>& out, std::vector<double>& norm) const {
+    AttnScratch sc;
+    sc.resize(g, attn_kernel_is_fp32(kernel), kv.int8);
+    AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
+    init_partial(g, O.data(), m.data(), l.data());
+    attend_chunk(kernel, g, qp.data(), kv, 0, n, O.data(), m.data(), l.data(), sc);
+    out.resize(size_t(g.R) * g.d);
+    norm.resize(g.R);
+    for (int r = 0; r < g.R; ++r) {
+      for (int c = 0; c < g.d; ++c) out[size_t(r) * g.d + c] = double(O[size_t(r) * g.dp + c]) / l[r];
+      norm[r] = double(l[r]) * std::exp2(double(m[r]));
+    }
+  }
+};
+
+TEST(KernelCheck, AttentionBoundsHoldAndHavePower) {
+  for (bool int8 : {false, true}) {
+    const AttnTestData data(64, 2, 8, 500, int8);
+    const AttnReference ref = attention_reference(data.g, data.qp.data(), data.kv, data.n);
+    std::vector<double> pout, pnorm;
+    data.run(AttnKernel::Portable, pout, pnorm);
+    // Against the exact output, portable is within its own share of the bound (E_p: half the bound against itself).
+    const AttnBound self = attention_bound(ref, AttnKernel::Portable);
+    std::vector<double> half(self.out.size());
+    for (size_t i = 0; i < half.size(); ++i) half[i] = self.out[i] / 2;
+    EXPECT_TRUE(kernel_accuracy(pout.data(), ref.out.data(), half.data(), pout.size()).ok());
+    for (AttnKernel k : kAttnKernels) {
+      if (!attn_kernel_unavailable(k, int8).empty()) continue;
+      const std::string what = std::string(attn_kernel_name(k)) + (int8 ? " int8 cache" : " bf16 cache");
+      std::vector<double> out, norm;
+      data.run(k, out, norm);
+      const AttnBound b = attention_bound(ref, k);
+      const KernelAccuracy a = kernel_accuracy(out.data(), pout.data(), b.out.data(), out.size());
+      const KernelAccuracy an = kernel_accuracy(norm.data(), pnorm.data(), b.norm.data(), norm.size());
+      EXPECT_LT(a.ratio, 0.5) << what;
+      EXPECT_LT(an.ratio, 0.5) << what;
+      std::printf("%-24s worst |d| / bound %.3g (outputs), %.3g (normalisers)\n", what.c_str(), a.ratio, an.ratio);
+      expect_power(pout, b.out, what);
+    }
+  }
+}
+
+// The timing data's check as the choice runs it: every candidate that runs here passes, and the choice says so.
+TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
+  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
+  select_matmul_kernel(WeightType::BF16, kRepModelDim);
+  select_matmul_kernel(WeightType::INT8, kRepModelDim);
+  for (bool int8 : {false, true}) select_attention_kernel(64, 2, 8, 512, int8);
+  int n = 0;
+  for (const KernelChoice& c : kernel_choices()) {
+    if (c.op == "test_op") continue;  // Isa.* record one when run in this process
+    std::printf("%s\n%s\n", format_kernel_choice(c).c_str(), format_kernel_check(c).c_str());
+    EXPECT_EQ(c.check.find("rejected"), std::string::npos) << c.op << ": " << c.check;
+    if (c.kernel != "portable" && c.kernel != "portable_fma") {
+      ++n;
+      const std::string want =
+          c.op.rfind("matmul", 0) == 0 ? "checked against portable_fma on " : "checked against portable on ";
+      EXPECT_EQ(c.check.find(want), 0u) << c.op << ": " << c.check;
+      EXPECT_NE(c.check.find(" " + c.kernel + " "), std::string::npos) << c.op << ": " << c.check;  // its ratio
+      EXPECT_NE(format_kernel_check(c).find(c.check), std::string::npos);
+    }
+  }
+  if (isa().has(kAvx2Fma)) { EXPECT_EQ(n, 4); }
+  // Forced, each runnable candidate passes too and says so.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> ops = {
+      {"matmul_bf16", {"avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
+      {"matmul_int8", {"avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"}},
+      {"attention", {"avx512_bf16", "avx512_fma", "avx2_fma"}},
+      {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma"}}};
+  for (const auto& [op, kernels] : ops)
+    for (const std::string& k : kernels) {
+      env.set(op + "=" + k);
+      try {
+        if (op == "matmul_bf16") select_matmul_kernel(WeightType::BF16, kRepModelDim);
+        else if (op == "matmul_int8") select_matmul_kernel(WeightType::INT8, kRepModelDim);
+        else select_attention_kernel(64, 2, 8, 512, op == "attention_kv_int8");
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_EQ(msg.find("accuracy"), std::string::npos) << msg;  // only "cannot run here" may refuse it
+        continue;
+      }
+      for (const KernelChoice& c : kernel_choices())
+        if (c.op == op) {
+          EXPECT_EQ(c.kernel, k);
+          EXPECT_EQ(c.why, "forced by ALPAMAYO_CPU_KERNELS");
+          EXPECT_EQ(c.check.find("checked against portable"), 0u) << c.check;
+          std::printf("forced %s\n", format_kernel_check(c).c_str());
+        }
+    }
+}
+
+// Test-only: perturbs one candidate's output at the check while in scope.
+class ScopedPerturbation {
+ public:
+  ScopedPerturbation(std::string op, std::string kernel, double relative)
+      : op_(std::move(op)), kernel_(std::move(kernel)) {
+    set_kernel_check_perturbation_for_testing(op_, kernel_, relative);
+  }
+  ~ScopedPerturbation() { set_kernel_check_perturbation_for_testing(op_, kernel_, 0); }
+
+ private:
+  std::string op_, kernel_;
+};
+
+KernelChoice choice_of(const std::string& op) {
+  for (const KernelChoice& c : kernel_choices())
+    if (c.op == op) return c;
+  ADD_FAILURE() << "no choice recorded for " << op;
+  return {};
+}
+
+// A candidate whose output is off is left out of the timing, named as rejected with its difference and bound, and
+// forcing it is an error; far below the bound it passes; without the perturbation the earlier choice is back.
+TEST(KernelCheck, InaccurateCandidateIsRejectedAndNamed) {
+  if (!isa().has(kAvx2Fma)) GTEST_SKIP() << "no AVX2 + FMA: only the portable kernels run here";
+  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
+  struct Op {
+    std::string op;
+    double relative;  // far beyond the op's bound on the timing data (the test prints how far)
+    std::function<void()> select;
+  };
+  const std::vector<Op> ops = {
+      {"matmul_bf16", 1e-2, [] { select_matmul_kernel(WeightType::BF16, kRepModelDim); }},
+      {"matmul_int8", 1e-2, [] { select_matmul_kernel(WeightType::INT8, kRepModelDim); }},
+      {"attention", 1.0, [] { select_attention_kernel(64, 2, 8, 512, false); }},
+      {"attention_kv_int8", 1.0, [] { select_attention_kernel(64, 2, 8, 512, true); }}};
+  for (const Op& o : ops) {
+    o.select();
+    const KernelChoice before = choice_of(o.op);
+    const std::string k = before.kernel;
+    if (k == "portable" || k == "portable_fma") continue;  // the yardstick
+    {
+      ScopedPerturbation p(o.op, k, o.relative);
+      o.select();
+      const KernelChoice c = choice_of(o.op);
+      const std::string line = format_kernel_check(c);
+      std::printf("perturbed %s by %g: %s\n", k.c_str(), o.relative, line.c_str());
+      EXPECT_NE(c.kernel, k) << line;
+      EXPECT_NE(line.find("rejected: " + k + " |d| "), std::string::npos) << line;
+      EXPECT_NE(line.find(" > bound "), std::string::npos) << line;
+      EXPECT_NE(line.find(o.op.rfind("matmul", 0) == 0 ? "against portable_fma on 64 x 1536 x 1024"
+                                                       : "against portable on d=64, 16 rows, 520 keys"),
+                std::string::npos)
+          << line;
+      env.set(o.op + "=" + k);
+      test::expect_error(o.select, {"ALPAMAYO_CPU_KERNELS: " + o.op + "=" + k, "fails the accuracy check",
+                                    k + " |d| ", " > bound ", "times the bound"});
+      env.set("");
+    }
+    {
+      ScopedPerturbation p(o.op, k, 1e-7 * o.relative);  // far below the bound
+      o.select();
+      EXPECT_EQ(choice_of(o.op).check.find("rejected"), std::string::npos) << choice_of(o.op).check;
+    }
+    o.select();  // cached: the unperturbed choice again
+    EXPECT_EQ(choice_of(o.op).kernel, k);
+    EXPECT_EQ(choice_of(o.op).why, before.why);
+    EXPECT_EQ(choice_of(o.op).check, before.check);
+  }
 }
 
 TEST(Peaks, MeasuredWhereRunnable) {

@@ -12,6 +12,7 @@
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kernel_check.h"
 #include "backends/cpu/kv_quant.h"
 
 namespace alpamayo::cpu {
@@ -147,59 +148,146 @@ void attend_chunk(AttnKernel kernel, const AttnGeometry& g, const uint32_t* qp, 
   }
 }
 
-double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds, bool int8) {
-  const AttnGeometry g = AttnGeometry::make(d, group, T);
-  // Random bf16 queries, keys and values of unit scale (scores of a few units, like a trained model's).
-  uint64_t state = 0x9E3779B97F4A7C15ull;
-  auto rnd = [&] {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return f32_to_bf16((static_cast<float>(state >> 40) / float(1 << 24) - 0.5f) * 3.f);
-  };
-  AlignedBuf<uint32_t> qp(size_t(g.d / 2) * g.qld);
-  for (int i = 0; i < g.d / 2; ++i)
-    for (int r = 0; r < g.Rp; ++r)
-      qp[size_t(i) * g.qld + r] = r < g.R ? uint32_t(rnd()) | uint32_t(rnd()) << 16 : 0u;
-  AlignedBuf<uint16_t> kc(size_t(keys) * d), vc(size_t(keys) * d), kown(size_t(T) * d), vown(size_t(T) * d);
-  for (size_t i = 0; i < kc.size(); ++i) kc[i] = rnd(), vc[i] = rnd();
-  for (size_t i = 0; i < kown.size(); ++i) kown[i] = rnd(), vown[i] = rnd();
+namespace {
+
+// The timing shape's random data, which the timing and the accuracy check share: bf16 queries, keys and values of unit
+// scale (scores of a few units, like a trained model's), `keys` cache rows and T own rows; with int8, the same rows as
+// an int8 cache.
+struct AttnData {
+  AttnGeometry g;
+  int n;  // keys + T
+  bool int8;
+  AlignedBuf<uint32_t> qp;
+  AlignedBuf<uint16_t> kc, vc, kown, vown;
+  AlignedBuf<uint8_t> k8c, k8o;
+  AlignedBuf<int8_t> v8c, v8o;
+  AlignedBuf<float> ksc, vsc, kso, vso;
   KeyRows kv;
-  kv.k_cache = kc.data();
-  kv.v_cache = vc.data();
-  kv.S = keys;
-  kv.k_own = kown.data();
-  kv.v_own = vown.data();
-  // The same rows as an int8 cache.
-  AlignedBuf<uint8_t> k8c(int8 ? kc.size() : 0), k8o(int8 ? kown.size() : 0);
-  AlignedBuf<int8_t> v8c(int8 ? vc.size() : 0), v8o(int8 ? vown.size() : 0);
-  AlignedBuf<float> ksc(int8 ? keys : 0), vsc(int8 ? keys : 0), kso(int8 ? T : 0), vso(int8 ? T : 0);
-  if (int8) {
-    store_int8_rows(kc.data(), vc.data(), keys, d, k8c.data(), v8c.data(), ksc.data(), vsc.data());
-    store_int8_rows(kown.data(), vown.data(), T, d, k8o.data(), v8o.data(), kso.data(), vso.data());
-    kv.int8 = true;
-    kv.i8[0] = {k8c.data(), v8c.data(), ksc.data(), vsc.data()};
-    kv.i8[2] = {k8o.data(), v8o.data(), kso.data(), vso.data()};
+  AttnData(int d, int group, int T, int keys, bool int8_)
+      : g(AttnGeometry::make(d, group, T)), n(keys + T), int8(int8_) {
+    uint64_t state = 0x9E3779B97F4A7C15ull;
+    auto rnd = [&] {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      return f32_to_bf16((static_cast<float>(state >> 40) / float(1 << 24) - 0.5f) * 3.f);
+    };
+    qp.resize(size_t(g.d / 2) * g.qld);
+    for (int i = 0; i < g.d / 2; ++i)
+      for (int r = 0; r < g.Rp; ++r)
+        qp[size_t(i) * g.qld + r] = r < g.R ? uint32_t(rnd()) | uint32_t(rnd()) << 16 : 0u;
+    kc.resize(size_t(keys) * d), vc.resize(size_t(keys) * d), kown.resize(size_t(T) * d), vown.resize(size_t(T) * d);
+    for (size_t i = 0; i < kc.size(); ++i) kc[i] = rnd(), vc[i] = rnd();
+    for (size_t i = 0; i < kown.size(); ++i) kown[i] = rnd(), vown[i] = rnd();
+    kv.k_cache = kc.data();
+    kv.v_cache = vc.data();
+    kv.S = keys;
+    kv.k_own = kown.data();
+    kv.v_own = vown.data();
+    if (int8) {
+      k8c.resize(kc.size()), k8o.resize(kown.size()), v8c.resize(vc.size()), v8o.resize(vown.size());
+      ksc.resize(keys), vsc.resize(keys), kso.resize(T), vso.resize(T);
+      store_int8_rows(kc.data(), vc.data(), keys, d, k8c.data(), v8c.data(), ksc.data(), vsc.data());
+      store_int8_rows(kown.data(), vown.data(), T, d, k8o.data(), v8o.data(), kso.data(), vso.data());
+      kv.int8 = true;
+      kv.i8[0] = {k8c.data(), v8c.data(), ksc.data(), vsc.data()};
+      kv.i8[2] = {k8o.data(), v8o.data(), kso.data(), vso.data()};
+    }
   }
+  AttnData(const AttnData&) = delete;
+  AttnData& operator=(const AttnData&) = delete;
+  std::string shape() const {
+    return "d=" + std::to_string(g.d) + ", " + std::to_string(g.R) + " rows, " + std::to_string(n) + " keys" +
+           (int8 ? ", int8 cache" : "");
+  }
+};
+
+// Kernel k on the whole of data's keys, one chunk: O, m, l.
+struct AttnRun {
   AttnScratch sc;
-  sc.resize(g, attn_kernel_is_fp32(k), int8);
-  AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
-  const int n = keys + T;
+  AlignedBuf<float> O, m, l;
+  AttnRun(AttnKernel k, const AttnData& d) : O(size_t(d.g.Rp) * d.g.dp), m(d.g.Rp), l(d.g.Rp) {
+    sc.resize(d.g, attn_kernel_is_fp32(k), d.int8);
+  }
+  void run(AttnKernel k, const AttnData& d) {
+    init_partial(d.g, O.data(), m.data(), l.data());
+    attend_chunk(k, d.g, d.qp.data(), d.kv, 0, d.n, O.data(), m.data(), l.data(), sc);
+  }
+  // O / l [R][d] and the normalisers l 2^m [R], in double.
+  void results(const AttnData& d, std::vector<double>& out, std::vector<double>& norm) const {
+    out.resize(size_t(d.g.R) * d.g.d);
+    norm.resize(d.g.R);
+    for (int r = 0; r < d.g.R; ++r) {
+      for (int c = 0; c < d.g.d; ++c) out[size_t(r) * d.g.d + c] = double(O[size_t(r) * d.g.dp + c]) / l[r];
+      norm[r] = double(l[r]) * std::exp2(double(m[r]));
+    }
+  }
+};
+
+double time_attention(AttnKernel k, const AttnData& d, double min_seconds) {
+  AttnRun run(k, d);
   double best = 1e30, total = 0;
   for (int rep = 0; rep < 1000 && (rep < 2 || total < min_seconds); ++rep) {
-    init_partial(g, O.data(), m.data(), l.data());
     const double t0 = thread_cpu_seconds();
-    attend_chunk(k, g, qp.data(), kv, 0, n, O.data(), m.data(), l.data(), sc);
+    run.run(k, d);
     const double s = thread_cpu_seconds() - t0;
     if (rep > 0) best = std::min(best, s);  // the first run warms the caches
     total += s;
   }
-  return 4.0 * g.R * n * d / best * 1e-9;
+  return 4.0 * d.g.R * d.n * d.g.d / best * 1e-9;
+}
+
+// The accuracy check's yardstick (kernel_check.h): portable's results on the data and the exact reference.
+struct AttnYardstick {
+  AttnReference ref;
+  std::vector<double> out, norm;
+};
+
+AttnYardstick attention_yardstick(const AttnData& d) {
+  AttnYardstick ys;
+  AttnRun p(AttnKernel::Portable, d);
+  p.run(AttnKernel::Portable, d);
+  p.results(d, ys.out, ys.norm);
+  ys.ref = attention_reference(d.g, d.qp.data(), d.kv, d.n);
+  return ys;
+}
+
+// Runs kernel k once and compares its normalised outputs and normalisers with portable's (with the test-only
+// perturbation of op and k on the outputs, if set). fail: the failure for messages, "" when it passes.
+KernelAccuracy check_attention(const std::string& op, AttnKernel k, const AttnData& d, const AttnYardstick& ys,
+                               std::string* fail) {
+  AttnRun run(k, d);
+  run.run(k, d);
+  std::vector<double> out, norm;
+  run.results(d, out, norm);
+  if (const double p = kernel_check_perturbation(op, attn_kernel_name(k)); p != 0)
+    for (double& v : out) v *= 1 + p;
+  const AttnBound b = attention_bound(ys.ref, k);
+  const KernelAccuracy ao = kernel_accuracy(out.data(), ys.out.data(), b.out.data(), out.size());
+  const KernelAccuracy an = kernel_accuracy(norm.data(), ys.norm.data(), b.norm.data(), norm.size());
+  const bool on_norm = an.ratio > ao.ratio;
+  const KernelAccuracy a = on_norm ? an : ao;
+  fail->clear();
+  if (!a.ok())
+    *fail = accuracy_failure(attn_kernel_name(k), a,
+                             on_norm ? "the normaliser l 2^m of row " + std::to_string(a.index)
+                                     : "output (" + std::to_string(a.index / d.g.d) + ", " +
+                                           std::to_string(a.index % d.g.d) + ")",
+                             "portable", d.shape());
+  return a;
+}
+
+}  // namespace
+
+double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds, bool int8) {
+  const AttnData data(d, group, T, keys, int8);
+  return time_attention(k, data, min_seconds);
 }
 
 AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8, const std::string& spec) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, bool, std::string>, std::pair<AttnKernel, KernelChoice>> cache;
+  static std::map<std::tuple<int, int, int, int, bool, std::string, std::string>, std::pair<AttnKernel, KernelChoice>>
+      cache;
   // Op "attention" (bf16 caches) or "attention_kv_int8"; ALPAMAYO_CPU_KERNELS=attention=NAME forces both, unless
   // attention_kv_int8=NAME forces the int8 cache's.
   const std::string op = int8 ? "attention_kv_int8" : "attention";
@@ -207,47 +295,72 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8,
   if (forced.empty() && int8) forced = forced_kernel("attention", spec);
   const std::string src = kernel_spec_source(spec);
   std::lock_guard<std::mutex> lk(mu);
-  const auto key = std::make_tuple(d, group, T, keys, int8, forced.empty() ? forced : src + "=" + forced);
+  // The test-only perturbations get choices of their own (kernel_check.h).
+  const auto key = std::make_tuple(d, group, T, keys, int8, forced.empty() ? forced : src + "=" + forced,
+                                   kernel_check_perturbations(op));
   if (auto it = cache.find(key); it != cache.end()) {
     record_kernel_choice(it->second.second);
     return it->second.first;
   }
   if (!forced.empty()) {
     const AttnKernel k = attn_kernel_from_name(forced, src, int8);
-    // Timed too (briefly; the portable kernel on fewer keys), so that reports show what it achieves.
-    const double gf = time_attention_kernel(k, d, group, T, k == AttnKernel::Portable ? 128 : keys, 0.02, int8);
-    const KernelChoice c{op, attn_kernel_name(k), "forced by " + src, gf,
-                         attn_kernel_instruction(k)};
+    // Timed too (briefly; the portable kernel, the check's yardstick, on fewer keys), so that reports show what it
+    // achieves.
+    KernelChoice c{op, attn_kernel_name(k), "forced by " + src, 0, attn_kernel_instruction(k)};
+    if (k == AttnKernel::Portable) {
+      c.gflops = time_attention_kernel(k, d, group, T, 128, 0.02, int8);
+    } else {
+      const AttnData data(d, group, T, keys, int8);
+      std::string fail;
+      const KernelAccuracy a = check_attention(op, k, data, attention_yardstick(data), &fail);
+      if (!a.ok()) throw Error(src + ": " + op + "=" + forced + " fails the accuracy check: " + fail);
+      c.check = accuracy_summary("portable", data.shape(), {{forced, a.ratio}});
+      c.gflops = time_attention(k, data, 0.02);
+    }
     cache[key] = {k, c};
     record_kernel_choice(c);
     return k;
   }
-  // The vectorised kernels that can run here; the portable one only where none can (it is never faster).
+  // The vectorised kernels that can run here; the portable one only where none can (it is never faster) or none
+  // passes the accuracy check (it is the check's yardstick).
   std::vector<AttnKernel> cand;
   for (AttnKernel k : kAttnKernels)
     if (k != AttnKernel::Portable && attn_kernel_unavailable(k, int8).empty()) cand.push_back(k);
   AttnKernel best = AttnKernel::Portable;
   KernelChoice c{op, "portable", "the only kernel this CPU can run (no AVX2 + FMA)", 0.0, "scalar"};
-  if (cand.size() == 1) {
-    best = cand[0];
-    c = {op, attn_kernel_name(best), "the only vectorised kernel runnable here",
-         time_attention_kernel(best, d, group, T, keys, 0.02, int8), attn_kernel_instruction(best)};
-  } else if (cand.size() > 1) {
-    // About 40 ms per kernel on one thread: the ratios between kernels are those of the full pool.
-    std::string why = "fastest of";
+  if (!cand.empty()) {
+    // Each candidate runs once on the timing data and is compared with portable; those within their bound are timed,
+    // about 40 ms per kernel on one thread (the ratios between kernels are those of the full pool).
+    const AttnData data(d, group, T, keys, int8);
+    const AttnYardstick ys = attention_yardstick(data);
+    std::vector<std::pair<std::string, double>> passed;
+    std::string rejected, why = "fastest of", fail;
     double best_gf = -1;
     for (AttnKernel k : cand) {
-      const double gf = time_attention_kernel(k, d, group, T, keys, 0.04, int8);
+      const KernelAccuracy a = check_attention(op, k, data, ys, &fail);
+      if (!a.ok()) {
+        rejected += "; rejected: " + fail;
+        continue;
+      }
+      passed.emplace_back(attn_kernel_name(k), a.ratio);
+      const double gf = time_attention(k, data, cand.size() == 1 ? 0.02 : 0.04);
       char buf[64];
       std::snprintf(buf, sizeof buf, " %s %.1f,", attn_kernel_name(k), gf);
       why += buf;
       // In the order of kAttnKernels; a later one must be kChoiceMargin times faster (isa.h).
       if (best_gf < 0 || gf > kChoiceMargin * best_gf) best_gf = gf, best = k;
     }
-    why.back() = ' ';
-    why += "GFLOP/s (1 thread, d=" + std::to_string(d) + ", " + std::to_string(group * T) + " rows, " +
-           std::to_string(keys + T) + " keys" + (int8 ? ", int8 cache)" : ")");
-    c = {op, attn_kernel_name(best), why, best_gf, attn_kernel_instruction(best)};
+    if (passed.empty()) {
+      c = {op, "portable", "the only kernel that passes the accuracy check", 0.0, "scalar"};
+    } else if (cand.size() == 1) {
+      c = {op, attn_kernel_name(best), "the only vectorised kernel runnable here", best_gf,
+           attn_kernel_instruction(best)};
+    } else {
+      why.back() = ' ';
+      why += "GFLOP/s (1 thread, " + data.shape() + ")";
+      c = {op, attn_kernel_name(best), why, best_gf, attn_kernel_instruction(best)};
+    }
+    c.check = accuracy_summary("portable", data.shape(), passed) + rejected;
   }
   cache[key] = {best, c};
   record_kernel_choice(c);

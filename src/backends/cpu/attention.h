@@ -133,7 +133,8 @@ AttnKernel attn_kernel_from_name(const std::string& name, const std::string& wha
 // The kernel for the model's attention shape (head dim d, group * T query rows per KV head) and cache (bf16 or
 // int8): the one forced by `spec` or else ALPAMAYO_CPU_KERNELS (attention=NAME, attention_kv_int8=NAME;
 // forced_kernel(), isa.h), else the fastest runnable one, timed once per process, shape and cache on `keys`
-// random keys (about 0.1 s in all). Records the choice (isa.h, kernel_choices()).
+// random keys (about 0.1 s in all), of those that pass the accuracy check on the same data (kernel_check.h); a forced
+// one that fails it is an alpamayo::Error. Records the choice (isa.h, kernel_choices()).
 AttnKernel select_attention_kernel(int d, int group, int T, int keys = 2048, bool int8 = false,
                                    const std::string& spec = "");
 // GFLOP/s of one kernel on one thread for that shape (4 * R * keys * d flops per run): for the benchmarks.

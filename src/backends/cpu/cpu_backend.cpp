@@ -14,7 +14,9 @@
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_backend_impl.h"
+#include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kernel_check.h"
 #include "backends/cpu/kv_quant.h"
 #include "backends/cpu/peaks.h"
 
@@ -50,10 +52,12 @@ std::vector<Slice> split_cols(int N, int parts) {
 
 // The kernel for the weights' matmuls, op "matmul_bf16" (bf16 weights) or "matmul_int8" (int8 weights): oneDNN
 // (PackedLinear) or the fp32-FMA kernels (fma_matmul.h). Forced by ALPAMAYO_CPU_KERNELS, else the fastest runnable
-// one on an M x K x N slice (timed once per process, op and shape).
+// one on an M x K x N slice (timed once per process, op and shape) of those that pass the accuracy check on it
+// (kernel_check.h); a forced one must pass it too.
 struct MatmulChoice {
   std::string name, why;
   double gflops = 0;
+  std::string check;  // the accuracy check's result (KernelChoice::check)
 };
 
 constexpr const char* kOnednn = "onednn";
@@ -76,50 +80,135 @@ std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKerne
   return fma_kernel_unavailable(k);
 }
 
-// Seconds per call (the best of a few, after a warm-up) of candidate `name` on random M x K x N data.
-double time_matmul(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N) {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.f, 0.05f);
-  std::vector<float> W(size_t(N) * K);
-  for (float& v : W) v = nd(rng);
-  AlignedBuf<uint16_t> xb(t == WeightType::BF16 ? size_t(M) * K : 0);
-  AlignedBuf<uint8_t> xq(t == WeightType::INT8 ? size_t(M) * K : 0);
-  for (size_t i = 0; i < xb.size(); ++i) xb[i] = f32_to_bf16(nd(rng));
-  for (size_t i = 0; i < xq.size(); ++i) xq[i] = static_cast<uint8_t>(rng() % 255 + 1);
-  const void* x = t == WeightType::BF16 ? static_cast<const void*>(xb.data()) : xq.data();
-  AlignedBuf<float> y(size_t(M) * N);
-  std::function<void()> fn;
-  PackedLinear lin;
-  MatmulPlan plan;
-  FmaWeights fw;
-  AlignedBuf<uint8_t> scratch;
-  dnnl::stream st(kernels.engine());
-  if (name == kOnednn) {
-    lin.pack(kernels, t, K, N, W.data(), M, N);
-    plan = lin.plan(kernels, M, N);
-    scratch.resize(plan.scratch_bytes() + 1);
-    fn = [&] { lin.run(st, plan, x, y.data(), scratch.data()); };
-  } else {
-    FmaKernel k = FmaKernel::Portable;
-    fma_kernel_from_name(name, &k);
-    if (t == WeightType::INT8)
-      fw.pack_int8(k, W.data(), K, N);
-    else
-      fw.pack(k, W.data(), K, N);
-    scratch.resize(fma_scratch_bytes(k, M, K));
-    fn = [&] { fma_matmul(fw, x, M, K, y.data(), N, scratch.data()); };
+// The timing shape's random data, which the timing and the accuracy check share: W [N][K] and activations x [M][K]
+// ~ N(0, 0.05), x as bf16 (bf16 weights) or quantised per row as the step does (int8: u8 = q + 128, row scales rs).
+struct MatmulData {
+  WeightType t;
+  int M, K, N;
+  std::vector<float> W;
+  AlignedBuf<uint16_t> xb;
+  AlignedBuf<uint8_t> xq;
+  std::vector<float> rs;
+  MatmulData(WeightType t_, int M_, int K_, int N_) : t(t_), M(M_), K(K_), N(N_), W(size_t(N_) * K_) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.f, 0.05f);
+    for (float& v : W) v = nd(rng);
+    std::vector<float> x(size_t(M) * K);
+    for (float& v : x) v = nd(rng);
+    if (t == WeightType::BF16) {
+      xb.resize(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+    } else {
+      xq.resize(x.size());
+      rs.resize(M);
+      quantize_rows(x.data(), 0, M, K, xq.data(), rs.data());
+    }
   }
-  // Thread CPU time (isa.h), best of up to 10.
-  fn();
+  const void* x() const { return t == WeightType::BF16 ? static_cast<const void*>(xb.data()) : xq.data(); }
+};
+
+// Candidate `name` packed with d's weights: run() multiplies d's x (what the timing times), output() is the last
+// result after the step's epilogue (int8: (y - corr) * (cs * rs), copy_rows), what the accuracy check compares.
+class MatmulRun {
+ public:
+  MatmulRun(const std::string& name, const MatmulData& d, MatmulKernels& kernels)
+      : d_(d), onednn_(name == kOnednn), st_(kernels.engine()), y_(size_t(d.M) * d.N) {
+    if (onednn_) {
+      lin_.pack(kernels, d.t, d.K, d.N, d.W.data(), d.M, d.N);
+      plan_ = lin_.plan(kernels, d.M, d.N);
+      scratch_.resize(plan_.scratch_bytes() + 1);
+    } else {
+      FmaKernel k = FmaKernel::Portable;
+      fma_kernel_from_name(name, &k);
+      if (d.t == WeightType::INT8) fw_.pack_int8(k, d.W.data(), d.K, d.N);
+      else fw_.pack(k, d.W.data(), d.K, d.N);
+      scratch_.resize(fma_scratch_bytes(k, d.M, d.K));
+    }
+  }
+  void run() {
+    if (onednn_) lin_.run(st_, plan_, d_.x(), y_.data(), scratch_.data());
+    else fma_matmul(fw_, d_.x(), d_.M, d_.K, y_.data(), d_.N, scratch_.data());
+  }
+  std::vector<float> output() {
+    st_.wait();
+    std::vector<float> out(y_.size());
+    const bool int8 = d_.t == WeightType::INT8;
+    copy_rows(out.data(), d_.N, y_.data(), d_.M, d_.N, int8 ? d_.rs.data() : nullptr,
+              onednn_ ? lin_.col_correction() : fw_.col_correction(), onednn_ ? lin_.col_scale() : fw_.col_scale());
+    return out;
+  }
+
+ private:
+  const MatmulData& d_;
+  bool onednn_;
+  dnnl::stream st_;
+  AlignedBuf<float> y_;
+  PackedLinear lin_;
+  MatmulPlan plan_;
+  FmaWeights fw_;
+  AlignedBuf<uint8_t> scratch_;
+};
+
+// Seconds per call (the best of a few, after a warm-up; thread CPU time, isa.h).
+double time_matmul(MatmulRun& r) {
+  r.run();
   double best = 1e30, total = 0;
-  for (int r = 0; r < 10 && total < 0.05; ++r) {
+  for (int i = 0; i < 10 && total < 0.05; ++i) {
     const double t0 = thread_cpu_seconds();
-    fn();
+    r.run();
     const double sec = thread_cpu_seconds() - t0;
     best = std::min(best, sec);
     total += sec;
   }
   return best;
+}
+
+// The accuracy check's yardstick on d (kernel_check.h): portable_fma's output and what the bounds need.
+struct MatmulYardstick {
+  std::string shape;  // "64 x 1536 x 1024"
+  std::vector<float> y;
+  std::vector<double> bf16_bound;  // bf16: the bound of every candidate
+  Int8Sums sums;                   // int8: the exact sums, and the weights' scales
+  std::vector<float> ws;
+};
+
+MatmulYardstick matmul_yardstick(const MatmulData& d, MatmulKernels& kernels) {
+  MatmulYardstick ys;
+  ys.shape = std::to_string(d.M) + " x " + std::to_string(d.K) + " x " + std::to_string(d.N);
+  MatmulRun p("portable_fma", d, kernels);
+  p.run();
+  ys.y = p.output();
+  if (d.t == WeightType::BF16) {
+    std::vector<uint16_t> wb(d.W.size());
+    for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(d.W[i]);
+    ys.bf16_bound = matmul_bf16_bound(d.xb.data(), wb.data(), d.M, d.K, d.N);
+  } else {
+    std::vector<int8_t> wq(d.W.size());
+    ys.ws.resize(d.N);
+    quantize_weight_rows(d.W.data(), d.K, d.N, wq.data(), ys.ws.data(), nullptr);
+    ys.sums = int8_sums(d.xq.data(), wq.data(), d.M, d.K, d.N);
+  }
+  return ys;
+}
+
+// Runs candidate r once and compares its output with the yardstick's (with the test-only perturbation of op and name,
+// if set). why: the failure for messages, "" when it passes.
+KernelAccuracy check_matmul(const std::string& op, const std::string& name, MatmulRun& r, const MatmulData& d,
+                            const MatmulYardstick& ys, std::string* why) {
+  r.run();
+  std::vector<float> y = r.output();
+  if (const double p = kernel_check_perturbation(op, name); p != 0)
+    for (float& v : y) v = static_cast<float>(v * (1 + p));
+  const std::vector<double> b = d.t == WeightType::BF16
+                                    ? ys.bf16_bound
+                                    : matmul_int8_bound(ys.sums, d.rs.data(), ys.ws.data(), int8_sum_of(name));
+  const KernelAccuracy a = kernel_accuracy(y.data(), ys.y.data(), b.data(), y.size());
+  why->clear();
+  if (!a.ok()) {
+    const std::string at = "output (" + std::to_string(a.index / d.N) + ", " + std::to_string(a.index % d.N) + ")";
+    *why = accuracy_failure(name, a, at, "portable_fma", ys.shape);
+  }
+  return a;
 }
 
 MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
@@ -132,6 +221,9 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
     if (k == FmaKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones
     names.push_back(fma_kernel_name(k));
   }
+  static std::mutex mu;
+  // The ISA cap is fixed per process; the test-only perturbations get choices of their own (kernel_check.h).
+  static std::map<std::tuple<std::string, int, int, int, int, std::string, std::string>, MatmulChoice> cache;
   const std::string forced = forced_kernel(op, spec);
   if (!forced.empty()) {
     const bool known = std::find(names.begin(), names.end(), forced) != names.end();
@@ -145,40 +237,76 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
       throw Error(kernel_spec_source(spec) + ": " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " +
                   list);
     }
-    return {forced, "forced by " + kernel_spec_source(spec), 0};
+    const std::string src = kernel_spec_source(spec);
+    if (forced == "portable_fma") return {forced, "forced by " + src, 0, ""};  // the check's yardstick
+    // Checked once per process, op, shape and kernel, as a timed choice is.
+    std::lock_guard<std::mutex> lk(mu);
+    const auto key = std::make_tuple(op, M, K, N, -1, forced, kernel_check_perturbations(op));
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      const MatmulData d(t, M, K, N);
+      const MatmulYardstick ys = matmul_yardstick(d, kernels);
+      MatmulRun r(forced, d, kernels);
+      std::string fail;
+      const KernelAccuracy a = check_matmul(op, forced, r, d, ys, &fail);
+      // A failure is kept with no kernel, thrown on every attempt.
+      const MatmulChoice c{a.ok() ? forced : "", "forced by " + src, 0,
+                           a.ok() ? accuracy_summary("portable_fma", ys.shape, {{forced, a.ratio}}) : fail};
+      it = cache.emplace(key, c).first;
+    }
+    if (it->second.name.empty())
+      throw Error(src + ": " + op + "=" + forced + " fails the accuracy check: " + it->second.check);
+    return it->second;
   }
-  static std::mutex mu;
-  static std::map<std::tuple<std::string, int, int, int, int>, MatmulChoice> cache;  // the ISA cap is fixed per process
   std::lock_guard<std::mutex> lk(mu);
   // k_model matters only through the int8 dot kernels' bounds on K
-  const auto key = std::make_tuple(op, M, K, N, int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK));
+  const auto key = std::make_tuple(op, M, K, N, int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK), std::string(),
+                                   kernel_check_perturbations(op));
   if (auto it = cache.find(key); it != cache.end()) return it->second;
-  // The portable kernel only where nothing else runs.
+  // The portable kernel only where nothing else runs or passes the accuracy check; it is the check's yardstick.
   std::vector<std::string> run;
   for (const std::string& n : names)
     if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N, k_model).empty()) run.push_back(n);
   MatmulChoice c;
-  if (run.empty()) run.push_back("portable_fma");
-  if (run.size() == 1) {
-    c = {run[0], "only one", 0};
-  } else {
-    // A later candidate must be kChoiceMargin times faster (isa.h).
-    double best = 1e30;
-    std::string list;
-    for (const std::string& n : run) {
-      const double sec = time_matmul(n, t, kernels, M, K, N);
-      char rate[32];
-      std::snprintf(rate, sizeof rate, " %.1f", 2.0 * M * K * N / sec / 1e9);
-      list += (list.empty() ? "" : ", ") + n + rate;
-      if (sec * kChoiceMargin < best) {
-        best = sec;
-        c.name = n;
-      }
+  if (run.empty()) {
+    c = {"portable_fma", "only one", 0, ""};
+    cache[key] = c;
+    return c;
+  }
+  // Each candidate runs once on the timing data and is compared with portable_fma; those within their bound are
+  // timed. A later one must be kChoiceMargin times faster (isa.h).
+  const MatmulData d(t, M, K, N);
+  const MatmulYardstick ys = matmul_yardstick(d, kernels);
+  std::vector<std::pair<std::string, double>> passed;
+  std::string rejected, list, fail;
+  double best = 1e30;
+  for (const std::string& n : run) {
+    MatmulRun r(n, d, kernels);
+    const KernelAccuracy a = check_matmul(op, n, r, d, ys, &fail);
+    if (!a.ok()) {
+      rejected += "; rejected: " + fail;
+      continue;
     }
-    c.why = "fastest of " + list + (t == WeightType::INT8 ? " GOP/s" : " GFLOP/s") + " (1 thread, " +
-            std::to_string(M) + " x " + std::to_string(K) + " x " + std::to_string(N) + ")";
+    passed.emplace_back(n, a.ratio);
+    if (run.size() == 1) break;  // nothing to time it against
+    const double sec = time_matmul(r);
+    char rate[32];
+    std::snprintf(rate, sizeof rate, " %.1f", 2.0 * M * K * N / sec / 1e9);
+    list += (list.empty() ? "" : ", ") + n + rate;
+    if (sec * kChoiceMargin < best) {
+      best = sec;
+      c.name = n;
+    }
+  }
+  if (passed.empty()) {
+    c = {"portable_fma", "the only kernel that passes the accuracy check", 0, ""};
+  } else if (run.size() == 1) {
+    c = {passed[0].first, "only one", 0, ""};
+  } else {
+    c.why = "fastest of " + list + (t == WeightType::INT8 ? " GOP/s" : " GFLOP/s") + " (1 thread, " + ys.shape + ")";
     c.gflops = 2.0 * M * K * N / best / 1e9;
   }
+  c.check = accuracy_summary("portable_fma", ys.shape, passed) + rejected;
   cache[key] = c;
   return c;
 }
@@ -193,7 +321,7 @@ std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_mod
   // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands ("").
   FmaKernel k;
   const std::string instr = fma_kernel_from_name(c.name, &k) ? fma_kernel_instruction(k) : "";
-  record_kernel_choice({op, c.name, c.why, c.gflops, instr, t == WeightType::INT8 ? "GOP/s" : "GFLOP/s"});
+  record_kernel_choice({op, c.name, c.why, c.gflops, instr, t == WeightType::INT8 ? "GOP/s" : "GFLOP/s", c.check});
   return c.name;
 }
 

@@ -64,9 +64,9 @@ class CpuSession;
 // Packed weights (immutable after construction) and what every session of the model shares.
 // The weight matmuls' kernel for bf16 or int8 weights (op "matmul_bf16" / "matmul_int8"): the one forced by
 // `spec` or else ALPAMAYO_CPU_KERNELS (forced_kernel(), isa.h), else the fastest runnable candidate on the
-// representative slice kRepTokens x kRepModelDim x 1024 (timed once per process); recorded with
-// record_kernel_choice. k_model: the model's largest K (avx512_vnni's int32 sums must not overflow). Throws
-// alpamayo::Error for a forced kernel that cannot run.
+// representative slice kRepTokens x kRepModelDim x 1024 (timed once per process) of those that pass the accuracy
+// check on it (kernel_check.h); recorded with record_kernel_choice. k_model: the model's largest K (avx512_vnni's
+// int32 sums must not overflow). Throws alpamayo::Error for a forced kernel that cannot run or fails the check.
 std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const std::string& spec = "");
 // The same on an engine of its own (inspect --kernels).
 std::string select_matmul_kernel(WeightType t, int k_model);

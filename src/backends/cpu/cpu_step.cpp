@@ -334,8 +334,10 @@ void CpuSession::print_profile(double step_ms) const {
   // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per
   // process, ~0.3 s, on this session's thread count) against the phases above.
   std::fprintf(stderr, "  isa: %s\n", isa().describe().c_str());
-  for (const KernelChoice& c : kernel_choices())
+  for (const KernelChoice& c : kernel_choices()) {
     std::fprintf(stderr, "  kernel %s\n", format_kernel_choice(c).c_str());
+    if (!c.check.empty()) std::fprintf(stderr, "  check  %s\n", format_kernel_check(c).c_str());
+  }
   std::fprintf(stderr, "  pin these: ALPAMAYO_CPU_KERNELS=%s\n", kernel_pin().c_str());
   std::vector<long long> keys(B_);
   for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;

@@ -194,6 +194,13 @@ std::string format_kernel_choice(const KernelChoice& c) {
   return line + (c.instruction.empty() ? std::string("-") : c.instruction) + "; " + c.why;
 }
 
+std::string format_kernel_check(const KernelChoice& c) {
+  if (c.check.empty()) return "";
+  char op[32];
+  std::snprintf(op, sizeof op, "%-17s ", c.op.c_str());
+  return op + c.check;
+}
+
 std::vector<KernelChoice> kernel_choices() {
   std::lock_guard<std::mutex> lk(choices_mu);
   return choices;

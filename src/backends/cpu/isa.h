@@ -56,8 +56,10 @@ std::string forced_kernel(const std::string& op, const std::string& spec = "");
 std::string kernel_spec_source(const std::string& spec);
 
 // What was chosen, for inspect, --profile and the benchmarks: per op the kernel, why ("forced by ...",
-// "fastest of ...", "only one"), the throughput it was measured at (GFLOP/s; 0 if not measured) and the
-// instruction doing its multiply-adds ("vdpbf16ps zmm", "vfmadd231ps ymm", ...; peaks.h measures its peak).
+// "fastest of ...", "only one"), the throughput it was measured at (GFLOP/s; 0 if not measured), the
+// instruction doing its multiply-adds ("vdpbf16ps zmm", "vfmadd231ps ymm", ...; peaks.h measures its peak) and
+// the accuracy check at the choice (kernel_check.h): each checked candidate's worst |d| / bound against the
+// portable kernel, and those rejected, with their difference and bound ("" where only the portable kernel ran).
 // The shape kernels are timed on when chosen (the seed's: head dim 128, 2 query heads per KV head, 64 action
 // tokens, hidden size 1536), the same for every model so that the choice depends on the machine only.
 inline constexpr int kRepHeadDim = 128, kRepGroup = 2, kRepTokens = 64, kRepModelDim = 1536;
@@ -67,11 +69,15 @@ struct KernelChoice {
   double gflops = 0;
   std::string instruction;
   std::string unit = "GFLOP/s";  // of gflops: GOP/s for the int8 weights' matmul
+  std::string check = "";       // "checked against portable_fma on 64 x 1536 x 1024, worst |d| / bound: ..."
 };
 void record_kernel_choice(const KernelChoice& c);  // replaces an earlier choice for the same op
 // One line for inspect, --profile and the benchmarks: "op kernel rate  instruction; why", the rate as "not timed"
 // where the kernel was not timed (a forced or the only runnable matmul kernel).
 std::string format_kernel_choice(const KernelChoice& c);
+// The accuracy check's line beside it: "op  checked against ..." ("" where nothing was checked). A line of its own:
+// the choice's line keeps its form ("...; why"), which scripts read.
+std::string format_kernel_check(const KernelChoice& c);
 // Kernel timings use the calling thread's own CPU time: other processes taking turns on a shared core do not
 // count. Among candidates timed in a fixed order, a later one must be more than kChoiceMargin times faster to
 // win, so that kernels within noise of each other never flip between processes (their results differ in
