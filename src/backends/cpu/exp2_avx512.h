@@ -8,9 +8,9 @@ namespace alpamayo::cpu {
 namespace {
 
 // 2^x = 2^n * 2^f, n = round(x), |f| <= 1/2, Taylor polynomial of e^(f ln2). Degree 6 (rel. error
-// ~1e-7) for the rescale factors; degree 3 (~6e-4) for the probabilities, which are rounded to bf16
-// (2^-9 = 2e-3) for PV anyway and whose fp32 sum carries the same error, so it cancels in O / l to
-// first order. Very negative x underflows to 0 through scalef.
+// ~1e-7) for the rescale factors; degree 3 (at most 7.9e-4, at f = -1/2) for the probabilities, which are
+// rounded to bf16 (up to 2^-8 = 3.9e-3) for PV anyway and whose fp32 sum carries the same error, so it
+// cancels in O / l to first order. Very negative x underflows to 0 through scalef.
 template <int Degree>
 inline __m512 exp2_ps(__m512 x) {
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
