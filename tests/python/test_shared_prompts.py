@@ -14,10 +14,11 @@ from safetensors.torch import load_file, save_file
 
 from alpamayo_expert import read_context, write_noise
 from cli import REFERENCE, run, sample
-from compare import max_abs
+import error_model as em
+from compare import Checks, max_abs
 from oracle import ExpertContext, GuidedOracle, Oracle, load_checkpoint
 from synth import TINY, CtxSpec, make_checkpoint, make_context, make_noise
-from verify import verify_sample
+from verify import format_unit, verify_sample
 
 # Two prompts (left padding 6 and 0 rows) shared by five samples with reasoning suffixes of 0..9 rows.
 SHARED = CtxSpec(valid_len=(40, 31), P=44, prefix_pad=(6, 0), prompt_index=(0, 1, 0, 1, 0),
@@ -80,11 +81,25 @@ def test_shared_prompt_equals_its_copies(cli, tmp_path, backend):
     write_context(tmp_path / "copies.safetensors", list(zip(e.keys, e.values)), e.valid_len, e.rope_delta,
                   f.ego_history_xyz, f.ego_history_rot, prefix_pad=e.lo)
     write_noise(tmp_path / "noise.safetensors", make_noise(SHARED.B, TINY))
-    a = sample(cli, ck_dir, path, tmp_path / "a", backend=backend, noise=tmp_path / "noise.safetensors", layers=False)
+    a = sample(cli, ck_dir, path, tmp_path / "a", backend=backend, noise=tmp_path / "noise.safetensors")
     b = sample(cli, ck_dir, tmp_path / "copies.safetensors", tmp_path / "b", backend=backend,
-               noise=tmp_path / "noise.safetensors", layers=False)
-    tol = 1e-5 if backend.name == "reference" else 5e-2
-    assert max_abs(a["action"], b["action"]) < tol
+               noise=tmp_path / "noise.safetensors")
+    if backend.name == "reference":  # the same fp32 sums in either layout
+        assert max_abs(a["action"], b["action"]) < 1e-5
+        return
+    # The cascade over a shared prompt merges its partial softmaxes elsewhere than the per-sample copies do, so the
+    # two round differently: each lies within rho of the exact result (the error model), the two within 2 rho. Step 0
+    # (the same x_0) is compared; later steps carry the sampler's gain.
+    unit = format_unit(load_checkpoint(ck_dir, weights=backend.weights), backend, SHARED.P + SHARED.suffix_rows + TINY.T)
+    checks = Checks()
+    for name, depth in [(f"layer.{l}", l + 2) for l in range(TINY.L)] + [("hidden", TINY.L + 1)]:
+        ref = b["layers"][name]
+        checks.add(name, a["layers"][name], ref, em.max_abs_bound(2 * unit.rho(depth), ref),
+                   em.pcc_floor(2 * unit.rho(depth), ref))
+    v_a, v_b = a["v_steps"][0], b["v_steps"][0]
+    checks.add("v_0", v_a, v_b, em.max_abs_bound(2 * unit.rho(TINY.L + 2), v_b), em.pcc_floor(2 * unit.rho(TINY.L + 2), v_b))
+    checks.note(f"free-running action: max|d| {max_abs(a['action'], b['action']):.3e}")
+    checks.assert_ok()
 
 
 def test_per_sample_seeds_are_reproducible_alone(cli, tmp_path):
