@@ -245,7 +245,7 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
   }
   try {
     struct stat ds {};
-    check(::fstat(o.dirfd, &ds) == 0, who + ": cannot stat directory " + o.dir + " (" + errno_str() + ")");
+    if (::fstat(o.dirfd, &ds) != 0) throw Error(who + ": cannot stat directory " + o.dir + " (" + errno_str() + ")");
     o.dir_dev = ds.st_dev;
     o.dir_ino = ds.st_ino;
     struct stat st {};
@@ -360,10 +360,11 @@ void OutputSet::commit() {
   try {
     check_mapped_files();  // nothing computed from an input that changed under the run is committed
     for (auto& o : outs) {
-      check(::fsync(o.fd) == 0, o.path + ": write failed (fsync: " + errno_str() + "); no output was written");
+      // (errno is read after the call: a check()'s message argument may be evaluated before its condition)
+      if (::fsync(o.fd) != 0) throw Error(o.path + ": write failed (fsync: " + errno_str() + "); no output was written");
       const int fd = o.fd;
       o.fd = -1;  // closed even when close reports an error
-      check(::close(fd) == 0, o.path + ": write failed (close: " + errno_str() + "); no output was written");
+      if (::close(fd) != 0) throw Error(o.path + ": write failed (close: " + errno_str() + "); no output was written");
     }
   } catch (...) {
     impl_->remove_all();
