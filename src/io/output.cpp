@@ -410,7 +410,16 @@ void OutputSet::commit() {
   for (auto& o : outs)
     if (o.done == 1) ::unlinkat(o.dirfd, o.tmp.c_str(), 0);  // the old target, now under the temporary name
   for (auto& o : outs) ::fsync(o.dirfd);
-  for (auto& d : impl_->dirs) unregister_dir(d.slot);  // committed: the directories stay
+  for (auto& d : impl_->dirs) {  // committed: the directories stay, their entries synced in their parents
+    unregister_dir(d.slot);
+    const size_t slash = d.path.rfind('/');
+    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : d.path.substr(0, slash);
+    const int pfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd >= 0) {
+      ::fsync(pfd);
+      ::close(pfd);
+    }
+  }
   impl_->dirs.clear();
   impl_->remove_all();
   --g_committing;
