@@ -162,3 +162,18 @@ def test_checkpoint_signal_leaves_nothing(cli, tmp_path, sig):
     p.wait(timeout=30)
     assert p.returncode == -sig, p.stderr.read()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_context_signal_leaves_nothing(cli, tmp_path, ck):
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([str(cli), "make-context", "--checkpoint", str(ck), "--out", str(out / "ctx.safetensors"),
+                          "--rows", "2000000"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(f.stat().st_size > 0 for f in out.iterdir()):
+        time.sleep(0.005)
+    assert any(out.iterdir()), "the run never started writing"
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=30)
+    assert p.returncode == -signal.SIGINT, p.stderr.read()
+    assert list(out.iterdir()) == []
