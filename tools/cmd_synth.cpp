@@ -101,7 +101,9 @@ Run add_make_context(CLI::App& app) {
     if (!a->pad.empty()) a->spec.prefix_pad = parse_int_list(a->pad, "--prefix-pad");
     if (!a->suffix.empty()) a->spec.suffix_len = parse_int_list(a->suffix, "--suffix-len");
     check(a->spec.history != 1, "--history: need 0 or at least 2 poses");
-    write_synthetic_context(outs.sink(o), ck->config(), a->spec);
+    write_synthetic_context(outs.sink(o), ck->config(), a->spec, [&](double bytes, const std::string& stage) {
+      outs.check_space(o, bytes, stage, "the context file");
+    });
     outs.commit();
     std::fprintf(stderr, "wrote %s\n", a->out.c_str());
   };

@@ -56,6 +56,13 @@ class OutputSet {
   // Throws Error naming label and path.
   size_t add(const std::string& path, const std::string& label = "output");
 
+  // Creates the directory dir (and its missing parents) for outputs of the set: every directory created here
+  // is removed again (it is empty then) when the set is not committed: on errors, discard(), the destructor
+  // and SIGINT / SIGTERM / SIGHUP. An existing directory is used as it is. Throws Error naming label and dir.
+  void create_dir(const std::string& dir, const std::string& label = "output");
+  // Throws Error("<stage> needs about <bytes> of disk (<parts>) but only <free> is free in <dir>") when the
+  // file system of output i has less room for an unprivileged user than bytes.
+  void check_space(size_t i, double bytes, const std::string& stage, const std::string& parts) const;
   // Appends bytes to output i; throws Error naming the path (e.g. disk full).
   void write(size_t i, const void* data, size_t n);
   void write(size_t i, const std::string& s) { write(i, s.data(), s.size()); }

@@ -76,6 +76,8 @@ void check_mapped_files();
 // Writes the safetensors bytes of specs (data from fill(i, dst), which gets nbytes of tensor i) to sink.
 // As the reference writer does, the data are laid out by decreasing element size after an 8-byte aligned
 // header, so every tensor is aligned to its element size.
+// The size in bytes of the file serialize_safetensors_stream writes for specs and metadata.
+uint64_t safetensors_file_size(const std::vector<NamedTensor>& specs, const std::map<std::string, std::string>& metadata = {});
 void serialize_safetensors_stream(const ByteSink& sink, const std::vector<NamedTensor>& specs,
                                   const std::function<void(size_t, void*)>& fill,
                                   const std::map<std::string, std::string>& metadata = {});

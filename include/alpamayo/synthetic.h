@@ -1,6 +1,7 @@
 // Synthetic, seeded checkpoints and contexts in the exact release layouts, for tests, demos and benchmarks.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,7 +57,10 @@ struct SyntheticContextSpec {
 
 // Writes a context file for a checkpoint of the given config (L, Hkv, d); padding rows hold garbage.
 void write_synthetic_context(const std::string& path, const ExpertConfig& cfg, const SyntheticContextSpec& spec);
-// The same bytes to a sink (e.g. an OutputSet output).
-void write_synthetic_context(const ByteSink& out, const ExpertConfig& cfg, const SyntheticContextSpec& spec);
+// The same bytes to a sink (e.g. an OutputSet output). Before anything is generated the memory it needs is
+// checked (check_memory, naming the sizes), then check_disk, when given, gets the file's size and the stage
+// for the message (e.g. OutputSet::check_space).
+void write_synthetic_context(const ByteSink& out, const ExpertConfig& cfg, const SyntheticContextSpec& spec,
+                             const std::function<void(double bytes, const std::string& stage)>& check_disk = {});
 
 }  // namespace alpamayo

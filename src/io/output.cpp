@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <random>
 
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
 #include "io/inputs.h"
 #include "io/mapped_file.h"
 
@@ -30,6 +32,13 @@ struct TmpSlot {
 };
 constexpr int kTmpSlots = 256;
 TmpSlot g_tmp[kTmpSlots];
+// Directories an uncommitted set created (removed after its files, deepest first).
+struct DirSlot {
+  std::atomic<int> active{0};
+  char path[PATH_MAX] = {};
+};
+constexpr int kDirSlots = 64;
+DirSlot g_dirs[kDirSlots];
 std::atomic<int> g_committing{0};  // > 0: a commit is renaming; signals wait for it
 std::atomic<int> g_pending_signal{0};
 std::atomic<bool> g_handlers_installed{false};
@@ -46,6 +55,8 @@ void on_terminate(int sig) {
   }
   for (TmpSlot& s : g_tmp)
     if (s.active.load(std::memory_order_acquire)) ::unlinkat(s.dirfd, s.name, 0);
+  for (int i = kDirSlots; i-- > 0;)
+    if (g_dirs[i].active.load(std::memory_order_acquire)) ::rmdir(g_dirs[i].path);
   ::signal(sig, SIG_DFL);
   ::raise(sig);  // delivered on return from the handler: the process ends as the signal says
 }
@@ -85,6 +96,24 @@ void unregister_tmp(int slot) {
   if (slot < 0) return;
   std::lock_guard<std::mutex> lock(tmp_mutex());
   g_tmp[slot].active.store(0, std::memory_order_release);
+}
+
+int register_dir(const std::string& path) {
+  std::lock_guard<std::mutex> lock(tmp_mutex());
+  if (path.size() >= PATH_MAX) return -1;
+  for (int i = 0; i < kDirSlots; ++i) {
+    if (g_dirs[i].active.load()) continue;
+    std::snprintf(g_dirs[i].path, sizeof g_dirs[i].path, "%s", path.c_str());
+    g_dirs[i].active.store(1, std::memory_order_release);
+    return i;
+  }
+  return -1;  // still removed on errors, not on signals
+}
+
+void unregister_dir(int slot) {
+  if (slot < 0) return;
+  std::lock_guard<std::mutex> lock(tmp_mutex());
+  g_dirs[slot].active.store(0, std::memory_order_release);
 }
 
 void reraise_pending_signal() {
@@ -128,8 +157,13 @@ struct OutputSet::Impl {
     ino_t ino = 0;
     int done = 0;  // commit: 0 not yet, 1 exchanged with the old target, 2 created, 3 replaced (no backup)
   };
+  struct Dir {
+    std::string path;
+    int slot = -1;
+  };
   std::vector<Input> inputs;
   std::vector<Out> outs;
+  std::vector<Dir> dirs;  // created by the set, in order of creation
 
   std::string who(const Out& o) const { return o.label + " " + o.path; }
 
@@ -148,6 +182,11 @@ struct OutputSet::Impl {
       if (o.dirfd >= 0) ::close(o.dirfd);
     }
     outs.clear();
+    for (size_t i = dirs.size(); i-- > 0;) {  // not committed: the directories created go too (empty now)
+      ::rmdir(dirs[i].path.c_str());
+      unregister_dir(dirs[i].slot);
+    }
+    dirs.clear();
   }
 };
 
@@ -206,7 +245,7 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
   }
   try {
     struct stat ds {};
-    check(::fstat(o.dirfd, &ds) == 0, who + ": cannot stat directory " + o.dir + " (" + errno_str() + ")");
+    if (::fstat(o.dirfd, &ds) != 0) throw Error(who + ": cannot stat directory " + o.dir + " (" + errno_str() + ")");
     o.dir_dev = ds.st_dev;
     o.dir_ino = ds.st_ino;
     struct stat st {};
@@ -238,7 +277,7 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
         o.tmp = tmp;
         o.slot = register_tmp(o.dirfd, tmp);
       } else if (errno != EEXIST || attempt >= 16) {
-        throw Error(who + ": cannot create a file in directory " + o.dir + " (" + errno_str() + ")");
+        throw Error(who + ": cannot create a file in directory " + o.dir + " (open: " + errno_str() + ")");
       }
     }
   } catch (...) {
@@ -254,6 +293,46 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
   return impl_->outs.size() - 1;
 }
 
+void OutputSet::create_dir(const std::string& dir, const std::string& label) {
+  check(!dir.empty(), label + ": empty directory path");
+  install_term_handlers();
+  // Each missing component, outermost first.
+  std::vector<std::string> missing;
+  std::string p = dir;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  for (;;) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) {
+      check(S_ISDIR(st.st_mode), label + " " + dir + ": " + p + " is " + file_type_name(st.st_mode) + ", expected a directory");
+      break;
+    }
+    check(errno == ENOENT, label + " " + dir + ": cannot stat " + p + " (" + errno_str() + ")");
+    missing.push_back(p);
+    const size_t slash = p.rfind('/');
+    if (slash == std::string::npos || slash == 0) break;
+    p = p.substr(0, slash);
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+  }
+  for (size_t k = missing.size(); k-- > 0;) {
+    const std::string& m = missing[k];
+    if (::mkdir(m.c_str(), 0777) != 0) {
+      if (errno == EEXIST) continue;  // made by someone else meanwhile: used, never removed
+      throw Error(label + " " + dir + ": cannot create directory " + m + " (" + errno_str() + ")");
+    }
+    impl_->dirs.push_back({m, register_dir(m)});
+  }
+}
+
+void OutputSet::check_space(size_t i, double bytes, const std::string& stage, const std::string& parts) const {
+  check(i < impl_->outs.size(), "OutputSet::check_space: no output " + std::to_string(i));
+  const Impl::Out& o = impl_->outs[i];
+  struct statvfs vs {};
+  if (::fstatvfs(o.dirfd, &vs) != 0) return;  // unknown: the writes report a full disk
+  const double free_bytes = double(vs.f_bavail) * double(vs.f_frsize ? vs.f_frsize : vs.f_bsize);
+  check(bytes <= free_bytes, stage + " needs about " + format_bytes(bytes) + " of disk (" + parts + ") but only " +
+                                 format_bytes(free_bytes) + " is free in " + o.dir);
+}
+
 void OutputSet::write(size_t i, const void* data, size_t n) {
   check(i < impl_->outs.size() && impl_->outs[i].fd >= 0, "OutputSet::write: no open output " + std::to_string(i));
   const Impl::Out& o = impl_->outs[i];
@@ -261,7 +340,7 @@ void OutputSet::write(size_t i, const void* data, size_t n) {
   while (n > 0) {
     const ssize_t r = ::write(o.fd, p, std::min<size_t>(n, size_t(1) << 30));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw Error(o.path + ": write failed (" + (r < 0 ? errno_str() : std::string("no progress")) + ")");
+    if (r <= 0) throw Error(o.path + ": write failed (" + (r < 0 ? errno_str() : std::string("no progress")) + "); no output was written");
     p += r;
     n -= static_cast<size_t>(r);
   }
@@ -281,9 +360,11 @@ void OutputSet::commit() {
   try {
     check_mapped_files();  // nothing computed from an input that changed under the run is committed
     for (auto& o : outs) {
-      check(::fsync(o.fd) == 0, o.path + ": write failed (" + errno_str() + ")");
-      check(::close(o.fd) == 0, o.path + ": write failed (" + errno_str() + ")");
-      o.fd = -1;
+      // (errno is read after the call: a check()'s message argument may be evaluated before its condition)
+      if (::fsync(o.fd) != 0) throw Error(o.path + ": write failed (fsync: " + errno_str() + "); no output was written");
+      const int fd = o.fd;
+      o.fd = -1;  // closed even when close reports an error
+      if (::close(fd) != 0) throw Error(o.path + ": write failed (close: " + errno_str() + "); no output was written");
     }
   } catch (...) {
     impl_->remove_all();
@@ -304,7 +385,7 @@ void OutputSet::commit() {
     } else if ((errno == EINVAL || errno == ENOSYS) && ::renameat(o.dirfd, o.tmp.c_str(), o.dirfd, o.base.c_str()) == 0) {
       o.done = 3;  // no RENAME_EXCHANGE here: the old file cannot be restored
     } else {
-      failure = impl_->who(o) + ": cannot rename the temporary file into place (" + errno_str() + ")";
+      failure = impl_->who(o) + ": cannot rename the temporary file into place (rename: " + errno_str() + ")";
     }
     if (!failure.empty()) failed_at = i;
   }
@@ -329,6 +410,17 @@ void OutputSet::commit() {
   for (auto& o : outs)
     if (o.done == 1) ::unlinkat(o.dirfd, o.tmp.c_str(), 0);  // the old target, now under the temporary name
   for (auto& o : outs) ::fsync(o.dirfd);
+  for (auto& d : impl_->dirs) {  // committed: the directories stay, their entries synced in their parents
+    unregister_dir(d.slot);
+    const size_t slash = d.path.rfind('/');
+    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : d.path.substr(0, slash);
+    const int pfd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd >= 0) {
+      ::fsync(pfd);
+      ::close(pfd);
+    }
+  }
+  impl_->dirs.clear();
   impl_->remove_all();
   --g_committing;
   reraise_pending_signal();

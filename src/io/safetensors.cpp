@@ -219,6 +219,12 @@ std::string header_bytes(const std::vector<NamedTensor>& specs, const std::map<s
 
 }  // namespace
 
+uint64_t safetensors_file_size(const std::vector<NamedTensor>& specs, const std::map<std::string, std::string>& metadata) {
+  uint64_t n = header_bytes(specs, metadata).size();
+  for (const NamedTensor& t : specs) n += t.tensor.nbytes();
+  return n;
+}
+
 void serialize_safetensors_stream(const ByteSink& sink, const std::vector<NamedTensor>& specs,
                                   const std::function<void(size_t, void*)>& fill,
                                   const std::map<std::string, std::string>& metadata) {

@@ -1,12 +1,15 @@
 #include "alpamayo/synthetic.h"
 
 #include <algorithm>
+#include <cctype>
+#include <map>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 
 #include "alpamayo/error.h"
+#include "alpamayo/limits.h"
 #include "alpamayo/safetensors.h"
 #include "model/fourier.h"
 
@@ -195,8 +198,6 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
   check(s.ain_layers >= 1 && s.n_fourier >= 4 && s.n_fourier % 2 == 0 && s.T >= 1 && s.shards >= 1,
         "make-checkpoint: invalid action_in_proj sizes, waypoints or shard count");
   const Release release = synthetic_release(s);
-  fs::create_directories(dir);
-  OutputSet outs;  // every file of the checkpoint appears together, or none
   const bool a2 = s.layout == Layout::A2;
   const std::string ep = a2 ? "expert.expert." : "expert.", hp = a2 ? "expert." : "";
   const int64_t D = s.D, d = s.d, I = s.I, h = s.ain_hidden, A = 2, F = s.n_fourier;
@@ -275,31 +276,83 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
   }
   nlohmann::json weight_map = nlohmann::json::object();
   const int nf = static_cast<int>(files.size());
+  std::vector<std::string> names(nf);
+  std::vector<std::vector<NamedTensor>> specs(nf);
+  const std::map<std::string, std::string> metadata{{"format", "pt"}};
+  const Entry* largest = nullptr;
+  double largest_n = 0;
   for (int f = 0; f < nf; ++f) {
     char name[64];
     if (nf == 1) std::snprintf(name, sizeof name, "model.safetensors");
     else std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, nf);
-    std::vector<NamedTensor> specs;
+    names[f] = name;
     for (const Entry& e : files[f]) {
-      specs.push_back({e.name, TensorView{e.dtype, e.shape, nullptr, e.name}});
+      specs[f].push_back({e.name, TensorView{e.dtype, e.shape, nullptr, e.name}});
       weight_map[e.name] = name;
+      double n = 1;
+      for (auto v : e.shape) n *= double(v);
+      if (n > largest_n) largest = &e, largest_n = n;
     }
-    serialize_safetensors_stream(outs.sink(outs.add((fs::path(dir) / name).string())), specs,
-                                 [&](size_t i, void* dst) { fill_entry(files[f][i], s.seed, dst); }, {{"format", "pt"}});
   }
-  if (nf > 1)
-    outs.write(outs.add((fs::path(dir) / "model.safetensors.index.json").string()),
-               nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2));
+  const std::string index_text =
+      nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", weight_map}}.dump(2);
+  const std::string config_text = synthetic_config(s, release).dump(2);
 
-  outs.write(outs.add((fs::path(dir) / "config.json").string()), synthetic_config(s, release).dump(2));
+  // Estimates first, before anything is created: the memory of generating the largest tensor (its bytes in
+  // the file's dtype and its f32 values), and the disk of every file.
+  std::string dt = dtype_name(s.dtype);
+  for (char& ch : dt) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string sizes = "make-checkpoint (--layers " + std::to_string(s.L) + " --hidden " + std::to_string(s.D) +
+                            " --mlp " + std::to_string(s.I) + " --heads " + std::to_string(s.Hq) + " --kv-heads " +
+                            std::to_string(s.Hkv) + " --head-dim " + std::to_string(s.d) + " --dtype " +
+                            dt + " --shards " + std::to_string(s.shards) + ")";
+  if (largest) {
+    std::string shape;
+    for (auto v : largest->shape) shape += (shape.empty() ? "" : ", ") + std::to_string(v);
+    MemoryEstimate m;
+    m.add("the tensor in " + dt, largest_n * double(dtype_size(largest->dtype)));
+    m.add("its values in f32 while generated", 4.0 * largest_n);
+    if (largest->init.trained) m.add("channel scales", 8.0 * double(largest->shape[0] + largest->shape[1]));
+    check_memory(m, sizes + ": generating the largest tensor, " + largest->name + " [" + shape + "],");
+  }
+  double disk = double(config_text.size()) + (nf > 1 ? double(index_text.size()) : 0.0);
+  std::string disk_parts;
+  for (int f = 0; f < nf; ++f) {
+    const double b = double(safetensors_file_size(specs[f], metadata));
+    disk += b;
+    if (f < 3) disk_parts += (f ? ", " : "") + names[f] + " " + format_bytes(b);
+    else if (f == 3) disk_parts += ", ...";
+  }
+  disk_parts += std::string(disk_parts.empty() ? "" : ", ") + "config.json" + (nf > 1 ? " and the index" : "");
+
+  OutputSet outs;       // every file of the checkpoint appears together, or none
+  outs.create_dir(dir, "--out");  // removed again unless the set is committed
+  std::vector<size_t> idx(nf);
+  for (int f = 0; f < nf; ++f) idx[f] = outs.add((fs::path(dir) / names[f]).string(), "--out");
+  const size_t o_index = nf > 1 ? outs.add((fs::path(dir) / "model.safetensors.index.json").string(), "--out") : 0;
+  const size_t o_config = outs.add((fs::path(dir) / "config.json").string(), "--out");
+  outs.check_space(o_config, disk, sizes + ": writing " + std::to_string(nf + (nf > 1 ? 2 : 1)) + " files", disk_parts);
+  for (int f = 0; f < nf; ++f) {
+    StageScope stage(sizes + ": generating " + names[f]);
+    serialize_safetensors_stream(outs.sink(idx[f]), specs[f],
+                                 [&](size_t i, void* dst) { fill_entry(files[f][i], s.seed, dst); }, metadata);
+  }
+  if (nf > 1) outs.write(o_index, index_text);
+  outs.write(o_config, config_text);
   outs.commit();
 }
 
 void write_synthetic_context(const std::string& path, const ExpertConfig& c, const SyntheticContextSpec& s) {
-  write_file_atomically(path, [&](const ByteSink& out) { write_synthetic_context(out, c, s); });
+  OutputSet outs;
+  const size_t o = outs.add(path);
+  write_synthetic_context(outs.sink(o), c, s, [&](double bytes, const std::string& stage) {
+    outs.check_space(o, bytes, stage, "the context file");
+  });
+  outs.commit();
 }
 
-void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const SyntheticContextSpec& s) {
+void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const SyntheticContextSpec& s,
+                             const std::function<void(double, const std::string&)>& check_disk) {
   const int64_t B = s.B, P = s.P, H = c.Hkv, d = c.d, G = s.G > 0 ? s.G : s.B, Q = s.Q;
   check(B >= 1 && P >= 1 && G >= 1 && Q >= 0, "make-context: batch, prompts and rows must be >= 1");
   auto per = [&](const std::vector<int64_t>& v, int64_t n, int64_t dflt, const char* opt) {
@@ -335,11 +388,50 @@ void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const S
       for (const char* kind : {"suffix_key.", "suffix_value."})
         specs.push_back({kind + std::to_string(l), TensorView{s.dtype, {B, H, Q, d}, nullptr, ""}});
   const size_t n_cache = specs.size();
-  // Ego history: constant speed on a gentle arc ending at the origin with heading 0.
+  // Ego history: constant speed on a gentle arc ending at the origin with heading 0 (generated below, after
+  // the estimates).
   const int Hh = s.history;
   std::vector<float> xyz, rot, v0;
+  const size_t first_history = specs.size();
+  if (Hh > 0) {
+    specs.push_back({"ego_history_xyz", TensorView{DType::F32, {B, Hh, 3}, nullptr, ""}});
+    specs.push_back({"ego_history_rot", TensorView{DType::F32, {B, Hh, 3, 3}, nullptr, ""}});
+  } else {
+    specs.push_back({"v0", TensorView{DType::F32, {B}, nullptr, ""}});
+  }
+  specs.push_back({"valid_len", TensorView{DType::I64, {G}, valid.data(), ""}});
+  specs.push_back({"rope_delta", TensorView{DType::I64, {B}, delta.data(), ""}});
+  bool identity = G == B;
+  for (int64_t b = 0; b < B; ++b) identity = identity && prompt[b] == b;
+  if (!identity) specs.push_back({"prompt_index", TensorView{DType::I64, {B}, prompt.data(), ""}});
+  if (!s.prefix_pad.empty()) specs.push_back({"prefix_pad", TensorView{DType::I64, {G}, pad.data(), ""}});
+  if (Q > 0) specs.push_back({"suffix_len", TensorView{DType::I64, {B}, sfx.data(), ""}});
+  // Estimates first: the memory of the ego history and of generating one cache tensor (the largest), then
+  // the file's size.
+  std::string dt = dtype_name(s.dtype);
+  for (char& ch : dt) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string sizes = "make-context (--batch " + std::to_string(B) + " --prompts " + std::to_string(G) +
+                            " --rows " + std::to_string(P) + " --suffix-rows " + std::to_string(Q) + " --history " +
+                            std::to_string(Hh) + " --dtype " + dt + "; the checkpoint's " + std::to_string(c.L) +
+                            " layers, " + std::to_string(H) + " KV heads, head dim " + std::to_string(d) + ")";
+  {
+    const double prompt_n = double(G) * H * P * d, suffix_n = double(B) * H * Q * d;
+    const bool prompt_largest = prompt_n >= suffix_n;
+    const double n = std::max(prompt_n, suffix_n);
+    MemoryEstimate m;
+    m.add("the tensor in " + dt, n * dtype_size(s.dtype));
+    m.add("its values in f32 while generated", 4.0 * n);
+    if (Hh > 0) m.add("the ego history", 48.0 * double(B) * Hh);
+    check_memory(m, sizes + ": generating a " + (prompt_largest ? "prompt" : "suffix") + " cache tensor [" +
+                        std::to_string(prompt_largest ? G : B) + ", " + std::to_string(H) + ", " +
+                        std::to_string(prompt_largest ? P : Q) + ", " + std::to_string(d) + "],");
+  }
+  if (check_disk) check_disk(double(safetensors_file_size(specs)), sizes + ": writing the context");
+  StageScope stage(sizes + ": generating the context");
   Rng rng(s.seed ^ 0x5eedull);
   if (Hh > 0) {
+    xyz.reserve(size_t(B) * Hh * 3);
+    rot.reserve(size_t(B) * Hh * 9);
     for (int64_t b = 0; b < B; ++b) {
       const double speed = 8.0 + 4.0 * rng.uniform(), kappa = 0.01 * rng.uniform();
       for (int i = 0; i < Hh; ++i) {
@@ -351,19 +443,12 @@ void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const S
         rot.insert(rot.end(), {float(std::cos(th)), float(-std::sin(th)), 0.f, float(std::sin(th)), float(std::cos(th)), 0.f, 0.f, 0.f, 1.f});
       }
     }
-    specs.push_back({"ego_history_xyz", TensorView{DType::F32, {B, Hh, 3}, xyz.data(), ""}});
-    specs.push_back({"ego_history_rot", TensorView{DType::F32, {B, Hh, 3, 3}, rot.data(), ""}});
+    specs[first_history].tensor.data = xyz.data();
+    specs[first_history + 1].tensor.data = rot.data();
   } else {
     for (int64_t b = 0; b < B; ++b) v0.push_back(static_cast<float>(8.0 + 4.0 * rng.uniform()));
-    specs.push_back({"v0", TensorView{DType::F32, {B}, v0.data(), ""}});
+    specs[first_history].tensor.data = v0.data();
   }
-  specs.push_back({"valid_len", TensorView{DType::I64, {G}, valid.data(), ""}});
-  specs.push_back({"rope_delta", TensorView{DType::I64, {B}, delta.data(), ""}});
-  bool identity = G == B;
-  for (int64_t b = 0; b < B; ++b) identity = identity && prompt[b] == b;
-  if (!identity) specs.push_back({"prompt_index", TensorView{DType::I64, {B}, prompt.data(), ""}});
-  if (!s.prefix_pad.empty()) specs.push_back({"prefix_pad", TensorView{DType::I64, {G}, pad.data(), ""}});
-  if (Q > 0) specs.push_back({"suffix_len", TensorView{DType::I64, {B}, sfx.data(), ""}});
   serialize_safetensors_stream(out, specs, [&](size_t i, void* dst) {
     if (i >= n_cache) { std::memcpy(dst, specs[i].tensor.data, specs[i].tensor.nbytes()); return; }
     Rng r(hash_name(specs[i].name, s.seed));

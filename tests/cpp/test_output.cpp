@@ -56,6 +56,41 @@ TEST(Output, WritesAllOutputsOnCommitAndNothingBefore) {
   EXPECT_EQ(names(tmp.path()), (std::set<std::string>{"a.bin", "b.json"}));
 }
 
+TEST(Output, DirectoriesCreatedForASetGoUnlessCommitted) {
+  TempDir tmp;
+  const fs::path dir = fs::path(tmp / "a") / "b";
+  {
+    OutputSet outs;
+    outs.create_dir(dir.string(), "--out");
+    ASSERT_TRUE(fs::is_directory(dir));
+    outs.write(outs.add((dir / "x.bin").string(), "--out"), "X");
+  }  // destroyed uncommitted: the file, then both directories go
+  EXPECT_TRUE(fs::is_empty(tmp.path()));
+  {
+    OutputSet outs;
+    outs.create_dir(dir.string(), "--out");
+    outs.write(outs.add((dir / "x.bin").string(), "--out"), "X");
+    outs.discard();
+  }
+  EXPECT_TRUE(fs::is_empty(tmp.path()));
+  {
+    OutputSet outs;
+    outs.create_dir(dir.string(), "--out");
+    outs.write(outs.add((dir / "x.bin").string(), "--out"), "X");
+    outs.commit();
+  }
+  EXPECT_EQ(slurp(dir / "x.bin"), "X");
+  {  // an existing directory is used and never removed, even uncommitted
+    OutputSet outs;
+    outs.create_dir(dir.string(), "--out");
+    outs.write(outs.add((dir / "y.bin").string(), "--out"), "Y");
+  }
+  EXPECT_EQ(names(dir), (std::set<std::string>{"x.bin"}));
+  put(tmp / "file", "f");
+  OutputSet outs;
+  expect_error([&] { outs.create_dir(tmp / "file", "--out"); }, {"--out", "is a regular file", "expected a directory"});
+}
+
 TEST(Output, TemporaryNamesAreUnpredictable) {
   TempDir tmp;
   std::set<std::string> seen;
