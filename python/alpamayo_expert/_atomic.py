@@ -13,6 +13,7 @@ The same rules as the C++ output module (include/alpamayo/output.h, docs/SECURIT
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import stat
@@ -60,11 +61,22 @@ def check_target(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = 
     return p
 
 
+def _above_standard(fd: int) -> int:
+    """fd moved to a descriptor >= 3 (close-on-exec): a process started with 0, 1 or 2 closed must not get its
+    output file there, or whatever it prints would land in the file."""
+    if fd > 2:
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
 def _write_exclusive(path: str | os.PathLike, fill: Callable[[int], None], inputs: Iterable = ()) -> Path:
     """Creates an exclusive temporary file next to `path`, lets fill(fd) write it, then renames it over `path`."""
     inputs = list(inputs)
     p = check_target(path, inputs)
-    dir_fd = os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dir_fd = _above_standard(os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
     name = None
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -75,6 +87,7 @@ def _write_exclusive(path: str | os.PathLike, fill: Callable[[int], None], input
             except FileExistsError:  # a file or a planted link under that name: never followed, try another
                 continue
             name = candidate
+            fd = _above_standard(fd)
             break
         else:
             raise OSError(f"{p}: could not create a temporary file in {p.parent} (100 names taken)")
