@@ -32,10 +32,21 @@ def _kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
+def checked_path(path: str | os.PathLike, name: str = "path") -> str:
+    """os.fspath(path), refused with ValueError naming the argument when it holds a NUL byte (as Python's
+    open() refuses it: the system call would stop at the NUL and open another file)."""
+    raw = os.fspath(path)
+    nul = "\0" if isinstance(raw, str) else b"\0"
+    if nul in raw:
+        raise ValueError(f"{name}: embedded null byte in the path {raw!r} (at position {raw.index(nul)}); "
+                         "a path cannot contain NUL")
+    return raw
+
+
 def check_target(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Raises ValueError unless `path` may be written: it names a file whose directory exists, and an
     existing file there is a regular file (not a link) that is none of `inputs`."""
-    raw = os.fspath(path)
+    raw = checked_path(path)
     if not raw:
         raise ValueError("empty output path")
     p = Path(raw)
@@ -123,6 +134,7 @@ def save_safetensors_atomic(tensors: Mapping[str, torch.Tensor], path: str | os.
                             metadata: Mapping[str, str] | None = None,
                             inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Write `tensors` to `path` exclusively and atomically (module docstring); `inputs` may not be replaced."""
+    checked_path(path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     # safetensors refuses non-contiguous tensors and tensors sharing storage.
     prepared = {k: v.detach().contiguous().cpu().clone() for k, v in tensors.items()}
@@ -136,6 +148,7 @@ def save_safetensors_atomic(tensors: Mapping[str, torch.Tensor], path: str | os.
 
 def write_text_atomic(path: str | os.PathLike, text: str, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Write `text` (UTF-8) to `path` exclusively and atomically (module docstring)."""
+    checked_path(path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     data = text.encode()
     return _write_exclusive(path, lambda fd: _write_all(fd, data), inputs)

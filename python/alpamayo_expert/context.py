@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 from safetensors import safe_open
 
-from ._atomic import save_safetensors_atomic
+from ._atomic import checked_path, save_safetensors_atomic
 
 KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -152,6 +152,7 @@ def write_context(path: str | os.PathLike, past_key_values: Any, valid_len: Any,
     ego_history_xyz [B, H, 3] with ego_history_rot [B, H, 3, 3], or v0 [B]: the motion state (optional).
     dtype: K/V storage dtype (torch.bfloat16/float16/float32 or "bf16"/"f16"/"f32"); default keeps the cache's.
     """
+    checked_path(path, "write_context: path")
     kv = cache_layers(past_key_values)
     valid_len_t = _as_int64_vector(valid_len, "valid_len")
     rope_delta_t = _as_int64_vector(rope_delta, "rope_delta")
@@ -276,6 +277,7 @@ def write_rollout_context(path: str | os.PathLike, past_key_values: Any, rope_de
     sequence), and each sequence's generated rows [Lp, offset) as its suffix. share_prompt=False writes every
     sequence's rows [0, offset) (the simple form, G*N prompts).
     """
+    checked_path(path, "write_rollout_context: path")
     from .rollout import rollout_layout
     lay = rollout_layout(past_key_values, rope_deltas, num_return_sequences=num_return_sequences,
                          sequences=sequences, eos_token_id=eos_token_id, offsets=offsets, prefix_mask=prefix_mask,
@@ -290,7 +292,7 @@ def write_rollout_context(path: str | os.PathLike, past_key_values: Any, rope_de
 
 
 def read_context(path: str | os.PathLike) -> Context:
-    with safe_open(str(path), framework="pt") as f:
+    with safe_open(checked_path(path, "read_context: path"), framework="pt") as f:
         names = set(f.keys())
         get = f.get_tensor
         opt = lambda k: get(k) if k in names else None  # noqa: E731

@@ -32,8 +32,16 @@ int fd_above_standard(int fd) {
   return moved;
 }
 
+void check_no_nul(const std::string& path, const std::string& what) {
+  const size_t at = path.find('\0');
+  if (at == std::string::npos) return;
+  throw Error(what + ": embedded null byte in the path '" + quote_untrusted(path) + "' (at byte " +
+              std::to_string(at) + "); a path cannot contain NUL");
+}
+
 int open_regular_file(const std::string& path, struct stat* st) {
   check(!path.empty(), "empty file name");
+  check_no_nul(path, "file name");
   // stat first: never open a pipe or a device (opening one can block or have side effects).
   if (::stat(path.c_str(), st) != 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   check(S_ISREG(st->st_mode), path + ": is " + file_type_name(st->st_mode) + ", expected a regular file");

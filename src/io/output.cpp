@@ -157,6 +157,7 @@ OutputSet::~OutputSet() { impl_->remove_all(); }
 
 void OutputSet::add_input(const std::string& path, const std::string& label) {
   if (path.empty()) return;
+  check_no_nul(path, label);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;  // the reader reports missing inputs
   if (S_ISDIR(st.st_mode)) {
@@ -169,6 +170,7 @@ void OutputSet::add_input(const std::string& path, const std::string& label) {
 
 void OutputSet::add_input_dir(const std::string& dir, const std::string& label) {
   if (dir.empty()) return;
+  check_no_nul(dir, label);
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
     add_input(dir, label);
@@ -188,6 +190,7 @@ void OutputSet::add_input_dir(const std::string& dir, const std::string& label) 
 
 size_t OutputSet::add(const std::string& path, const std::string& label) {
   check(!path.empty(), label + ": empty output path");
+  check_no_nul(path, label);
   Impl::Out o;
   o.path = path;
   o.label = label;

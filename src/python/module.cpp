@@ -84,6 +84,17 @@ std::vector<uint8_t> copy_row_major(const TensorView& v) {
   return out;
 }
 
+// Python's own open() refuses a path with a NUL byte (ValueError: embedded null byte); the system call would
+// take the NUL as the end and open another file. The same here, naming the argument and the whole path.
+void check_path(const std::string& path, const char* call, const char* arg) {
+  const size_t at = path.find('\0');
+  if (at == std::string::npos) return;
+  std::string shown;
+  for (char c : path.substr(0, 200)) shown += c == '\0' ? std::string("\\x00") : std::string(1, c);
+  throw nb::value_error((std::string(call) + ": " + arg + ": embedded null byte in the path '" + shown + "' (at byte " +
+                         std::to_string(at) + "); a path cannot contain NUL").c_str());
+}
+
 struct ModelHandle {
   std::shared_ptr<const Checkpoint> ck;  // null for models built from weights
   std::shared_ptr<const Model> m;
@@ -281,6 +292,8 @@ NB_MODULE(_core, m) {
                           const std::string& weights, int threads, const std::string& vlm_config,
                           const std::string& release, bool exact_freqs, bool profile, const std::string& kv,
                           const std::string& kernels) {
+             check_path(checkpoint, "Model", "checkpoint");
+             check_path(vlm_config, "Model", "vlm_config");
              std::shared_ptr<const Checkpoint> ck;
              std::shared_ptr<const Model> model;
              {
@@ -319,6 +332,7 @@ NB_MODULE(_core, m) {
 
   nb::class_<CtxHandle>(m, "Context")
       .def_static("open", [](const std::string& path) {
+        check_path(path, "Context.open", "path");
         auto pc = std::make_unique<CtxHandle>();
         nb::gil_scoped_release release;
         pc->ctx = Context::open(path);
