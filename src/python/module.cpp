@@ -195,7 +195,13 @@ CtxHandle* context_from_arrays(const std::vector<AnyArray>& keys, const std::vec
   if (history_xyz) {
     const HostF32& x = *history_xyz;
     const HostF32& r = *history_rot;
-    check(x.ndim() == 3 && x.shape(2) == 3, name + ": ego_history_xyz: expected shape [B, H, 3]");
+    auto shape_of = [](const HostF32& a) {
+      std::vector<int64_t> sh;
+      for (size_t k = 0; k < a.ndim(); ++k) sh.push_back(static_cast<int64_t>(a.shape(k)));
+      return shape_str(sh);
+    };
+    check(x.ndim() == 3 && x.shape(2) == 3,
+          name + ": ego_history_xyz: expected shape [B, H, 3], found " + shape_of(x));
     EgoHistory h;
     h.H = static_cast<int>(x.shape(1));
     check(static_cast<int64_t>(x.shape(0)) == kv.B,
@@ -203,7 +209,8 @@ CtxHandle* context_from_arrays(const std::vector<AnyArray>& keys, const std::vec
               std::to_string(kv.B));
     check(r.ndim() == 4 && static_cast<int64_t>(r.shape(0)) == kv.B && static_cast<int64_t>(r.shape(1)) == h.H &&
               r.shape(2) == 3 && r.shape(3) == 3,
-          name + ": ego_history_rot: expected shape [" + std::to_string(kv.B) + ", " + std::to_string(h.H) + ", 3, 3]");
+          name + ": ego_history_rot: expected shape [" + std::to_string(kv.B) + ", " + std::to_string(h.H) +
+              ", 3, 3], found " + shape_of(r));
     h.xyz.assign(x.data(), x.data() + x.size());
     h.rot.assign(r.data(), r.data() + r.size());
     hist = std::move(h);
