@@ -119,6 +119,16 @@ def _ints(x: Any, name: str) -> list[int]:
     return out
 
 
+def _float_scalar(x: Any, name: str) -> float:
+    """One real number (a Python, numpy or one-element tensor value); bools, complex and strings refused."""
+    v = _to_list(x, name, "a number")
+    if isinstance(v, list) and len(v) == 1:
+        v = v[0]
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise Error(f"{name}: expected a number, got {_describe(x)}")
+    return float(v)
+
+
 def _uints64(x: Any, name: str) -> list[int]:
     """_ints, but for values in [0, 2^64) (seeds): numpy uint64 and Python ints above 2^63 are kept."""
     if x is None:
@@ -408,7 +418,7 @@ class Session:
                         "unguided context (guidance=...), or sample without guidance with no_guidance=True")
         if guidance_weight is not None and guidance is None:
             raise Error("guidance_weight needs a guidance context (the unguided context)")
-        w = None if guidance_weight is None else float(guidance_weight)
+        w = None if guidance_weight is None else _float_scalar(guidance_weight, "guidance_weight")
         self._ctx = self._guidance = None
         self._s.bind(context._c, guidance._c if guidance is not None else None, w,
                      -1 if capture_step is None else int(capture_step), bool(capture_layers))
@@ -459,7 +469,8 @@ class Session:
             if not 1 <= steps <= 100000:
                 raise Error(f"steps must be in [1, 100000], found {steps}")
         r = self._s.sample(0 if steps is None else int(steps), None if seed is None else int(seed), seed_list, nz,
-                           float(temperature), None if v0 is None else float(v0), bool(all_steps))
+                           _float_scalar(temperature, "temperature"), None if v0 is None else _float_scalar(v0, "v0"),
+                           bool(all_steps))
         c = lambda k: _convert(r.get(k), output)  # noqa: E731
         return SampleResult(action=c("action"), xyz=c("xyz"), yaw=c("yaw"), rot=c("rot"), v0=c("v0"),
                             steps=r["steps"], seconds=r["seconds"], step_seconds=list(r["step_seconds"]),

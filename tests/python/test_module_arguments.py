@@ -193,6 +193,20 @@ def test_session_sample_integer_arguments(files, ctx_args):
         s.sample(seeds=torch.empty(3, dtype=torch.int64, device="meta"))
     with pytest.raises(ae.Error, match=r"noise: a tensor .*device 'meta'"):
         s.sample(noise=torch.empty(3, TINY.T, 2, device="meta"))
+    c = context(ctx_args)
+    with pytest.raises(ae.Error, match=r"guidance_weight: a tensor .*device 'meta'"):
+        s.bind(c, guidance=c, guidance_weight=torch.empty((), device="meta"))
+    with pytest.raises(ae.Error, match=r"guidance_weight: expected a number, got bool True"):
+        s.bind(c, guidance=c, guidance_weight=True)
+    s.bind(c)
+    with pytest.raises(ae.Error, match=r"temperature: a tensor .*device 'meta'"):
+        s.sample(temperature=torch.empty((), device="meta"))
+    with pytest.raises(ae.Error, match=r"temperature: expected a number, got str 'hot'"):
+        s.sample(temperature="hot")
+    with pytest.raises(ae.Error, match=r"v0: expected a number, got complex"):
+        s.sample(v0=1j)
+    assert np.array_equal(s.sample(seed=1, temperature=np.float32(0.5), v0=torch.tensor(3.0)).xyz,
+                          s.sample(seed=1, temperature=0.5, v0=3.0).xyz)
     big = np.array([2**64 - 1, 0, 1], dtype=np.uint64)  # seeds are unsigned 64-bit: all of it is accepted
     a, b = s.sample(seeds=big), s.sample(seeds=[2**64 - 1, 0, 1])
     assert np.array_equal(a.xyz, b.xyz)
