@@ -95,3 +95,19 @@ def test_failures_with_closed_descriptors_exit_nonzero_and_leave_nothing(case, c
     # an unknown option: the parser's error path, with nothing to print to
     assert run_closed(case["cli"], closing, "sample", "--no-such-option") != 0
     assert run_closed(case["cli"], closing, "inspect", case["ck"]) == 0
+
+
+@pytest.mark.parametrize("closing", ["all", "stdout+stderr"])
+def test_demo_with_closed_descriptors(cli, tmp_path, closing):
+    """demo writes a checkpoint, a context and the results (safetensors, JSON, SVG): the same files as a normal run."""
+    args = ["demo", "--size", "small", "--rows", "64", "--threads", "2"]
+    assert run(cli, *args, "--out-dir", tmp_path / "normal").returncode == 0
+    assert run_closed(cli, closing, *args, "--out-dir", tmp_path / "closed") == 0
+    n, c = files_in(tmp_path / "normal"), files_in(tmp_path / "closed")
+    assert sorted(c) == sorted(n) and "trajectories.safetensors" in c
+    for name in ("trajectories.safetensors", "trajectories.svg"):
+        assert c[name] == n[name], name
+    load_file(tmp_path / "closed" / "trajectories.safetensors")
+    ck = [p.name for p in (tmp_path / "normal").iterdir() if p.is_dir()]
+    assert ck and all(files_in(tmp_path / "closed" / d) == files_in(tmp_path / "normal" / d) for d in ck)
+    assert [p.name for p in (tmp_path / "closed").iterdir() if p.name.startswith(".")] == []
