@@ -1,11 +1,35 @@
 // alpamayo-expert: sample driving trajectories with the Alpamayo action expert.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <iostream>
 
 #include "alpamayo/error.h"
 #include "alpamayo/limits.h"
 #include "commands.h"
 
+namespace {
+
+// A descriptor 0, 1 or 2 closed at start would be taken by the next file opened (a temporary output, an
+// input), and messages written to stdout or stderr would go into it: each closed one is opened on /dev/null
+// before anything else runs. Returns false when that fails.
+bool open_standard_descriptors() {
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int n = ::open("/dev/null", O_RDWR);  // the lowest free descriptor: fd itself
+    if (n != fd) {
+      if (n >= 0) ::close(n);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (!open_standard_descriptors()) return 1;
   CLI::App app{"alpamayo-expert: the Alpamayo action expert (flow-matching trajectory head) in C++"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, alpamayo::cli::Run>> cmds;

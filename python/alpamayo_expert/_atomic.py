@@ -13,6 +13,7 @@ The same rules as the C++ output module (include/alpamayo/output.h, docs/SECURIT
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import stat
@@ -31,10 +32,21 @@ def _kind(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
+def checked_path(path: str | os.PathLike, name: str = "path") -> str:
+    """os.fspath(path), refused with ValueError naming the argument when it holds a NUL byte (as Python's
+    open() refuses it: the system call would stop at the NUL and open another file)."""
+    raw = os.fspath(path)
+    nul = "\0" if isinstance(raw, str) else b"\0"
+    if nul in raw:
+        raise ValueError(f"{name}: embedded null byte in the path {raw!r} (at position {raw.index(nul)}); "
+                         "a path cannot contain NUL")
+    return raw
+
+
 def check_target(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Raises ValueError unless `path` may be written: it names a file whose directory exists, and an
     existing file there is a regular file (not a link) that is none of `inputs`."""
-    raw = os.fspath(path)
+    raw = checked_path(path)
     if not raw:
         raise ValueError("empty output path")
     p = Path(raw)
@@ -60,11 +72,22 @@ def check_target(path: str | os.PathLike, inputs: Iterable[str | os.PathLike] = 
     return p
 
 
+def _above_standard(fd: int) -> int:
+    """fd moved to a descriptor >= 3 (close-on-exec): a process started with 0, 1 or 2 closed must not get its
+    output file there, or whatever it prints would land in the file."""
+    if fd > 2:
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
 def _write_exclusive(path: str | os.PathLike, fill: Callable[[int], None], inputs: Iterable = ()) -> Path:
     """Creates an exclusive temporary file next to `path`, lets fill(fd) write it, then renames it over `path`."""
     inputs = list(inputs)
     p = check_target(path, inputs)
-    dir_fd = os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dir_fd = _above_standard(os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
     name = None
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -75,6 +98,7 @@ def _write_exclusive(path: str | os.PathLike, fill: Callable[[int], None], input
             except FileExistsError:  # a file or a planted link under that name: never followed, try another
                 continue
             name = candidate
+            fd = _above_standard(fd)
             break
         else:
             raise OSError(f"{p}: could not create a temporary file in {p.parent} (100 names taken)")
@@ -110,6 +134,7 @@ def save_safetensors_atomic(tensors: Mapping[str, torch.Tensor], path: str | os.
                             metadata: Mapping[str, str] | None = None,
                             inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Write `tensors` to `path` exclusively and atomically (module docstring); `inputs` may not be replaced."""
+    checked_path(path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     # safetensors refuses non-contiguous tensors and tensors sharing storage.
     prepared = {k: v.detach().contiguous().cpu().clone() for k, v in tensors.items()}
@@ -123,6 +148,7 @@ def save_safetensors_atomic(tensors: Mapping[str, torch.Tensor], path: str | os.
 
 def write_text_atomic(path: str | os.PathLike, text: str, inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Write `text` (UTF-8) to `path` exclusively and atomically (module docstring)."""
+    checked_path(path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     data = text.encode()
     return _write_exclusive(path, lambda fd: _write_all(fd, data), inputs)

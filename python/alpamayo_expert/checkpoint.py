@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ._atomic import save_safetensors_atomic, write_text_atomic
+from ._atomic import checked_path, save_safetensors_atomic, write_text_atomic
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -43,7 +43,7 @@ def _split(keys: list[str], sizes: list[int], shards: int) -> list[list[str]]:
 def write_checkpoint(directory: str | os.PathLike, tensors: Mapping[str, torch.Tensor],
                      config: Mapping[str, Any], shards: int = 1) -> Path:
     """Write config.json and the tensors; shards > 1 writes model-0000k-of-0000n + index.json."""
-    d = Path(directory)
+    d = Path(checked_path(directory, "write_checkpoint: directory"))
     d.mkdir(parents=True, exist_ok=True)
     write_text_atomic(d / "config.json", json.dumps(config, indent=2))
     if shards < 1:

@@ -21,10 +21,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from safetensors import safe_open
 
-from ._atomic import save_safetensors_atomic
+from ._atomic import checked_path, save_safetensors_atomic
 
 KV_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -74,10 +75,45 @@ class Context:
         return self.valid_len.long()[self.prompt_of()] + self.suffix_lens()
 
 
+def describe(x: Any) -> str:
+    """What x is, for a message: a tensor's shape, dtype and device, an array's shape and dtype."""
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {list(x.shape)}, dtype {x.dtype}, on device '{x.device}'"
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array of shape {list(x.shape)}, dtype {x.dtype}"
+    if isinstance(x, (list, tuple)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return f"{type(x).__name__} {x!r}"[:200]
+
+
+def as_tensor_checked(x: Any, name: str, expected: str, exc: type[Exception] = ValueError) -> torch.Tensor:
+    """torch.as_tensor(x), refused with `exc` naming the argument, what it is and what was expected when its
+    values cannot be read (a 'meta' tensor, a sparse one, a list that is not numbers, integers beyond 64 bits,
+    unsigned 64-bit values above 2^63 - 1)."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            raise exc(f"{name}: {describe(x)}, which holds no values; expected {expected}")
+        if x.layout != torch.strided:
+            raise exc(f"{name}: {describe(x)} with layout {x.layout}; expected {expected} as a dense tensor")
+        t = x
+    else:
+        if isinstance(x, np.ndarray) and x.dtype == np.uint64 and x.size and int(x.max()) > (1 << 63) - 1:
+            raise exc(f"{name}: {describe(x)} holds {int(x.max())}, which does not fit a signed 64-bit integer; "
+                      f"expected {expected}")
+        try:
+            t = torch.as_tensor(x)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+            raise exc(f"{name}: {describe(x)} cannot be read as {expected} ({e})") from None
+    if t.dtype == getattr(torch, "uint64", None) and t.numel() and bool((t.view(torch.int64) < 0).any()):
+        raise exc(f"{name}: {describe(t)} holds values of 2^63 or more, which do not fit a signed 64-bit "
+                  f"integer; expected {expected}")
+    return t
+
+
 def _as_int64_vector(x: Any, name: str) -> torch.Tensor:
-    t = torch.as_tensor(x)
+    t = as_tensor_checked(x, name, "a vector of 64-bit integers")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"{name} must be integers, got dtype {t.dtype}")
+        raise ValueError(f"{name} must be integers, got dtype {t.dtype} ({describe(t)})")
     t = t.to(torch.int64).reshape(-1) if t.dim() <= 1 else t
     if t.dim() != 1:
         raise ValueError(f"{name} must be a vector [B], got shape {tuple(t.shape)}")
@@ -114,10 +150,13 @@ def _check_layers(kv: list[tuple[torch.Tensor, torch.Tensor]], what: str) -> tup
     ref = None
     for l, (k, v) in enumerate(kv):
         for name, t in (("key", k), ("value", v)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{what} layer {l} {name}: expected a torch tensor, got {describe(t)}")
+            as_tensor_checked(t, f"{what} layer {l} {name}", "a float tensor [N, Hkv, rows, d] on the cpu or cuda")
             if t.dim() != 4:
                 raise ValueError(f"{what} layer {l} {name}: expected [N, Hkv, rows, d], got shape {tuple(t.shape)}")
             if not t.is_floating_point():
-                raise ValueError(f"{what} layer {l} {name}: expected a floating dtype, got {t.dtype}")
+                raise ValueError(f"{what} layer {l} {name}: expected a floating dtype, got {t.dtype} ({describe(t)})")
         if k.shape != v.shape:
             raise ValueError(f"{what} layer {l}: key shape {tuple(k.shape)} != value shape {tuple(v.shape)}")
         if ref is None:
@@ -129,7 +168,10 @@ def _check_layers(kv: list[tuple[torch.Tensor, torch.Tensor]], what: str) -> tup
 
 
 def _check_float(t: Any, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    t = torch.as_tensor(t).detach().to(torch.float32).cpu()
+    t = as_tensor_checked(t, name, f"float32 values of shape {list(shape)}")
+    if t.is_complex():
+        raise ValueError(f"{name}: {describe(t)}; expected real float32 values")
+    t = t.detach().to(torch.float32).cpu()
     if tuple(t.shape) != shape:
         raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
     if not torch.isfinite(t).all():
@@ -152,6 +194,7 @@ def write_context(path: str | os.PathLike, past_key_values: Any, valid_len: Any,
     ego_history_xyz [B, H, 3] with ego_history_rot [B, H, 3, 3], or v0 [B]: the motion state (optional).
     dtype: K/V storage dtype (torch.bfloat16/float16/float32 or "bf16"/"f16"/"f32"); default keeps the cache's.
     """
+    checked_path(path, "write_context: path")
     kv = cache_layers(past_key_values)
     valid_len_t = _as_int64_vector(valid_len, "valid_len")
     rope_delta_t = _as_int64_vector(rope_delta, "rope_delta")
@@ -241,7 +284,7 @@ def write_context(path: str | os.PathLike, past_key_values: Any, valid_len: Any,
     if ego_history_xyz is not None and v0 is not None:
         raise ValueError("give either the ego history or v0, not both")
     if ego_history_xyz is not None:
-        xyz = torch.as_tensor(ego_history_xyz)
+        xyz = as_tensor_checked(ego_history_xyz, "ego_history_xyz", "float32 values [B, H, 3]")
         if xyz.dim() != 3 or xyz.shape[0] != B or xyz.shape[2] != 3:
             raise ValueError(f"ego_history_xyz: expected [B={B}, H, 3], got {tuple(xyz.shape)}")
         H = xyz.shape[1]
@@ -250,7 +293,7 @@ def write_context(path: str | os.PathLike, past_key_values: Any, valid_len: Any,
         tensors["ego_history_xyz"] = _check_float(xyz, "ego_history_xyz", (B, H, 3))
         tensors["ego_history_rot"] = _check_float(ego_history_rot, "ego_history_rot", (B, H, 3, 3))
     if v0 is not None:
-        tensors["v0"] = _check_float(torch.as_tensor(v0).reshape(-1), "v0", (B,))
+        tensors["v0"] = _check_float(as_tensor_checked(v0, "v0", f"float32 values [{B}]").reshape(-1), "v0", (B,))
 
     save_safetensors_atomic(tensors, path, metadata={"format": "alpamayo-context", "layers": str(len(kv))})
 
@@ -276,6 +319,7 @@ def write_rollout_context(path: str | os.PathLike, past_key_values: Any, rope_de
     sequence), and each sequence's generated rows [Lp, offset) as its suffix. share_prompt=False writes every
     sequence's rows [0, offset) (the simple form, G*N prompts).
     """
+    checked_path(path, "write_rollout_context: path")
     from .rollout import rollout_layout
     lay = rollout_layout(past_key_values, rope_deltas, num_return_sequences=num_return_sequences,
                          sequences=sequences, eos_token_id=eos_token_id, offsets=offsets, prefix_mask=prefix_mask,
@@ -290,7 +334,7 @@ def write_rollout_context(path: str | os.PathLike, past_key_values: Any, rope_de
 
 
 def read_context(path: str | os.PathLike) -> Context:
-    with safe_open(str(path), framework="pt") as f:
+    with safe_open(checked_path(path, "read_context: path"), framework="pt") as f:
         names = set(f.keys())
         get = f.get_tensor
         opt = lambda k: get(k) if k in names else None  # noqa: E731

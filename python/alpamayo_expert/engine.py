@@ -55,8 +55,35 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
-def _to_list(x: Any) -> Any:
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_CACHE_DTYPES = ("torch.float32", "torch.float16", "torch.bfloat16")
+_CACHE_NP_DTYPES = (np.float32, np.float16)
+
+
+def _describe(x: Any) -> str:
+    """What x is, for a message: a tensor's shape, dtype and device, an array's shape and dtype."""
     if _is_torch(x):
+        return f"a tensor of shape {list(x.shape)}, dtype {x.dtype}, on device '{x.device}'"
+    if isinstance(x, np.ndarray):
+        return f"an array of shape {list(x.shape)}, dtype {x.dtype}"
+    if isinstance(x, (list, tuple)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return f"{type(x).__name__} {x!r}"[:200]
+
+
+def _check_torch_host_readable(x: Any, name: str, expected: str) -> None:
+    """A torch tensor whose values can be read at all: strided, on a real device (not 'meta')."""
+    if not _is_torch(x):
+        return
+    if x.device.type == "meta":
+        raise Error(f"{name}: {_describe(x)}, which holds no values; expected {expected} on the cpu (or cuda)")
+    if str(x.layout) != "torch.strided":
+        raise Error(f"{name}: {_describe(x)} with layout {x.layout}; expected {expected} as a dense (strided) tensor")
+
+
+def _to_list(x: Any, name: str = "value", expected: str = "numbers") -> Any:
+    if _is_torch(x):
+        _check_torch_host_readable(x, name, expected)
         return x.detach().cpu().tolist()
     if isinstance(x, np.ndarray) or isinstance(x, np.generic):
         return x.tolist()
@@ -66,45 +93,109 @@ def _to_list(x: Any) -> Any:
 
 
 def _ints(x: Any, name: str) -> list[int]:
-    """A vector of integers from a list, numpy array or tensor ([N] or [N, 1]); None -> []."""
+    """A vector of 64-bit integers from a list, numpy array or tensor ([N] or [N, 1]); None -> []."""
     if x is None:
         return []
-    v = _to_list(x)
+    v = _to_list(x, name, "a vector of integers")
     if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         v = [v]
     if not isinstance(v, (list, tuple)):
         try:
             v = list(v)
         except TypeError:
-            raise Error(f"{name}: expected a vector of integers, got {type(x).__name__}") from None
+            raise Error(f"{name}: expected a vector of integers, got {_describe(x)}") from None
     out = []
-    for e in v:
+    for i, e in enumerate(v):
         if isinstance(e, (list, tuple)):  # [N, 1], as the release keeps rope_deltas
             if len(e) != 1:
-                raise Error(f"{name}: expected shape [N] or [N, 1], got rows of {len(e)}")
+                raise Error(f"{name}: expected shape [N] or [N, 1], got rows of {len(e)} ({_describe(x)})")
             e = e[0]
         if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
-            raise Error(f"{name}: expected integers, got {type(e).__name__} {e!r}")
+            raise Error(f"{name}: expected integers, got {type(e).__name__} {e!r} at index {i} ({_describe(x)})")
+        e = int(e)
+        if not _INT64[0] <= e <= _INT64[1]:
+            raise Error(f"{name}: {e} at index {i} does not fit a signed 64-bit integer ({_describe(x)})")
+        out.append(e)
+    return out
+
+
+def _float_scalar(x: Any, name: str) -> float:
+    """One real number (a Python, numpy or one-element tensor value); bools, complex and strings refused."""
+    v = _to_list(x, name, "a number")
+    if isinstance(v, list) and len(v) == 1:
+        v = v[0]
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise Error(f"{name}: expected a number, got {_describe(x)}")
+    return float(v)
+
+
+def _uints64(x: Any, name: str) -> list[int]:
+    """_ints, but for values in [0, 2^64) (seeds): numpy uint64 and Python ints above 2^63 are kept."""
+    if x is None:
+        return []
+    v = _to_list(x, name, "a vector of integers")
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        raise Error(f"{name}: expected a vector of integers, got {_describe(x)}")
+    out = []
+    for i, e in enumerate(v):
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
+            raise Error(f"{name}: expected integers, got {type(e).__name__} {e!r} at index {i} ({_describe(x)})")
         out.append(int(e))
     return out
+
+
+def _int_scalar(x: Any, name: str) -> int:
+    """One integer (a Python or numpy integer, or a one-element integer tensor); bools and floats refused."""
+    v = _to_list(x, name, "an integer")
+    if isinstance(v, list) and len(v) == 1:
+        v = v[0]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise Error(f"{name}: expected an integer, got {_describe(x)}")
+    return int(v)
 
 
 def _f32(x: Any, name: str) -> np.ndarray:
     """A float32 row-major host array (a copy when the input is not one)."""
     if _is_torch(x):
+        _check_torch_host_readable(x, name, "float32 values")
+        if x.is_complex():
+            raise Error(f"{name}: {_describe(x)}; expected real numbers (float32)")
         x = x.detach().to("cpu").float().numpy()
-    a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    if isinstance(x, np.ndarray) and (np.iscomplexobj(x) or x.dtype.kind not in "fiub"):
+        raise Error(f"{name}: {_describe(x)}; expected real numbers (float32)")
+    try:
+        a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    except (TypeError, ValueError) as e:
+        raise Error(f"{name}: expected float32 numbers, got {_describe(x)} ({e})") from None
     return a
 
 
 def _cache_tensor(t: Any, name: str) -> Any:
     """What nanobind reads through DLPack or the buffer protocol, unchanged (no copy)."""
     if _is_torch(t):
+        if t.device.type not in ("cpu", "cuda"):
+            raise Error(f"{name}: {_describe(t)}; the engine reads cache tensors in cpu or cuda memory"
+                        + (" (a 'meta' tensor holds no values)" if t.device.type == "meta" else ""))
+        if str(t.layout) != "torch.strided":
+            raise Error(f"{name}: {_describe(t)} with layout {t.layout}; expected a dense (strided) tensor")
+        if str(t.dtype) not in _CACHE_DTYPES:
+            raise Error(f"{name}: {_describe(t)}; caches must be float32, float16 or bfloat16")
+        if t.is_conj() or t.is_neg():
+            t = t.resolve_conj().resolve_neg()
         return t.detach()
-    if hasattr(t, "__dlpack__") or isinstance(t, np.ndarray):
+    if isinstance(t, np.ndarray):
+        if t.dtype not in _CACHE_NP_DTYPES:
+            raise Error(f"{name}: {_describe(t)}; caches must be float32, float16 or bfloat16")
+        return t
+    if hasattr(t, "__dlpack__"):
         return t
     if isinstance(t, (list, tuple)):
-        return np.asarray(t, dtype=np.float32)
+        try:
+            return np.asarray(t, dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            raise Error(f"{name}: expected a tensor or array of numbers, got {_describe(t)} ({e})") from None
     raise Error(f"{name}: expected a tensor or array, got {type(t).__name__}")
 
 
@@ -220,7 +311,7 @@ class Context:
         hr = _f32(ego_history_rot, "ego_history_rot") if ego_history_rot is not None else None
         v0_list = None
         if v0 is not None:
-            v0_list = [float(e) for e in np.asarray(_to_list(v0), dtype=np.float64).reshape(-1)]
+            v0_list = [float(e) for e in _f32(v0, "v0").reshape(-1)]
         self._c = _native().Context.from_arrays(
             keys, values, _ints(valid_len, "valid_len"), _ints(rope_delta, "rope_delta"),
             _ints(prefix_pad, "prefix_pad"), _ints(prompt_index, "prompt_index"), sk, sv,
@@ -327,7 +418,7 @@ class Session:
                         "unguided context (guidance=...), or sample without guidance with no_guidance=True")
         if guidance_weight is not None and guidance is None:
             raise Error("guidance_weight needs a guidance context (the unguided context)")
-        w = None if guidance_weight is None else float(guidance_weight)
+        w = None if guidance_weight is None else _float_scalar(guidance_weight, "guidance_weight")
         self._ctx = self._guidance = None
         self._s.bind(context._c, guidance._c if guidance is not None else None, w,
                      -1 if capture_step is None else int(capture_step), bool(capture_layers))
@@ -365,16 +456,21 @@ class Session:
             if self._ctx is not None and nz.shape != (B, T, A):
                 raise Error(f"noise: expected shape [B={B}, T={T}, A={A}], got {list(nz.shape)}")
         seed_list = []
-        for s in _ints(seeds, "seeds"):
+        for s in _uints64(seeds, "seeds"):
             if s < 0 or s >= 1 << 64:
                 raise Error(f"seeds: seeds must be in [0, 2^64), found {s}")
             seed_list.append(s)
-        if seed is not None and (int(seed) < 0 or int(seed) >= 1 << 64):
-            raise Error(f"seed must be in [0, 2^64), found {seed}")
-        if steps is not None and not 1 <= int(steps) <= 100000:
-            raise Error(f"steps must be in [1, 100000], found {steps}")
+        if seed is not None:
+            seed = _int_scalar(seed, "seed")
+            if seed < 0 or seed >= 1 << 64:
+                raise Error(f"seed must be in [0, 2^64), found {seed}")
+        if steps is not None:
+            steps = _int_scalar(steps, "steps")
+            if not 1 <= steps <= 100000:
+                raise Error(f"steps must be in [1, 100000], found {steps}")
         r = self._s.sample(0 if steps is None else int(steps), None if seed is None else int(seed), seed_list, nz,
-                           float(temperature), None if v0 is None else float(v0), bool(all_steps))
+                           _float_scalar(temperature, "temperature"), None if v0 is None else _float_scalar(v0, "v0"),
+                           bool(all_steps))
         c = lambda k: _convert(r.get(k), output)  # noqa: E731
         return SampleResult(action=c("action"), xyz=c("xyz"), yaw=c("yaw"), rot=c("rot"), v0=c("v0"),
                             steps=r["steps"], seconds=r["seconds"], step_seconds=list(r["step_seconds"]),

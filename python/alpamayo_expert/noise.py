@@ -6,10 +6,11 @@ import os
 import torch
 from safetensors.torch import load_file
 
-from ._atomic import save_safetensors_atomic
+from ._atomic import checked_path, save_safetensors_atomic
 
 
 def write_noise(path: str | os.PathLike, noise: torch.Tensor, check_finite: bool = True) -> None:
+    checked_path(path, "write_noise: path")
     if noise.dim() != 3:
         raise ValueError(f"noise must be [B, T, A], got shape {tuple(noise.shape)}")
     noise = noise.detach().to(torch.float32)
@@ -19,4 +20,4 @@ def write_noise(path: str | os.PathLike, noise: torch.Tensor, check_finite: bool
 
 
 def read_noise(path: str | os.PathLike) -> torch.Tensor:
-    return load_file(str(path))["noise"]
+    return load_file(checked_path(path, "read_noise: path"))["noise"]

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .context import cache_layers
+from .context import as_tensor_checked, cache_layers, describe
 from .engine import Context, Error, Model, Session
 
 __all__ = ["RolloutLayout", "find_eos_offset", "rollout_layout", "repeat_history", "rollout_context",
@@ -46,9 +46,9 @@ def find_eos_offset(sequences: torch.Tensor, eos_token_id: int) -> torch.Tensor:
 
 def _vector(x: Any, n: int, groups: int, name: str) -> torch.Tensor:
     """[n] int64 from [n], [n, 1], [groups] or [groups, 1] (repeated per group's n // groups sequences)."""
-    t = torch.as_tensor(x).detach().cpu()
-    if t.is_floating_point() or t.dtype == torch.bool:
-        raise Error(f"{name}: expected integers, got dtype {t.dtype}")
+    t = as_tensor_checked(x, name, "a vector of 64-bit integers", Error).detach().cpu()
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise Error(f"{name}: expected integers, got dtype {t.dtype} ({describe(t)})")
     if t.dim() == 2 and t.shape[1] == 1:
         t = t[:, 0]
     if t.dim() == 0:
@@ -65,7 +65,7 @@ def _vector(x: Any, n: int, groups: int, name: str) -> torch.Tensor:
 
 def _left_pads(prefix_mask: Any, n: int, groups: int, name: str) -> tuple[torch.Tensor, int]:
     """Left-padding rows per prompt [G] and the prompt width Lp from a tokenizer attention mask [G or B, Lp]."""
-    m = torch.as_tensor(prefix_mask).detach().cpu()
+    m = as_tensor_checked(prefix_mask, name, "the tokenizer's attention_mask [B, Lp] of 0/1", Error).detach().cpu()
     if m.dim() != 2:
         raise Error(f"{name}: expected the tokenizer's attention_mask [B, Lp], got shape {tuple(m.shape)}")
     if m.is_floating_point():
@@ -135,6 +135,14 @@ def rollout_layout(past_key_values: Any, rope_deltas: Any, *, num_return_sequenc
     kv = cache_layers(past_key_values)
     if not kv:
         raise Error(f"{name}: the cache has no layers")
+    for l, (k, v) in enumerate(kv):
+        for what, t in (("key", k), ("value", v)):
+            if not isinstance(t, torch.Tensor):
+                raise Error(f"{name}: cache layer {l} {what}: expected a torch tensor, got {describe(t)}")
+            as_tensor_checked(t, f"{name}: cache layer {l} {what}", "a float tensor [B, Hkv, R, d] on the cpu or cuda",
+                              Error)
+            if not t.is_floating_point():
+                raise Error(f"{name}: cache layer {l} {what}: {describe(t)}; expected a float tensor")
     k0 = kv[0][0]
     if k0.dim() != 4:
         raise Error(f"{name}: cache layer 0 key: expected [B, Hkv, R, d], got shape {tuple(k0.shape)}")
@@ -148,7 +156,7 @@ def rollout_layout(past_key_values: Any, rope_deltas: Any, *, num_return_sequenc
     elif sequences is not None:
         if eos_token_id is None:
             raise Error(f"{name}: sequences need eos_token_id (the id of <traj_future_start>)")
-        seq = torch.as_tensor(sequences)
+        seq = as_tensor_checked(sequences, "sequences", "token ids [B, L]", Error)
         if seq.shape[0] != B:
             raise Error(f"{name}: sequences has {seq.shape[0]} rows, the cache {B}")
         off = find_eos_offset(seq, eos_token_id)
@@ -223,8 +231,8 @@ def repeat_history(ego_history_xyz: Any, ego_history_rot: Any, n: int, batch: in
     [G, H, 3] (and rot) -> [G*n, H, 3], [G*n, H, 3, 3] float32."""
     if (ego_history_xyz is None) != (ego_history_rot is None):
         raise Error("ego_history_xyz and ego_history_rot must be given together")
-    xyz = torch.as_tensor(ego_history_xyz).detach().float().cpu()
-    rot = torch.as_tensor(ego_history_rot).detach().float().cpu()
+    xyz = as_tensor_checked(ego_history_xyz, "ego_history_xyz", "float values [G, H, 3]", Error).detach().float().cpu()
+    rot = as_tensor_checked(ego_history_rot, "ego_history_rot", "float values [G, H, 3, 3]", Error).detach().float().cpu()
     if xyz.dim() == 4:
         xyz, rot = xyz[:, -1], rot[:, -1]
     if xyz.dim() != 3 or xyz.shape[-1] != 3 or rot.dim() != 4 or rot.shape[-2:] != (3, 3):

@@ -294,6 +294,8 @@ class CheckpointLoader {
 };
 
 std::shared_ptr<const Checkpoint> Checkpoint::open(const std::string& dir, const CheckpointOptions& options) {
+  check_no_nul(dir, "checkpoint directory");
+  check_no_nul(options.vlm_config, "vlm config");
   const StageScope stage("opening the checkpoint " + dir);
   std::shared_ptr<Checkpoint> ck(new Checkpoint());
   ck->dir_ = dir;

@@ -6,6 +6,7 @@
 
 #include "alpamayo/error.h"
 #include "alpamayo/limits.h"
+#include "io/inputs.h"
 
 namespace alpamayo {
 
@@ -72,6 +73,7 @@ std::vector<TensorView> layer_tensors(const SafetensorsFile& f, const std::strin
 }  // namespace
 
 Context Context::open(const std::string& path) {
+  check_no_nul(path, "context");
   const StageScope stage("opening the context " + path);
   Context c;
   c.name_ = path;

@@ -23,13 +23,30 @@ const char* file_type_name(mode_t mode) {
   return "not a regular file";
 }
 
+int fd_above_standard(int fd) {
+  if (fd < 0 || fd > 2) return fd;
+  const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  const int err = errno;
+  ::close(fd);
+  errno = err;
+  return moved;
+}
+
+void check_no_nul(const std::string& path, const std::string& what) {
+  const size_t at = path.find('\0');
+  if (at == std::string::npos) return;
+  throw Error(what + ": embedded null byte in the path '" + quote_untrusted(path) + "' (at byte " +
+              std::to_string(at) + "); a path cannot contain NUL");
+}
+
 int open_regular_file(const std::string& path, struct stat* st) {
   check(!path.empty(), "empty file name");
+  check_no_nul(path, "file name");
   // stat first: never open a pipe or a device (opening one can block or have side effects).
   if (::stat(path.c_str(), st) != 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   check(S_ISREG(st->st_mode), path + ": is " + file_type_name(st->st_mode) + ", expected a regular file");
   // O_NONBLOCK: if a pipe replaced the file since the stat, open returns at once and fstat refuses it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  const int fd = fd_above_standard(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (fd < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
   if (::fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
     const mode_t m = st->st_mode;

@@ -15,6 +15,15 @@ namespace alpamayo {
 // is a directory of links). Returns the descriptor and fills *st; throws Error naming the file.
 int open_regular_file(const std::string& path, struct stat* st);
 
+// A new descriptor never stays 0, 1 or 2: one of them is free only when the process started with it closed,
+// and a file opened there would receive what is printed to stdin/stdout/stderr. Moves fd to the lowest free
+// descriptor >= 3 (close-on-exec) and returns it; returns fd when it is < 0 or >= 3, -1 (errno set) on failure.
+int fd_above_standard(int fd);
+
+// A path given as std::string may hold a NUL byte, which the system call would take as its end (the file
+// opened would be another one): such a path is an error naming `what` and the path with the NUL escaped.
+void check_no_nul(const std::string& path, const std::string& what);
+
 // "a directory", "a named pipe", ... for messages.
 const char* file_type_name(mode_t mode);
 

@@ -196,6 +196,7 @@ OutputSet::~OutputSet() { impl_->remove_all(); }
 
 void OutputSet::add_input(const std::string& path, const std::string& label) {
   if (path.empty()) return;
+  check_no_nul(path, label);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;  // the reader reports missing inputs
   if (S_ISDIR(st.st_mode)) {
@@ -208,6 +209,7 @@ void OutputSet::add_input(const std::string& path, const std::string& label) {
 
 void OutputSet::add_input_dir(const std::string& dir, const std::string& label) {
   if (dir.empty()) return;
+  check_no_nul(dir, label);
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
     add_input(dir, label);
@@ -227,6 +229,7 @@ void OutputSet::add_input_dir(const std::string& dir, const std::string& label) 
 
 size_t OutputSet::add(const std::string& path, const std::string& label) {
   check(!path.empty(), label + ": empty output path");
+  check_no_nul(path, label);
   Impl::Out o;
   o.path = path;
   o.label = label;
@@ -236,7 +239,7 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
   o.base = slash == std::string::npos ? path : path.substr(slash + 1);
   check(!o.base.empty() && o.base != "." && o.base != "..", who + ": names a directory, expected a file");
 
-  o.dirfd = ::open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+  o.dirfd = fd_above_standard(::open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC));
   if (o.dirfd < 0) {
     const int err = errno;
     if (err == ENOENT) throw Error(who + ": directory " + o.dir + " does not exist");
@@ -273,6 +276,16 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
     for (int attempt = 0; o.fd < 0; ++attempt) {
       const std::string tmp = "." + stem + "." + random_suffix() + ".tmp";
       o.fd = ::openat(o.dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+      if (o.fd >= 0 && o.fd < 3) {  // never on a standard descriptor the process started without
+        const int moved = fd_above_standard(o.fd);
+        if (moved < 0) {
+          const int err = errno;
+          ::unlinkat(o.dirfd, tmp.c_str(), 0);
+          o.fd = -1;
+          throw Error(who + ": cannot create a file in directory " + o.dir + " (" + std::strerror(err) + ")");
+        }
+        o.fd = moved;
+      }
       if (o.fd >= 0) {
         o.tmp = tmp;
         o.slot = register_tmp(o.dirfd, tmp);

@@ -84,6 +84,17 @@ std::vector<uint8_t> copy_row_major(const TensorView& v) {
   return out;
 }
 
+// Python's own open() refuses a path with a NUL byte (ValueError: embedded null byte); the system call would
+// take the NUL as the end and open another file. The same here, naming the argument and the whole path.
+void check_path(const std::string& path, const char* call, const char* arg) {
+  const size_t at = path.find('\0');
+  if (at == std::string::npos) return;
+  std::string shown;
+  for (char c : path.substr(0, 200)) shown += c == '\0' ? std::string("\\x00") : std::string(1, c);
+  throw nb::value_error((std::string(call) + ": " + arg + ": embedded null byte in the path '" + shown + "' (at byte " +
+                         std::to_string(at) + "); a path cannot contain NUL").c_str());
+}
+
 struct ModelHandle {
   std::shared_ptr<const Checkpoint> ck;  // null for models built from weights
   std::shared_ptr<const Model> m;
@@ -184,7 +195,13 @@ CtxHandle* context_from_arrays(const std::vector<AnyArray>& keys, const std::vec
   if (history_xyz) {
     const HostF32& x = *history_xyz;
     const HostF32& r = *history_rot;
-    check(x.ndim() == 3 && x.shape(2) == 3, name + ": ego_history_xyz: expected shape [B, H, 3]");
+    auto shape_of = [](const HostF32& a) {
+      std::vector<int64_t> sh;
+      for (size_t k = 0; k < a.ndim(); ++k) sh.push_back(static_cast<int64_t>(a.shape(k)));
+      return shape_str(sh);
+    };
+    check(x.ndim() == 3 && x.shape(2) == 3,
+          name + ": ego_history_xyz: expected shape [B, H, 3], found " + shape_of(x));
     EgoHistory h;
     h.H = static_cast<int>(x.shape(1));
     check(static_cast<int64_t>(x.shape(0)) == kv.B,
@@ -192,7 +209,8 @@ CtxHandle* context_from_arrays(const std::vector<AnyArray>& keys, const std::vec
               std::to_string(kv.B));
     check(r.ndim() == 4 && static_cast<int64_t>(r.shape(0)) == kv.B && static_cast<int64_t>(r.shape(1)) == h.H &&
               r.shape(2) == 3 && r.shape(3) == 3,
-          name + ": ego_history_rot: expected shape [" + std::to_string(kv.B) + ", " + std::to_string(h.H) + ", 3, 3]");
+          name + ": ego_history_rot: expected shape [" + std::to_string(kv.B) + ", " + std::to_string(h.H) +
+              ", 3, 3], found " + shape_of(r));
     h.xyz.assign(x.data(), x.data() + x.size());
     h.rot.assign(r.data(), r.data() + r.size());
     hist = std::move(h);
@@ -281,6 +299,8 @@ NB_MODULE(_core, m) {
                           const std::string& weights, int threads, const std::string& vlm_config,
                           const std::string& release, bool exact_freqs, bool profile, const std::string& kv,
                           const std::string& kernels) {
+             check_path(checkpoint, "Model", "checkpoint");
+             check_path(vlm_config, "Model", "vlm_config");
              std::shared_ptr<const Checkpoint> ck;
              std::shared_ptr<const Model> model;
              {
@@ -319,6 +339,7 @@ NB_MODULE(_core, m) {
 
   nb::class_<CtxHandle>(m, "Context")
       .def_static("open", [](const std::string& path) {
+        check_path(path, "Context.open", "path");
         auto pc = std::make_unique<CtxHandle>();
         nb::gil_scoped_release release;
         pc->ctx = Context::open(path);

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "alpamayo/output.h"
+#include "io/inputs.h"
 #include "test_util.h"
 
 namespace alpamayo {
@@ -89,6 +90,66 @@ TEST(Output, DirectoriesCreatedForASetGoUnlessCommitted) {
   put(tmp / "file", "f");
   OutputSet outs;
   expect_error([&] { outs.create_dir(tmp / "file", "--out"); }, {"--out", "is a regular file", "expected a directory"});
+
+// A library user's process may run with 0, 1 or 2 closed: files the library opens must never take them
+// (what the process prints there would land in an output), and the library must not open them either.
+TEST(Output, NeverUsesClosedStandardDescriptors) {
+  TempDir tmp;
+  put(tmp / "in.bin", "input");
+  int saved[3];
+  for (int fd = 0; fd < 3; ++fd) saved[fd] = ::fcntl(fd, F_DUPFD_CLOEXEC, 10);
+  for (int fd = 0; fd < 3; ++fd) ::close(fd);
+  int out_fd_open[3], in_fd = -1;
+  std::string error;
+  try {
+    struct stat st {};
+    in_fd = open_regular_file(tmp / "in.bin", &st);
+    OutputSet outs;
+    const size_t a = outs.add(tmp / "a.bin", "--out");
+    const size_t b = outs.add(tmp / "b.bin", "--json");
+    outs.write(a, "AAA");
+    outs.write(b, "BBB");
+    for (int fd = 0; fd < 3; ++fd) out_fd_open[fd] = ::fcntl(fd, F_GETFD);
+    outs.commit();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  int after[3];
+  for (int fd = 0; fd < 3; ++fd) after[fd] = ::fcntl(fd, F_GETFD);
+  if (in_fd >= 0) ::close(in_fd);
+  for (int fd = 0; fd < 3; ++fd) {
+    ::dup2(saved[fd], fd);
+    ::close(saved[fd]);
+  }
+  ASSERT_EQ(error, "");
+  EXPECT_GE(in_fd, 3);
+  for (int fd = 0; fd < 3; ++fd) {
+    EXPECT_EQ(out_fd_open[fd], -1) << "descriptor " << fd << " was taken while the outputs were open";
+    EXPECT_EQ(after[fd], -1) << "descriptor " << fd << " was opened by the library";
+  }
+  EXPECT_EQ(slurp(tmp / "a.bin"), "AAA");
+  EXPECT_EQ(slurp(tmp / "b.bin"), "BBB");
+}
+
+TEST(Output, FdAboveStandard) {
+  EXPECT_EQ(fd_above_standard(-1), -1);
+  const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 3);  // the test runner has its standard descriptors
+  EXPECT_EQ(fd_above_standard(fd), fd);
+  ::close(fd);
+  const int saved = ::fcntl(0, F_DUPFD_CLOEXEC, 10);
+  ::close(0);
+  const int low = ::open("/dev/null", O_RDONLY);
+  const int moved = fd_above_standard(low);
+  const int zero_after = ::fcntl(0, F_GETFD);
+  const int flags = ::fcntl(moved, F_GETFD);
+  ::dup2(saved, 0);
+  ::close(saved);
+  EXPECT_EQ(low, 0);
+  EXPECT_GE(moved, 3);
+  EXPECT_EQ(zero_after, -1);
+  EXPECT_TRUE(flags & FD_CLOEXEC);
+  ::close(moved);
 }
 
 TEST(Output, TemporaryNamesAreUnpredictable) {

@@ -11,6 +11,7 @@
 
 #include "alpamayo/checkpoint.h"
 #include "alpamayo/context.h"
+#include "alpamayo/output.h"
 #include "io/inputs.h"
 #include "test_util.h"
 
@@ -131,6 +132,27 @@ TEST(SafetensorsStrict, OpensRegularFilesOnlyWithoutBlocking) {
   fs::remove(tmp / "ck/config.json");
   ASSERT_EQ(::mkfifo((tmp / "ck/config.json").c_str(), 0600), 0);
   expect_fails_fast(tmp / "ck/config.json", [&] { Checkpoint::open(tmp / "ck"); }, {"config.json", "named pipe"});
+}
+
+// A path holding a NUL byte would open the file named by its first part: refused, naming the argument and
+// showing the whole path.
+TEST(SafetensorsStrict, PathsWithEmbeddedNulAreRefused) {
+  TempDir tmp;
+  write_synthetic_checkpoint(tmp / "ck", test::tiny_spec());
+  const std::string nul("\0/elsewhere", 11);
+  const std::string ck = tmp / "ck", st = tmp / "ck/model.safetensors", cfg = tmp / "ck/config.json";
+  const std::string shown = "\\x00/elsewhere";  // as the message escapes it
+  expect_error([&] { Checkpoint::open(ck + nul); }, {"checkpoint directory", "embedded null byte", shown});
+  expect_error([&] { Checkpoint::open(ck, cfg + nul); }, {"vlm config", "embedded null byte", shown});
+  expect_error([&] { Context::open(st + nul); }, {"context", "embedded null byte", shown});
+  expect_error([&] { SafetensorsFile f(st + nul); }, {"embedded null byte", shown});
+  expect_error([&] { read_json_file_strict(cfg + nul); }, {"embedded null byte", shown});
+  OutputSet outs;
+  expect_error([&] { outs.add(tmp / "out.safetensors" + nul, "--out"); }, {"--out", "embedded null byte", shown});
+  expect_error([&] { outs.add_input(st + nul, "--context"); }, {"--context", "embedded null byte"});
+  expect_error([&] { outs.add_input_dir(ck + nul, "--checkpoint"); }, {"--checkpoint", "embedded null byte"});
+  EXPECT_FALSE(fs::exists(tmp / "out.safetensors"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator{}), 1);  // ck only
 }
 
 TEST(SafetensorsStrict, StrictJson) {

@@ -130,3 +130,33 @@ def test_target_replaced_by_a_link_during_the_write_is_refused(tmp_path):
         _atomic._write_exclusive(p, swap)
     assert victim.read_bytes() == b"precious"
     assert files(tmp_path) == ["out.txt", "victim"]
+
+
+def test_never_writes_through_a_closed_standard_descriptor(tmp_path):
+    """A process started with stdin (or stdout, stderr) closed: the directory and the temporary file never take
+    descriptor 0, 1 or 2 (what the process prints there would land in the file), and none is left open."""
+    saved = os.dup(0)
+    seen = {}
+
+    def fill(fd):
+        seen["fd"] = fd
+        try:
+            os.fstat(0)
+            seen["zero"] = "open"
+        except OSError:
+            seen["zero"] = "closed"
+        _atomic._write_all(fd, b"data")
+
+    os.close(0)
+    try:
+        _atomic._write_exclusive(tmp_path / "t.txt", fill)
+        try:
+            os.fstat(0)
+            after = "open"
+        except OSError:
+            after = "closed"
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    assert seen["fd"] >= 3 and seen["zero"] == "closed" and after == "closed"
+    assert (tmp_path / "t.txt").read_bytes() == b"data"
