@@ -90,6 +90,7 @@ TEST(Output, DirectoriesCreatedForASetGoUnlessCommitted) {
   put(tmp / "file", "f");
   OutputSet outs;
   expect_error([&] { outs.create_dir(tmp / "file", "--out"); }, {"--out", "is a regular file", "expected a directory"});
+}
 
 // A library user's process may run with 0, 1 or 2 closed: files the library opens must never take them
 // (what the process prints there would land in an output), and the library must not open them either.
