@@ -57,11 +57,11 @@ SAN="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all 
 # engine. Instrumented, those files took 172 s of this stage's build against 74 (2-core AMD EPYC Zen 3), for
 # checks of test code only.
 sanbuild -O1
-cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF "${SANBUILD[@]}" \
+cmake -S . -B build-asan -DALPAMAYO_CUDA_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=ON "${SANBUILD[@]}" \
   "-DALPAMAYO_TESTS_CXX_FLAGS=-fno-sanitize=all" \
   -DCMAKE_CXX_FLAGS="$SAN" -DCMAKE_C_FLAGS="$SAN" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-cmake --build build-asan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi
+cmake --build build-asan -j"$(nproc)" --target alpamayo_tests alpamayo-expert test_capi soak
 # The reference backend's block formats run its f32 code for sessions, reruns and threads: their determinism and
 # thread-count tests are left to the Release suite (the block formats' own code runs in every other test here).
 # The per-kernel conformance table (every cpu kernel forced in turn) runs each kernel on the two shapes with key
@@ -72,6 +72,9 @@ ASAN_SKIP='*Deterministic*/reference_bfp*:*ThreadCount*/reference_bfp*'
 for s in $KERNEL_SHAPES_LEFT_TO_RELEASE; do ASAN_SKIP="$ASAN_SKIP:Kernels/CpuKernelConformance.*_$s"; done
 build-asan/alpamayo_tests --gtest_brief=1 --gtest_filter="-$ASAN_SKIP"
 build-asan/test_capi build-asan/alpamayo-expert
+# The soak at small sizes (bench/soak, docs/PERFORMANCE.md): 8 sessions of one model in 8 threads over random
+# contexts; LeakSanitizer checks at exit that nothing leaked, the program that no descriptor or mapping is left.
+build-asan/bench/soak --threads 8 --samples 400 --every 50
 ALPAMAYO_CLI="$PWD/build-asan/alpamayo-expert" PYTHONPATH="$PWD/python" \
   "$VENV/bin/python" -m pytest tests/python/test_cli_errors.py tests/python/test_hostile.py \
   tests/python/test_hostile_numbers.py -q
