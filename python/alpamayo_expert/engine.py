@@ -92,8 +92,8 @@ def _to_list(x: Any, name: str = "value", expected: str = "numbers") -> Any:
     return x
 
 
-def _ints(x: Any, name: str) -> list[int]:
-    """A vector of 64-bit integers from a list, numpy array or tensor ([N] or [N, 1]); None -> []."""
+def _int_vector(x: Any, name: str, lo: int, hi: int, kind: str, rows: bool) -> list[int]:
+    """A vector of integers in [lo, hi] from a list, numpy array or tensor ([N], or [N, 1] where rows); None -> []."""
     if x is None:
         return []
     v = _to_list(x, name, "a vector of integers")
@@ -106,17 +106,22 @@ def _ints(x: Any, name: str) -> list[int]:
             raise Error(f"{name}: expected a vector of integers, got {_describe(x)}") from None
     out = []
     for i, e in enumerate(v):
-        if isinstance(e, (list, tuple)):  # [N, 1], as the release keeps rope_deltas
+        if rows and isinstance(e, (list, tuple)):  # [N, 1], as the release keeps rope_deltas
             if len(e) != 1:
                 raise Error(f"{name}: expected shape [N] or [N, 1], got rows of {len(e)} ({_describe(x)})")
             e = e[0]
         if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
             raise Error(f"{name}: expected integers, got {type(e).__name__} {e!r} at index {i} ({_describe(x)})")
         e = int(e)
-        if not _INT64[0] <= e <= _INT64[1]:
-            raise Error(f"{name}: {e} at index {i} does not fit a signed 64-bit integer ({_describe(x)})")
+        if not lo <= e <= hi:
+            raise Error(f"{name}: {e} at index {i} does not fit {kind} ({_describe(x)})")
         out.append(e)
     return out
+
+
+def _ints(x: Any, name: str) -> list[int]:
+    """A vector of 64-bit integers from a list, numpy array or tensor ([N] or [N, 1]); None -> []."""
+    return _int_vector(x, name, _INT64[0], _INT64[1], "a signed 64-bit integer", rows=True)
 
 
 def _float_scalar(x: Any, name: str) -> float:
@@ -131,19 +136,7 @@ def _float_scalar(x: Any, name: str) -> float:
 
 def _uints64(x: Any, name: str) -> list[int]:
     """_ints, but for values in [0, 2^64) (seeds): numpy uint64 and Python ints above 2^63 are kept."""
-    if x is None:
-        return []
-    v = _to_list(x, name, "a vector of integers")
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        v = [v]
-    if not isinstance(v, (list, tuple)):
-        raise Error(f"{name}: expected a vector of integers, got {_describe(x)}")
-    out = []
-    for i, e in enumerate(v):
-        if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
-            raise Error(f"{name}: expected integers, got {type(e).__name__} {e!r} at index {i} ({_describe(x)})")
-        out.append(int(e))
-    return out
+    return _int_vector(x, name, 0, 2 ** 64 - 1, "an unsigned 64-bit integer", rows=False)
 
 
 def _int_scalar(x: Any, name: str) -> int:

@@ -189,6 +189,8 @@ def test_session_sample_integer_arguments(files, ctx_args):
         s.sample(steps=2.5)
     with pytest.raises(ae.Error, match=r"seeds: expected integers, got float 0.5 at index 1"):
         s.sample(seeds=[1, 0.5, 2])
+    with pytest.raises(ae.Error, match=r"seeds: -1 at index 1 does not fit an unsigned 64-bit integer"):
+        s.sample(seeds=[1, -1, 2])
     with pytest.raises(ae.Error, match=r"seeds: a tensor .*device 'meta'"):
         s.sample(seeds=torch.empty(3, dtype=torch.int64, device="meta"))
     with pytest.raises(ae.Error, match=r"noise: a tensor .*device 'meta'"):
