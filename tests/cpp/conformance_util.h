@@ -288,6 +288,12 @@ inline int depth_layer(int l) { return l + 2; }
 inline int depth_hidden(int L) { return L + 1; }
 inline int depth_v(int L) { return L + 2; }
 
+inline double rms(const float* v, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += double(v[i]) * v[i];
+  return n ? std::sqrt(s / n) : 0.0;
+}
+
 // rms_bound: the bound on rms(e), rho rms(r) (or a sum of such terms, for guidance).
 inline void expect_within_rms(const Stats& st, double rms_bound, const std::string& what) {
   const double r = st.ref_std > 0 ? rms_bound / st.ref_std : 0.0;
@@ -348,10 +354,12 @@ inline std::string oracle_format(const std::string& format) {
 }
 inline std::string target_name(const Target& t) { return t.backend + "_" + t.format; }
 
-// A target's run against its oracle (the reference with oracle_format()).
-inline ErrorModel error_model_for(const Problem& p, const std::string& backend, const std::string& format) {
-  const std::string act = backend == "reference" ? "f32" : format == "int8" ? "int8" : "bf16";
-  return error_model_for(p, act, format, oracle_format(format));
+// A target's run (backend, weight format, KV cache format) against its oracle: the reference with oracle_format()
+// and the same KV cache format, which rounds the cache rows as the target does.
+inline ErrorModel target_error_model(const Problem& p, const std::string& backend, const std::string& format,
+                                     const std::string& kv = "") {
+  if (backend == "reference") return error_model_for(p, "f32", format, oracle_format(format));
+  return error_model_for(p, format == "int8" ? "int8" : "bf16", format, oracle_format(format), kv);
 }
 
 

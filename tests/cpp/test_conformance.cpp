@@ -63,17 +63,18 @@ void expect_run_close(const RunOut& got, const RunOut& ref, const Model& oracle,
 }
 
 // One target (a backend, a weight format, optionally a KV cache format and forced kernels) on shape si against its
-// oracle. Returns the run (for further checks).
+// oracle. Returns the run (for further checks); *model_kernels, if given, gets the kernels the model loaded.
 RunOut expect_target_matches(const std::string& backend, const std::string& format, const std::string& kv,
-                             const std::string& kernels, int si, const std::string& at) {
+                             const std::string& kernels, int si, const std::string& at,
+                             std::string* model_kernels = nullptr) {
   const Shape& sh = shapes()[si];
   Problem p(sh);
   const auto oracle = p.model("reference", oracle_format(format), 2, {}, kv);
   const RunOut ref = run(oracle, p.context(), 0);
-  const RunOut got = run(p.model(backend, format, 2, {}, kv, kernels), p.context(), 0);
-  const std::string act = backend == "reference" ? "f32" : format == "int8" ? "int8" : "bf16";
-  const ErrorModel em = error_model_for(p, act, format, oracle_format(format), backend == "reference" ? "" : kv);
-  expect_run_close(got, ref, *oracle, p.context(), em, sh, at);
+  const auto m = p.model(backend, format, 2, {}, kv, kernels);
+  if (model_kernels) *model_kernels = m->kernels();
+  const RunOut got = run(m, p.context(), 0);
+  expect_run_close(got, ref, *oracle, p.context(), target_error_model(p, backend, format, kv), sh, at);
   return got;
 }
 
@@ -140,7 +141,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
 
 // The KV cache formats other than a backend's default (kv_targets(): "int8"), on every shape: the backend with its
 // default weight format and that KV cache format against the reference with the same KV cache format, under the
-// error model with the kernel's own roundings of that format (error_model_for); bitwise determinism as above. A backend that silently ignored the option would match within the
+// error model with the kernel's own roundings of that format (target_error_model); bitwise determinism as above. A backend that silently ignored the option would match within the
 // bounds too, so the result must also differ from the same backend with its default KV cache format.
 class ConformanceKv : public ::testing::TestWithParam<std::tuple<KvTarget, int>> {};
 
@@ -266,12 +267,11 @@ TEST_P(GuidanceConformance, MatchesTheReferenceAndIsExactAtTheEnds) {
   const std::vector<float> vt = teacher_forced_v(*oracle, guided, got.x_steps, sh.steps, &unguided, w);
   const std::vector<float> vg = teacher_forced_v(*oracle, guided, got.x_steps, sh.steps);
   const std::vector<float> vu = teacher_forced_v(*oracle, unguided, got.x_steps, sh.steps);
-  const ErrorModel em = error_model_for(p, tg.backend, tg.format);
+  const ErrorModel em = target_error_model(p, tg.backend, tg.format);
   const double rho = em.rho(depth_v(sh.L));
   const size_t n = size_t(p.batch()) * sh.T * 2;
   for (int k = 0; k < sh.steps; ++k) {
-    const double budget = rho * (std::fabs(1 - w) * compare(vu.data() + k * n, vu.data() + k * n, n).ref_rms +
-                                 std::fabs(w) * compare(vg.data() + k * n, vg.data() + k * n, n).ref_rms);
+    const double budget = rho * (std::fabs(1 - w) * rms(vu.data() + k * n, n) + std::fabs(w) * rms(vg.data() + k * n, n));
     expect_within_rms(compare(got.v_steps.data() + k * n, vt.data() + k * n, n), budget,
                       at + " v_" + std::to_string(k) + " (teacher-forced)");
   }
@@ -534,7 +534,7 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
         const auto oracle = p.model("reference", oracle_format(format));
         const RunOut ref = run(oracle, p.context(), 0);
         const std::string at = sh.name + " " + op + "=" + kernel;
-        expect_run_close(got, ref, *oracle, p.context(), error_model_for(p, "cpu", format), sh, at);
+        expect_run_close(got, ref, *oracle, p.context(), target_error_model(p, "cpu", format), sh, at);
         const std::vector<float>& x = got.r.action;
         if (kernel != "onednn" && kernel != "avx512_bf16") {  // avx512_bf16 sums pairs in its own order
           if (auto it = fma_result.find(si); it == fma_result.end())
@@ -602,10 +602,11 @@ TEST_P(CpuKernelConformance, MatchesTheReference) {
   if (const std::string why = cpu_kernel_unavailable(tg); !why.empty())
     GTEST_SKIP() << tg.op << "=" << tg.kernel << " cannot run on this CPU: " << why;
   const std::string spec = tg.op + "=" + tg.kernel;
+  std::string loaded;
   expect_target_matches("cpu", tg.format, tg.kv, spec, si,
-                        "cpu/" + tg.format + (tg.kv.empty() ? "" : " kv " + tg.kv) + " " + spec + " " + shapes()[si].name);
-  Problem p(shapes()[si]);
-  EXPECT_NE(p.model("cpu", tg.format, 2, {}, tg.kv, spec)->kernels().find(spec), std::string::npos) << spec;
+                        "cpu/" + tg.format + (tg.kv.empty() ? "" : " kv " + tg.kv) + " " + spec + " " + shapes()[si].name,
+                        &loaded);
+  EXPECT_NE(loaded.find(spec), std::string::npos) << spec << " not in " << loaded;
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CpuKernelConformance,
