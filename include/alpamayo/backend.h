@@ -165,8 +165,13 @@ struct BackendInfo {
   bool kernel_choices = false;  // chooses kernels at load, and takes BackendOptions::kernels
 };
 
-// Every backend compiled into this build, in order of preference (the first is the default).
+// Every backend compiled into this build, then those the program registered, in order of preference (the first
+// is the default).
 const std::vector<BackendInfo>& registered_backends();
+// Adds a backend that is not built into the library (a test-only backend, an application's own). Call it before
+// anything lists or loads a backend (a static initializer of the program, or the start of main); not thread-safe.
+// Throws Error if backends were already listed or the name is taken.
+void register_backend(BackendInfo info);
 std::vector<std::string> backend_names();
 // Throws Error naming the unknown backend and listing the known ones.
 const BackendInfo& find_backend(const std::string& name);

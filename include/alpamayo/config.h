@@ -40,6 +40,9 @@ struct ExpertConfig {
   int ain_layers = 4;   // num_enc_layers
   int n_fourier = 20;   // num_fourier_feats (F)
   double max_freq = 100.0;
+  // eps of the trunk's RMSNorms and of the final LayerNorm: the modules' defaults in every release (nn.RMSNorm /
+  // nn.LayerNorm built without an eps argument), so no config key carries it.
+  float ain_norm_eps = 1e-5f;
 
   // Action space (section 6).
   int T = 64;  // n_waypoints

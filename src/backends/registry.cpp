@@ -15,10 +15,33 @@
 
 namespace alpamayo {
 
-// Preference: cuda, then cpu, then reference; a backend that cannot run on this machine (the cuda backend
-// where there is no GPU) moves behind the ones that can, so the default backend always runs.
+namespace {
+
+// Backends a program adds before it first looks one up (register_backend); the built-in list is fixed at build.
+std::vector<BackendInfo>& added_backends() {
+  static std::vector<BackendInfo> added;
+  return added;
+}
+bool& backends_frozen() {
+  static bool frozen = false;
+  return frozen;
+}
+
+}  // namespace
+
+void register_backend(BackendInfo info) {
+  check(!backends_frozen(), "register_backend(" + info.name +
+                                "): backends were already listed; register before the first Model::load or listing");
+  for (const BackendInfo& b : added_backends())
+    check(b.name != info.name, "register_backend: a backend named " + info.name + " is already registered");
+  added_backends().push_back(std::move(info));
+}
+
+// Preference: cuda, then cpu, then reference, then any a program registered; a backend that cannot run on this
+// machine (the cuda backend where there is no GPU) moves behind the ones that can, so the default backend runs.
 const std::vector<BackendInfo>& registered_backends() {
   static const std::vector<BackendInfo> all = [] {
+    backends_frozen() = true;
     std::vector<BackendInfo> v = {
 #ifdef ALPAMAYO_WITH_CUDA_BACKEND
         {"cuda", {"bf16", "fp8"}, {"bf16"}, load_cuda_backend, cuda_unavailable},
@@ -29,6 +52,11 @@ const std::vector<BackendInfo>& registered_backends() {
 #endif
         {"reference", {"f32", "bfp8_b", "bfp4_b"}, {"f32", "int8"}, load_reference_backend},
     };
+    for (const BackendInfo& b : added_backends()) {
+      for (const BackendInfo& built_in : v)
+        check(b.name != built_in.name, "register_backend: " + b.name + " is the name of a built-in backend");
+      v.push_back(b);
+    }
     std::stable_partition(v.begin(), v.end(), [](const BackendInfo& b) { return b.unavailable().empty(); });
     return v;
   }();

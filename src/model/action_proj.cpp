@@ -35,7 +35,7 @@ namespace {
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-// In-place RMSNorm of rows of width n with weight w (eps as the release's trunk: 1e-5).
+// In-place RMSNorm of rows of width n with weight w (the trunk's eps, ExpertConfig::ain_norm_eps).
 void rms_norm_inplace(float* x, int rows, int n, const float* w, float eps) {
   for (int r = 0; r < rows; ++r) {
     float* xr = x + size_t(r) * n;
@@ -49,7 +49,7 @@ void rms_norm_inplace(float* x, int rows, int n, const float* w, float eps) {
 }  // namespace
 
 HostProjections::HostProjections(const ExpertConfig& cfg, const ModelWeights& w, bool exact_freqs)
-    : T_(cfg.T), A_(cfg.A), D_(cfg.D), F_(cfg.n_fourier), out_(w.action_out.w, &w.action_out.b) {
+    : T_(cfg.T), A_(cfg.A), D_(cfg.D), F_(cfg.n_fourier), eps_(cfg.ain_norm_eps), out_(w.action_out.w, &w.action_out.b) {
   const ActionInProjWeights& a = w.action_in;
   if (a.freqs.empty()) {
     freqs_.assign(A_ + 1, fourier_freqs(F_, cfg.max_freq, !exact_freqs));
@@ -70,16 +70,16 @@ void HostProjections::in(const float* x, const float* t, int B, float* emb) cons
     for (int i = 0; i < A_; ++i) fourier_features(x[size_t(m) * A_ + i], freqs_[i], f + i * F_);
     fourier_features(t[m / T_], freqs_[A_], f + A_ * F_);
   }
-  // trunk: Linear, SiLU, then per encoder layer RMSNorm(eps 1e-5), Linear (+ SiLU except after the last).
+  // trunk: Linear, SiLU, then per encoder layer RMSNorm(ain_norm_eps), Linear (+ SiLU except after the last).
   for (size_t i = 0; i < trunk_.size(); ++i) {
-    if (i > 0) rms_norm_inplace(cur.data(), M, trunk_[i].in(), norm_w_[i - 1].data(), 1e-5f);
+    if (i > 0) rms_norm_inplace(cur.data(), M, trunk_[i].in(), norm_w_[i - 1].data(), eps_);
     next.resize(size_t(M) * trunk_[i].out());
     trunk_[i].forward(cur.data(), M, next.data());
     if (i + 1 < trunk_.size())
       for (float& e : next) e = silu(e);
     cur.swap(next);
   }
-  // LayerNorm(D, eps 1e-5), biased variance as torch; two passes over each row.
+  // LayerNorm(D, ain_norm_eps), biased variance as torch; two passes over each row.
   for (int m = 0; m < M; ++m) {
     const float* r = cur.data() + size_t(m) * D_;
     float sum = 0.f;
@@ -87,7 +87,7 @@ void HostProjections::in(const float* x, const float* t, int B, float* emb) cons
     const float mean = sum / D_;
     float sq = 0.f;
     for (int i = 0; i < D_; ++i) sq += (r[i] - mean) * (r[i] - mean);
-    const float inv = 1.0f / std::sqrt(sq / D_ + 1e-5f);
+    const float inv = 1.0f / std::sqrt(sq / D_ + eps_);
     float* o = emb + size_t(m) * D_;
     for (int i = 0; i < D_; ++i) o[i] = (r[i] - mean) * inv * ln_w_[i] + ln_b_[i];
   }

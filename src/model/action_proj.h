@@ -34,6 +34,7 @@ class HostProjections final : public ActionProjections {
 
  private:
   int T_, A_, D_, F_;
+  float eps_;  // ExpertConfig::ain_norm_eps
   std::vector<std::vector<float>> freqs_;  // A action sets then the timestep set
   std::vector<HostLinear> trunk_;          // num_enc_layers + 1
   std::vector<std::vector<float>> norm_w_;  // num_enc_layers

@@ -32,19 +32,19 @@ void CudaSession::enqueue_step(Run& r, int k) {
   const bool capture = k == req_.step;
   const size_t n = size_t(M) * A;
 
-  // action_in_proj: Fourier features, trunk (Linear, SiLU, then RMSNorm(1e-5), Linear, SiLU ... without SiLU
-  // after the last Linear), LayerNorm(1e-5) into the residual stream h.
+  // action_in_proj: Fourier features, trunk (Linear, SiLU, then RMSNorm(ain_norm_eps), Linear, SiLU ... without SiLU
+  // after the last Linear), LayerNorm(ain_norm_eps) into the residual stream h.
   fourier_features(stream_, x_.as<float>(), r.times.as<float>(), k, p.freqs.as<float>(), M, A, F, feat_a_.as<float>());
   float* cur = feat_a_.as<float>();
   float* nxt = feat_b_.as<float>();
   const size_t n_trunk = p.trunk_w.size();
   for (size_t i = 0; i < n_trunk; ++i) {
-    if (i > 0) rms_norm_f32(stream_, cur, p.trunk_norm[i - 1].as<float>(), M, p.trunk_in[i], 1e-5f, cur);
+    if (i > 0) rms_norm_f32(stream_, cur, p.trunk_norm[i - 1].as<float>(), M, p.trunk_in[i], cfg_.ain_norm_eps, cur);
     linear_f32(stream_, cur, M, p.trunk_in[i], p.trunk_w[i].as<float>(), p.trunk_b[i].as<float>(), p.trunk_out[i],
                i + 1 < n_trunk, nxt);
     std::swap(cur, nxt);
   }
-  layer_norm_f32(stream_, cur, p.ln_w.as<float>(), p.ln_b.as<float>(), M, D, 1e-5f, h_.as<float>());
+  layer_norm_f32(stream_, cur, p.ln_w.as<float>(), p.ln_b.as<float>(), M, D, cfg_.ain_norm_eps, h_.as<float>());
   if (capture)
     ALP_CUDA(
         cudaMemcpyAsync(cap_emb_.get(), h_.get(), size_t(M) * D * sizeof(float), cudaMemcpyDeviceToDevice, stream_));

@@ -9,7 +9,7 @@
 namespace alpamayo::ref {
 
 ActionInProj::ActionInProj(const ExpertConfig& cfg, const ActionInProjWeights& w, bool exact_freqs)
-    : T_(cfg.T), A_(cfg.A), D_(cfg.D), h_(cfg.ain_hidden), F_(cfg.n_fourier) {
+    : T_(cfg.T), A_(cfg.A), D_(cfg.D), h_(cfg.ain_hidden), F_(cfg.n_fourier), eps_(cfg.ain_norm_eps) {
   if (w.freqs.empty()) {
     freqs_.assign(A_ + 1, fourier_freqs(F_, cfg.max_freq, !exact_freqs));
   } else {
@@ -35,7 +35,7 @@ void ActionInProj::forward(const float* x, const float* t, int B, float* out) co
       for (int i = 0; i < A_; ++i) fourier_features(x[(int64_t(bi) * T_ + k) * A_ + i], freqs_[i], fr + i * F_);
       fourier_features(t[bi], freqs_[A_], fr + A_ * F_);
     }
-  // trunk: Linear, SiLU, then per encoder layer RMSNorm(eps 1e-5), Linear (+ SiLU except the last).
+  // trunk: Linear, SiLU, then per encoder layer RMSNorm(eps cfg.ain_norm_eps), Linear (+ SiLU except the last).
   auto linear = [&](size_t i, const std::vector<float>& src, std::vector<float>& dst) {
     dst.resize(int64_t(M) * lin_out_[i]);
     matmul_nt(src.data(), M, lin_in_[i], lw_[i].data(), lin_out_[i], dst.data());
@@ -46,12 +46,12 @@ void ActionInProj::forward(const float* x, const float* t, int B, float* out) co
   linear(0, feats, a);
   silu_all(a);
   for (size_t i = 0; i < nw_.size(); ++i) {
-    rms_norm(a.data(), nw_[i].data(), M, h_, 1e-5, a.data());
+    rms_norm(a.data(), nw_[i].data(), M, h_, eps_, a.data());
     linear(i + 1, a, b);
     if (i + 1 < nw_.size()) silu_all(b);
     a.swap(b);
   }
-  // LayerNorm(D, eps 1e-5) with weight and bias (biased variance, as torch).
+  // LayerNorm(D, eps cfg.ain_norm_eps) with weight and bias (biased variance, as torch).
   for (int m = 0; m < M; ++m) {
     const float* r = a.data() + int64_t(m) * D_;
     float mean = 0.f, var = 0.f;
@@ -59,7 +59,7 @@ void ActionInProj::forward(const float* x, const float* t, int B, float* out) co
     mean /= D_;
     for (int i = 0; i < D_; ++i) var += (r[i] - mean) * (r[i] - mean);
     var /= D_;
-    const float inv = 1.0f / std::sqrt(var + 1e-5f);
+    const float inv = 1.0f / std::sqrt(var + eps_);
     float* o = out + int64_t(m) * D_;
     for (int i = 0; i < D_; ++i) o[i] = (r[i] - mean) * inv * ln_w_[i] + ln_b_[i];
   }

@@ -19,6 +19,7 @@ class ActionInProj {
 
  private:
   int T_, A_, D_, h_, F_;
+  float eps_;  // ExpertConfig::ain_norm_eps
   std::vector<std::vector<float>> freqs_;  // A action sets then the timestep set
   std::vector<std::vector<float>> lw_, lb_, nw_;
   std::vector<int> lin_out_, lin_in_;
