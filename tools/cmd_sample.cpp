@@ -210,6 +210,13 @@ Run add_backends(CLI::App&) {
       for (const std::string& f : b.weight_formats) std::printf(" %s", f.c_str());
       std::printf("; kv");
       for (const std::string& f : b.kv_formats) std::printf(" %s", f.c_str());
+      // The context features it runs (BackendInfo::features), as one word each.
+      std::printf("; features");
+      const BackendFeatures& f = b.features;
+      for (const auto& [on, word] : {std::pair{f.shared_prompts, "shared-prompts"}, {f.suffix_rows, "suffix-rows"},
+                                     {f.left_padding, "left-padding"}, {f.guidance, "guidance"},
+                                     {f.device_memory, "device-memory"}})
+        if (on) std::printf(" %s", word);
       if (const std::string why = b.unavailable(); !why.empty()) std::printf(" -- unavailable: %s", why.c_str());
       std::printf("\n");
     }

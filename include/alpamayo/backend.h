@@ -152,17 +152,61 @@ class BackendModel {
   virtual std::string kernels() const { return ""; }
 };
 
+// The context features a backend runs (KVCache above). Each is off unless the backend declares it: Session::bind
+// refuses a context that needs an undeclared one, once, naming the backend and the feature, before the backend
+// sees it; the conformance suite runs a backend on exactly the cases its declaration allows and lists the rest
+// as skipped with the feature.
+struct BackendFeatures {
+  bool shared_prompts = false;  // G < B or prompt_of not the identity: samples that name one stored prompt
+  bool suffix_rows = false;     // per-sample suffix caches (suffix_key / suffix_value)
+  bool left_padding = false;    // prefix_pad with a row > 0
+  bool guidance = false;        // classifier-free guidance (Binding::guided)
+  bool device_memory = false;   // reads caches that live in GPU memory in place (BackendModel::can_read says which)
+  // The largest batch B for a config; empty: no limit besides memory.
+  std::function<int64_t(const ExpertConfig&)> max_batch;
+};
+
+// The features a context needs, by name ("shared prompts", "suffix rows", "left padding"), in that order; a
+// context needs none of them when every sample has a prompt of its own, no suffix and no padding.
+std::vector<std::string> context_features(const KVCache& kv);
+// "" when `f` allows every feature of kv (and guidance where `guided`) and B within max_batch, else the first
+// one missing, as a phrase ("shared prompts", "classifier-free guidance", "a batch of 7 (at most 4 here)").
+std::string missing_feature(const BackendFeatures& f, const ExpertConfig& c, const KVCache& kv, bool guided);
+
+// A memory estimate: total bytes and what they are, for messages ("1.2 GiB: weights converted to f32
+// 0.9 GiB, activations 0.3 GiB"). limits.h estimates and checks it.
+struct MemoryEstimate {
+  double bytes = 0;
+  std::string parts;
+  void add(const std::string& what, double b);
+};
+
+// Host memory a backend needs beyond what every host session holds (limits.h adds that), for the memory checks
+// made before anything is allocated. Empty functions: nothing beyond it.
+struct BackendMemory {
+  // Bytes per weight of an expert layer's matrices in `format` held in host memory (0: none, e.g. uploaded to a
+  // device, or converted one layer at a time).
+  std::function<double(const std::string& format)> host_bytes_per_weight;
+  // Adds to `e` the session's own host buffers that depend on the backend (converted caches, fp32 copies of a
+  // layer), each named.
+  std::function<void(MemoryEstimate& e, const ExpertConfig&, const KVCache& kv, const KVCache* unguided)> session;
+};
+
 // A registered backend: its name, its weight formats (the first is the default), its loader, and a probe
 // that says why it cannot run on this machine (empty: it can), e.g. a GPU backend built where no GPU is.
+// Everything the engine and the tests know about a backend comes from here: no code outside a backend's folder
+// switches on its name.
 struct BackendInfo {
   std::string name;
   std::vector<std::string> weight_formats;
   // The formats its sessions hold the KV cache in (BackendOptions::kv; the first is the default): "bf16", "f32",
-  // "int8" (per-row int8, src/backends/kv_int8.h).
+  // "int8" (per-row int8, src/backends/kv_int8.h). Model::load checks the choice; backends assume it valid.
   std::vector<std::string> kv_formats;
   std::function<std::unique_ptr<BackendModel>(const ExpertConfig&, const ModelWeights&, const BackendOptions&)> load;
   std::function<std::string()> unavailable = [] { return std::string(); };
   bool kernel_choices = false;  // chooses kernels at load, and takes BackendOptions::kernels
+  BackendFeatures features;
+  BackendMemory memory;
 };
 
 // Every backend compiled into this build, then those the program registered, in order of preference (the first

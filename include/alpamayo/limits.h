@@ -43,20 +43,18 @@ inline constexpr double kMaxRopeTheta = 1e30;
 // Throws Error("<what> = <value> is outside [lo, hi]<why>") unless lo <= v <= hi (NaN is outside).
 void check_range(double v, double lo, double hi, const std::string& what, const std::string& why = "");
 
-// A memory estimate: total bytes and what they are, for messages ("1.2 GiB: weights converted to f32
-// 0.9 GiB, activations 0.3 GiB").
-struct MemoryEstimate {
-  double bytes = 0;
-  std::string parts;
-  void add(const std::string& what, double b);
-};
+// Values in an expert layer's weight matrices (q, k, v, o, gate, up, down).
+double layer_matrix_params(const ExpertConfig& c);
+// Bytes per value of a weight matrix held in host memory in `format` (bf16, int8, fp8, bfp8_b, bfp4_b, f32),
+// scales and shared exponents included: what a host backend declares in BackendMemory::host_bytes_per_weight.
+double host_bytes_per_weight(const std::string& format);
 
 // The host memory the `backend` needs to hold the model's weights in `format` (beyond the checkpoint's
 // mapping, which the page cache holds and may evict).
 MemoryEstimate estimate_model_memory(const ExpertConfig& c, const std::string& backend, const std::string& format);
 // The host memory one bound session needs: activations and scratch of a step over B samples attending to up
-// to `attended` rows each, rope tables, captures, guidance, the reference backend's fp32 copies of a layer
-// and of its caches.
+// to `attended` rows each, rope tables, captures, guidance, and what the backend declares
+// (BackendMemory::session_bytes: converted caches, fp32 copies of a layer).
 MemoryEstimate estimate_session_memory(const ExpertConfig& c, const std::string& backend, const KVCache& kv,
                                        const KVCache* unguided, bool capture_layers);
 

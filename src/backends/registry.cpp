@@ -1,6 +1,7 @@
 // The backends compiled into this build. Adding a backend: implement BackendModel/BackendSession (or a
-// HostLoopSession), add its entry here; the conformance suite (tests/cpp/test_conformance.cpp) then
-// runs it against the reference backend for every weight format it lists.
+// HostLoopSession) in its folder with a function returning its BackendInfo (formats, features, memory), and list
+// that function here; the conformance suite (tests/cpp/test_conformance.cpp) then runs it against the reference
+// backend for every weight format and every case its features allow.
 #include <algorithm>
 
 #include "alpamayo/backend.h"
@@ -29,6 +30,35 @@ bool& backends_frozen() {
 
 }  // namespace
 
+std::vector<std::string> context_features(const KVCache& kv) {
+  std::vector<std::string> f;
+  bool shared = kv.G != kv.B;
+  for (int b = 0; b < kv.B && !shared; ++b) shared = kv.prompt(b) != b;
+  if (shared) f.push_back("shared prompts");
+  if (!kv.suffix_key.empty()) f.push_back("suffix rows");
+  for (int g = 0; g < kv.G; ++g)
+    if (kv.pad(g) > 0) {
+      f.push_back("left padding");
+      break;
+    }
+  return f;
+}
+
+std::string missing_feature(const BackendFeatures& f, const ExpertConfig& c, const KVCache& kv, bool guided) {
+  for (const std::string& need : context_features(kv))
+    if (!(need == "shared prompts"  ? f.shared_prompts
+          : need == "suffix rows"   ? f.suffix_rows
+                                    : f.left_padding))
+      return need;
+  if (guided && !f.guidance) return "classifier-free guidance";
+  if (f.max_batch) {
+    const int64_t most = f.max_batch(c);
+    if (kv.B > most)
+      return "a batch of " + std::to_string(kv.B) + " samples (at most " + std::to_string(most) + " for this model)";
+  }
+  return "";
+}
+
 void register_backend(BackendInfo info) {
   check(!backends_frozen(), "register_backend(" + info.name +
                                 "): backends were already listed; register before the first Model::load or listing");
@@ -44,13 +74,12 @@ const std::vector<BackendInfo>& registered_backends() {
     backends_frozen() = true;
     std::vector<BackendInfo> v = {
 #ifdef ALPAMAYO_WITH_CUDA_BACKEND
-        {"cuda", {"bf16", "fp8"}, {"bf16"}, load_cuda_backend, cuda_unavailable},
+        cuda_backend_info(),
 #endif
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-        {"cpu", {"bf16", "int8", "bfp8_b", "bfp4_b"}, {"bf16", "int8"}, load_cpu_backend, [] { return std::string(); },
-         true},
+        cpu_backend_info(),
 #endif
-        {"reference", {"f32", "bfp8_b", "bfp4_b"}, {"f32", "int8"}, load_reference_backend},
+        reference_backend_info(),
     };
     for (const BackendInfo& b : added_backends()) {
       for (const BackendInfo& built_in : v)

@@ -28,18 +28,6 @@ std::string num(double v) {
   return buf;
 }
 
-// Bytes per weight of a matrix in each host weight format (block formats: 8 or 4 bits plus one shared
-// exponent byte per 16 values).
-double bytes_per_weight(const std::string& backend, const std::string& format) {
-  if (backend == "cuda") return 0;  // uploaded to device memory; the cuda backend checks that itself
-  if (backend == "reference") return 0;  // converts one layer at a time (session estimate)
-  if (format == "int8" || format == "fp8") return 1.0 + 4.0 / 1024;
-  if (format == "bfp8_b") return 1.0 + 1.0 / 16;
-  if (format == "bfp4_b") return 0.5 + 1.0 / 16;
-  if (format == "f32") return 4;
-  return 2;  // bf16, the default
-}
-
 thread_local std::vector<std::string> g_stages;
 
 }  // namespace
@@ -69,17 +57,26 @@ std::string format_bytes(double b) {
   return buf;
 }
 
-static double layer_matrix_params(const ExpertConfig& c) {
+double layer_matrix_params(const ExpertConfig& c) {
   const double D = c.D, q = double(c.Hq) * c.d, kv = double(c.Hkv) * c.d, I = c.I;
   return D * (q + 2 * kv) + q * D + 3 * D * I;
 }
 
+double host_bytes_per_weight(const std::string& format) {
+  if (format == "int8" || format == "fp8") return 1.0 + 4.0 / 1024;  // one fp32 scale per 1024 values at most
+  if (format == "bfp8_b") return 1.0 + 1.0 / 16;  // 8 bits plus one shared exponent byte per 16 values
+  if (format == "bfp4_b") return 0.5 + 1.0 / 16;
+  if (format == "f32") return 4;
+  return 2;  // bf16
+}
+
 MemoryEstimate estimate_model_memory(const ExpertConfig& c, const std::string& backend, const std::string& format) {
+  const BackendMemory& mem = find_backend(backend).memory;
   MemoryEstimate e;
-  const double per = bytes_per_weight(backend, format);
+  const double per = mem.host_bytes_per_weight ? mem.host_bytes_per_weight(format) : 0.0;
   e.add(std::to_string(c.L) + " layers of weights in " + (format.empty() ? "the default format" : format),
         per * c.L * layer_matrix_params(c));
-  // action_in_proj / action_out_proj in fp32 on the host (every host backend).
+  // action_in_proj / action_out_proj in fp32 on the host (every backend keeps a host copy).
   const double F = double(c.A + 1) * c.n_fourier, h = c.ain_hidden;
   e.add("action projections in f32", 4.0 * (F * h + (c.ain_layers - 1) * h * h + h * c.D + 2.0 * c.D * c.A));
   return e;
@@ -87,6 +84,7 @@ MemoryEstimate estimate_model_memory(const ExpertConfig& c, const std::string& b
 
 MemoryEstimate estimate_session_memory(const ExpertConfig& c, const std::string& backend, const KVCache& kv,
                                        const KVCache* unguided, bool capture_layers) {
+  const BackendMemory& mem = find_backend(backend).memory;
   MemoryEstimate e;
   const double M = double(kv.B) * c.T, D = c.D, I = c.I, q = double(c.Hq) * c.d, kvw = double(c.Hkv) * c.d;
   const double passes = unguided ? 2 : 1;
@@ -96,21 +94,7 @@ MemoryEstimate estimate_session_memory(const ExpertConfig& c, const std::string&
         4.0 * M * (passes * (3 * D + q + 2 * kvw + q + D + 2 * I)));
   e.add("rope tables", passes * 4.0 * 2 * M * c.d);
   if (capture_layers) e.add("per-layer captures", 4.0 * M * D * (c.L + 2));
-  auto layer_values = [](const KVCache& k) {  // key + value values of one layer, prompt and suffix caches
-    return 2.0 * k.Hkv * k.d * (double(k.G) * k.P + double(k.B) * k.Q);
-  };
-  if (backend == "reference") {
-    double v = layer_values(kv) + (unguided ? layer_values(*unguided) : 0.0);
-    e.add("one layer's weights and caches in f32", 4.0 * (layer_matrix_params(c) + v));
-  } else if (backend == "cpu") {
-    double conv = 0;  // caches not in bf16 are converted to bf16 once at bind
-    for (const KVCache* k : {&kv, unguided})
-      if (k)
-        for (const auto* list : {&k->key, &k->value, &k->suffix_key, &k->suffix_value})
-          for (const TensorView& t : *list)
-            if (t.dtype != DType::BF16) conv += 2.0 * double(t.numel());
-    e.add("caches converted to bf16", conv);
-  }
+  if (mem.session) mem.session(e, c, kv, unguided);
   return e;
 }
 

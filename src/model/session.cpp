@@ -33,12 +33,36 @@ const Context& Session::context() const {
 
 namespace {
 
-void check_readable(const Context& ctx, const BackendModel& be) {
+void check_readable(const Context& ctx, const Model& m) {
   const KVCache& kv = ctx.kv();
   for (const auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
     for (const TensorView& t : *list)
-      check(be.can_read(t.device), t.name + ": lives in " + t.device.str() + " memory, which the " + be.name() +
-                                       " backend cannot read");
+      check(m.backend().can_read(t.device), t.name + ": lives in " + t.device.str() + " memory, which the " +
+                                                m.backend_name() + " backend cannot read");
+}
+
+// Refuses, once and before the backend sees it, a context that needs a feature the backend does not declare
+// (BackendInfo::features).
+void check_features(const Context& ctx, const std::string& backend, const ExpertConfig& c, bool guided) {
+  const std::string missing = missing_feature(find_backend(backend).features, c, ctx.kv(), guided);
+  if (missing.empty()) return;
+  std::string others;
+  for (const BackendInfo& b : registered_backends())
+    if (b.name != backend && missing_feature(b.features, c, ctx.kv(), guided).empty())
+      others += (others.empty() ? "" : ", ") + b.name;
+  throw Error(ctx.name() + ": the " + backend + " backend does not run " + missing +
+              (others.empty() ? std::string() : " (backends that do: " + others + ")"));
+}
+
+// The binding's cache without the fields that say nothing: prefix_pad of zeros, prompt_of as the identity. Every
+// backend reads them through KVCache's accessors, which give the same values either way; a backend that does
+// not declare left padding or shared prompts then never sees them.
+KVCache plain(KVCache kv) {
+  if (std::all_of(kv.prefix_pad.begin(), kv.prefix_pad.end(), [](int64_t p) { return p == 0; })) kv.prefix_pad.clear();
+  bool identity = kv.G == kv.B;
+  for (int b = 0; b < kv.B && identity; ++b) identity = kv.prompt(b) == b;
+  if (identity) kv.prompt_of.clear();
+  return kv;
 }
 
 std::vector<int64_t> offsets(const KVCache& kv) {
@@ -135,7 +159,8 @@ void Session::bind(Context ctx, const BindOptions& opts) {
   ctx_.reset();  // a failed bind leaves the session unbound, never half-bound
   unguided_.reset();
   ctx.check_compatible(c);
-  check_readable(ctx, model_->backend());
+  check_readable(ctx, *model_);
+  check_features(ctx, model_->backend_name(), c, opts.guidance.has_value());
   check(opts.capture.step >= -1, "bind: capture step must be -1 (none) or a step index, found " +
                                      std::to_string(opts.capture.step));
   {  // memory: estimated from the sizes before the backend allocates anything
@@ -149,7 +174,7 @@ void Session::bind(Context ctx, const BindOptions& opts) {
   const StageScope stage("binding " + ctx.name() + " (B " + std::to_string(ctx.batch()) + ", cache rows P " +
                          std::to_string(ctx.kv().P) + ") to the " + model_->backend_name() + " backend");
   Binding b;
-  b.kv = ctx.kv();
+  b.kv = plain(ctx.kv());
   b.rope = make_rope_tables(offsets(b.kv), ctx.rope_delta(), c.T, c.d, c.rope_theta);
   b.capture = opts.capture;
   if (opts.guidance) {
@@ -161,9 +186,10 @@ void Session::bind(Context ctx, const BindOptions& opts) {
     check(u.batch() == ctx.batch(), u.name() + ": the guidance context has " + std::to_string(u.batch()) +
                                         " samples, the guided context " + ctx.name() + " has " +
                                         std::to_string(ctx.batch()));
-    check_readable(u, model_->backend());
+    check_readable(u, *model_);
+    check_features(u, model_->backend_name(), c, true);
     b.guided = true;
-    b.unguided_kv = u.kv();
+    b.unguided_kv = plain(u.kv());
     b.unguided_rope = make_rope_tables(offsets(u.kv()), u.rope_delta(), c.T, c.d, c.rope_theta);
     b.guidance_weight = w;
   }

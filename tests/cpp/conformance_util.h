@@ -345,6 +345,31 @@ inline std::string unavailable(const KvTarget& t) { return find_backend(t.backen
 #define SKIP_IF_UNAVAILABLE(t)                                                  \
   if (const std::string why = unavailable(t); !why.empty()) GTEST_SKIP() << (t).backend << ": " << why
 
+// The matrix comes from the declarations (BackendInfo::features): a case that needs a feature the backend does not
+// declare is skipped with the feature named, never run to fail; Conformance.UndeclaredCasesAreRefused proves
+// that Session::bind refuses exactly those cases. Returns the reason, empty when the backend declares the case.
+inline std::string undeclared(const std::string& backend, const Shape& sh, const CtxSpec& ctx, bool guided) {
+  ExpertConfig c;
+  c.L = sh.L, c.D = sh.D, c.Hq = sh.Hq, c.Hkv = sh.Hkv, c.d = sh.d, c.I = sh.I, c.T = sh.T;
+  KVCache kv;
+  kv.G = static_cast<int>(ctx.S.size());
+  kv.B = static_cast<int>(ctx.rope_delta.size());
+  kv.P = ctx.P;
+  kv.valid_len = ctx.S;
+  kv.prompt_of = ctx.prompt_of;
+  kv.prefix_pad = ctx.pad;
+  kv.Q = ctx.Q;
+  kv.suffix_len = ctx.suffix;
+  if (ctx.Q > 0) kv.suffix_key.resize(1);  // only its presence is read
+  const std::string missing = missing_feature(find_backend(backend).features, c, kv, guided);
+  return missing.empty() ? "" : backend + " does not declare " + missing;
+}
+inline std::string undeclared(const std::string& backend, const Shape& sh, bool guided = false) {
+  return undeclared(backend, sh, sh.ctx, guided);
+}
+#define SKIP_UNLESS_DECLARED(backend, ...)                                                     \
+  if (const std::string why = undeclared(backend, __VA_ARGS__); !why.empty()) GTEST_SKIP() << why
+
 // The oracle of a format: the reference backend with the same weight format where it offers it (the same
 // rounded weights, so only the kernels differ), else the exact fp32 reference.
 inline std::string oracle_format(const std::string& format) {

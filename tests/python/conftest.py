@@ -57,23 +57,41 @@ def pinned_cpu_kernels():
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_backends() -> list[tuple[str, list[str], str]]:
-    """`alpamayo-expert backends`: every backend in this build with its weight formats (its KV cache formats, after
-    "; kv", are not part of this matrix). Each one is tested; a backend that errors fails its tests, it is never
-    dropped from the matrix."""
+@functools.lru_cache(maxsize=None)
+def backend_listing() -> dict:
+    """`alpamayo-expert backends`, parsed: name -> (weight formats, KV cache formats, features, why it cannot run
+    here or "")."""
     p = cli_path()
-    if not p.is_file():
-        return [("reference", ["f32"], "")]  # the `cli` fixture fails every test with a clear message
+    if not p.is_file():  # the `cli` fixture fails every test with a clear message
+        return {"reference": (["f32"], ["f32"], ["shared-prompts", "suffix-rows", "left-padding", "guidance"], "")}
     r = run(p, "backends", timeout=60)
     if r.returncode != 0:
         raise RuntimeError(f"{p} backends failed: {r.stderr.strip()}")
-    out = []
+    out = {}
     for line in r.stdout.splitlines():
         spec, _, why = line.partition(" -- unavailable: ")
-        spec, _, _kv = spec.partition("; kv")
+        spec, _, features = spec.partition("; features")
+        spec, _, kv = spec.partition("; kv")
         name, *formats = spec.split()
-        out.append((name, formats, why))
+        out[name] = (formats, kv.split(), features.split(), why)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_backends() -> list[tuple[str, list[str], str]]:
+    """Every backend in this build with its weight formats (its KV cache formats are not part of this matrix). Each
+    one is tested; a backend that errors fails its tests, it is never dropped from the matrix."""
+    return [(name, formats, why) for name, (formats, _kv, _f, why) in backend_listing().items()]
+
+
+def require_features(backend, *features: str) -> None:
+    """Skips the calling test, naming the backend and the feature, when the backend does not declare every one of
+    `features` ("shared-prompts", "suffix-rows", "left-padding", "guidance"): Session::bind refuses such a context
+    (tests/cpp/test_backend_features.cpp), so it is a case the backend does not run, not a failure."""
+    declared = backend_listing()[backend.name][2]
+    for f in features:
+        if f not in declared:
+            pytest.skip(f"{backend.name} does not declare {f}")
 
 
 # The cpu backend's ops whose kernel a weight format's run depends on (the block formats decode in kernels of
@@ -150,3 +168,18 @@ def pytest_generate_tests(metafunc):
 def pytest_report_header(config):
     names = [f"{n} ({', '.join(f)}{'; unavailable: ' + why if why else ''})" for n, f, why in compiled_backends()]
     return f"alpamayo-expert: {cli_path()}; backends: {'; '.join(names)}"
+
+
+def spec_features(spec, guided: bool = False) -> list[str]:
+    """The context features a synth.CtxSpec needs (BackendFeatures in include/alpamayo/backend.h)."""
+    out = []
+    if spec.prompt_index is not None and (spec.G != spec.B or list(spec.prompt_index) != list(range(spec.B))):
+        out.append("shared-prompts")
+    if spec.suffix_rows > 0:
+        out.append("suffix-rows")
+    if spec.prefix_pad is not None and any(p > 0 for p in spec.prefix_pad):
+        out.append("left-padding")
+    if guided:
+        out.append("guidance")
+    return out
+

@@ -61,7 +61,7 @@ def test_unknown_kv_format(cli, files):
     kv = {}
     for line in listing.stdout.splitlines():
         name, _, rest = line.partition(" -- unavailable: ")[0].partition(" ")
-        kv[name] = rest.partition("; kv ")[2].split()
+        kv[name] = rest.partition("; kv ")[2].partition("; features")[0].split()
         assert kv[name], f"no KV cache formats in: {line!r}"
     assert kv["reference"] == ["f32", "int8"]
     expect_error(cli, files, "unknown KV cache format 'bogus'", "(it offers f32, int8)",

@@ -29,6 +29,7 @@ from release_path import make_rollout, release_expert_stage, tiny_vlm
 from oracle import load_checkpoint
 from synth import TINY, make_checkpoint
 from verify import pcc_implied
+from conftest import require_features
 
 NJ = 6                                        # num_traj_samples, as the release's default
 EOS_AT = [3, 5, 1, 7, 2, 4, 6, 2, 8, 1, 3, 5]  # generated tokens before <traj_future_start>, per sequence
@@ -80,6 +81,8 @@ def test_rollout_is_realistic(rollout):
 
 @pytest.mark.parametrize("guided", [False, True], ids=["plain", "guided"])
 def test_matches_release(rollout, checkpoint, backend, guided):
+    # The fixture's context: shared prompts, suffixes, left padding (test_the_rollout_is_what_it_claims).
+    require_features(backend, "shared-prompts", "suffix-rows", "left-padding", *(["guidance"] if guided else []))
     ck = load_checkpoint(checkpoint, weights=backend.weights)
     model = engine_model(checkpoint, backend)
     xyz, rot, action = run_engine(model, rollout, guided)

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from alpamayo_expert import read_context, write_noise
 from cli import REFERENCE, run, sample
+from conftest import require_features, spec_features
 import error_model as em
 from compare import Checks, max_abs
 from oracle import ExpertContext, GuidedOracle, Oracle, load_checkpoint
@@ -45,6 +46,7 @@ def _oracle(ck, path):
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_matches_oracle(cli, tmp_path, case, backend):
     c = CASES[case]
+    require_features(backend, *spec_features(c["spec"], "unguided" in c))
     spec = c["spec"]
     ck_dir = make_checkpoint(tmp_path / "ck", TINY, "1.5", "bf16")
     path = make_context(tmp_path / "ctx.safetensors", TINY, spec)
@@ -73,6 +75,7 @@ def test_matches_oracle(cli, tmp_path, case, backend):
 
 def test_shared_prompt_equals_its_copies(cli, tmp_path, backend):
     """The shared form gives what the same rows laid out once per sample give (the release's layout)."""
+    require_features(backend, *spec_features(SHARED))
     ck_dir = make_checkpoint(tmp_path / "ck", TINY, "a2", "bf16")
     path = make_context(tmp_path / "ctx.safetensors", TINY, SHARED)
     e = ExpertContext.from_file_context(read_context(path))

@@ -481,9 +481,7 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   // Kernels are timed on one fixed representative shape (the seed's head and layer sizes), not the model's:
   // the choice, and with it the rounding, then depends on the machine only, never on the model's sizes or
   // the thread count, and a tiny model (where overheads decide) picks what a full-size one does.
-  if (!opts.kv.empty() && opts.kv != "bf16" && opts.kv != "int8")
-    throw Error("cpu backend: unknown KV cache format '" + opts.kv + "' (offered: bf16, int8)");
-  kv_int8_ = opts.kv == "int8";
+  kv_int8_ = opts.kv == "int8";  // Model::load checked the format against cpu_backend_info()
   attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens, 2048, kv_int8_, opts.kernels);
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);

@@ -16,4 +16,7 @@ std::unique_ptr<BackendModel> load_cuda_backend(const ExpertConfig& cfg, const M
 // empty when it can. Probed once per process.
 std::string cuda_unavailable();
 
+// Its registry entry: formats, features, memory (cuda_registry.cpp).
+BackendInfo cuda_backend_info();
+
 }  // namespace alpamayo

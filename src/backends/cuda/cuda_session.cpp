@@ -67,13 +67,8 @@ void CudaSession::release() {
 }
 
 void CudaSession::bind(const Binding& b) {
-  // Not yet on this backend: contexts with prompts shared between samples, suffix rows or left padding, and
-  // classifier-free guidance (the host backends have them). Refused by name rather than misread.
-  const KVCache& c = b.kv;
-  check(c.G == c.B && c.prompt_of.empty() && c.suffix_key.empty() && c.prefix_pad.empty(),
-        "cuda backend: contexts with shared prompts, suffix rows or left padding are not supported yet "
-        "(use the cpu or reference backend)");
-  check(!b.guided, "cuda backend: classifier-free guidance is not supported yet (use the cpu or reference backend)");
+  // Session::bind has refused what this backend does not declare (cuda_registry.cpp): no shared prompts, suffix
+  // rows, left padding or guidance, and B * Hkv within the attention grid.
   DeviceGuard g(m_.device());
   ALP_CUDA(cudaStreamSynchronize(stream_));
   std::lock_guard<std::mutex> lock(capture_lock());
@@ -84,7 +79,6 @@ void CudaSession::bind(const Binding& b) {
   M_ = B_ * T_;
   Mp_ = static_cast<int>(round_up(M_, 16));
   P_ = b.kv.P;
-  check(B_ * Hkv <= 65535, "cuda backend: batch * KV heads must be at most 65535, found " + std::to_string(B_ * Hkv));
   S_.assign(b.kv.valid_len.begin(), b.kv.valid_len.end());
   req_ = b.capture;
   const bool f8 = m_.fp8();

@@ -87,10 +87,7 @@ class ReferenceModel final : public BackendModel {
         wf_(parse_weight_format(opts)),
         proj_(cfg, w, opts.exact_freqs),
         threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())),
-        kv_int8_(opts.kv == "int8") {
-    check(opts.kv.empty() || opts.kv == "f32" || opts.kv == "int8",
-          "backend reference: unknown KV cache format '" + opts.kv + "' (it offers f32, int8)");
-  }
+        kv_int8_(opts.kv == "int8") {}  // Model::load checked the format against reference_backend_info()
   std::string name() const override { return "reference"; }
   std::string weights() const override { return wf_.name; }
   size_t weight_bytes() const override { return 0; }

@@ -21,4 +21,7 @@ using LayerProbe = std::function<bool(const char* stage, const float* out, int64
 void reference_layer(const ExpertConfig& cfg, const LayerWeights& w, const WeightFormat& wf, const KVCache& kv,
                      int layer, const RopeTables& rope, int threads, float* h, const LayerProbe& probe = {},
                      bool kv_int8 = false);
+// Its registry entry: formats, features, memory (reference_registry.cpp).
+BackendInfo reference_backend_info();
+
 }  // namespace alpamayo
