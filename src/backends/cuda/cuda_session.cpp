@@ -70,10 +70,10 @@ void CudaSession::bind(const Binding& b) {
   // Not yet on this backend: contexts with prompts shared between samples, suffix rows or left padding, and
   // classifier-free guidance (the host backends have them). Refused by name rather than misread.
   const KVCache& c = b.kv;
-  check(c.G == c.B && c.prompt_of.empty() && c.suffix_key.empty() && c.prefix_pad.empty(),
+  check(c.G == c.B && c.prompt_of.empty() && c.suffix_key.empty() && c.prefix_pad.empty(), ErrorCode::Unsupported,
         "cuda backend: contexts with shared prompts, suffix rows or left padding are not supported yet "
         "(use the cpu or reference backend)");
-  check(!b.guided, "cuda backend: classifier-free guidance is not supported yet (use the cpu or reference backend)");
+  check(!b.guided, ErrorCode::Unsupported, "cuda backend: classifier-free guidance is not supported yet (use the cpu or reference backend)");
   DeviceGuard g(m_.device());
   ALP_CUDA(cudaStreamSynchronize(stream_));
   std::lock_guard<std::mutex> lock(capture_lock());
@@ -84,7 +84,7 @@ void CudaSession::bind(const Binding& b) {
   M_ = B_ * T_;
   Mp_ = static_cast<int>(round_up(M_, 16));
   P_ = b.kv.P;
-  check(B_ * Hkv <= 65535, "cuda backend: batch * KV heads must be at most 65535, found " + std::to_string(B_ * Hkv));
+  check(B_ * Hkv <= 65535, ErrorCode::Unsupported, "cuda backend: batch * KV heads must be at most 65535, found " + std::to_string(B_ * Hkv));
   S_.assign(b.kv.valid_len.begin(), b.kv.valid_len.end());
   req_ = b.capture;
   const bool f8 = m_.fp8();
@@ -176,7 +176,7 @@ void CudaSession::bind_cache(const KVCache& kv) {
       if (found[i] == ~0ull) continue;
       const unsigned long long f = found[i];
       const unsigned long long bh = f / plane, row = (f % plane) / d, col = f % d;
-      throw Error(on_device[i]->name + ": non-finite value at [" + std::to_string(bh / H) + ", " +
+      throw Error(ErrorCode::NonFinite, on_device[i]->name + ": non-finite value at [" + std::to_string(bh / H) + ", " +
                   std::to_string(bh % H) + ", " + std::to_string(row) + ", " + std::to_string(col) + "]");
     }
   }
@@ -314,7 +314,7 @@ CudaSession::Run& CudaSession::run_for(int steps) {
 }
 
 void CudaSession::denoise(const DenoiseArgs& a) {
-  check(bound_, "cuda backend: denoise before bind");
+  check(bound_, ErrorCode::InvalidState, "cuda backend: denoise before bind");
   DeviceGuard g(m_.device());
   Run& r = run_for(a.steps);
   const int N = a.steps;
@@ -353,7 +353,7 @@ void CudaSession::denoise(const DenoiseArgs& a) {
   const float* v = r.h_v_hist.as<float>();
   for (int k = 0; k < N; ++k)
     for (size_t i = 0; i < n; ++i)
-      check(std::isfinite(v[k * n + i]), "velocity at Euler step " + std::to_string(k) + ": non-finite value " +
+      check(std::isfinite(v[k * n + i]), ErrorCode::NonFinite, "velocity at Euler step " + std::to_string(k) + ": non-finite value " +
                                              std::to_string(v[k * n + i]) + " at flat index " + std::to_string(i));
   std::memcpy(a.x, r.h_x.get(), n * sizeof(float));
   if (a.v_steps) std::memcpy(a.v_steps, v, N * n * sizeof(float));

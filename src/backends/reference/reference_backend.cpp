@@ -88,7 +88,7 @@ class ReferenceModel final : public BackendModel {
         proj_(cfg, w, opts.exact_freqs),
         threads_(opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency())),
         kv_int8_(opts.kv == "int8") {
-    check(opts.kv.empty() || opts.kv == "f32" || opts.kv == "int8",
+    check(opts.kv.empty() || opts.kv == "f32" || opts.kv == "int8", ErrorCode::Unsupported,
           "backend reference: unknown KV cache format '" + opts.kv + "' (it offers f32, int8)");
   }
   std::string name() const override { return "reference"; }
