@@ -150,8 +150,8 @@ alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const
     if (std::find(fmts.begin(), fmts.end(), f) == fmts.end()) {
       std::string offered;
       for (const auto& o : fmts) offered += (offered.empty() ? "" : ", ") + o;
-      throw Error(ErrorCode::Unsupported, "backend " + info.name + ": unknown " + what + " '" + f + "' (it offers " +
-                                          offered + ")");
+      throw Error(ErrorCode::Unsupported,
+                  "backend " + info.name + ": unknown " + what + " '" + f + "' (it offers " + offered + ")");
     }
     return f;
   };
@@ -218,32 +218,27 @@ alpamayo::TensorView to_view(const alpamayo_tensor& t, const std::string& name) 
 }
 
 int to_int(int64_t v, const std::string& what) {
-  check(v >= 0 && v <= std::numeric_limits<int>::max(),
-        what + " = " + std::to_string(v) + " is out of range");
+  check(v >= 0 && v <= std::numeric_limits<int>::max(), what + " = " + std::to_string(v) + " is out of range");
   return static_cast<int>(v);
 }
 
 alpamayo::Context make_context(const alpamayo_context_desc& d) {
   const std::string name = d.name && *d.name ? d.name : "context";
-  check(d.layers > 0 && d.layers <= 4096,
-        name + ": layers must be in [1, 4096], found " + std::to_string(d.layers));
+  check(d.layers > 0 && d.layers <= 4096, name + ": layers must be in [1, 4096], found " + std::to_string(d.layers));
   check(d.keys != nullptr && d.values != nullptr, name + ": keys or values is NULL");
   check(d.batch > 0, name + ": batch must be positive, found " + std::to_string(d.batch));
-  check(d.valid_len != nullptr && d.rope_delta != nullptr,
-        name + ": valid_len or rope_delta is NULL");
+  check(d.valid_len != nullptr && d.rope_delta != nullptr, name + ": valid_len or rope_delta is NULL");
   alpamayo::KVCache kv;
   for (int64_t l = 0; l < d.layers; ++l) {
     kv.key.push_back(to_view(d.keys[l], name + ": key." + std::to_string(l)));
     kv.value.push_back(to_view(d.values[l], name + ": value." + std::to_string(l)));
   }
   const alpamayo::TensorView& k0 = kv.key[0];
-  check(k0.shape.size() == 4,
-        k0.name + ": expected shape [B, Hkv, P, d], found " + alpamayo::shape_str(k0.shape));
+  check(k0.shape.size() == 4, k0.name + ": expected shape [B, Hkv, P, d], found " + alpamayo::shape_str(k0.shape));
   check(d.prompts >= 0, name + ": prompts must be >= 0, found " + std::to_string(d.prompts));
   const int64_t G = d.prompts > 0 ? d.prompts : d.batch;
-  check(k0.shape[0] == G,
-        k0.name + ": first dimension " + std::to_string(k0.shape[0]) + " differs from " +
-            (d.prompts > 0 ? "desc.prompts = " : "desc.batch = ") + std::to_string(G));
+  check(k0.shape[0] == G, k0.name + ": first dimension " + std::to_string(k0.shape[0]) + " differs from " +
+                              (d.prompts > 0 ? "desc.prompts = " : "desc.batch = ") + std::to_string(G));
   kv.G = to_int(G, name + ": prompts");
   kv.B = to_int(d.batch, name + ": batch");
   kv.Hkv = to_int(k0.shape[1], k0.name + ": Hkv");
@@ -252,7 +247,8 @@ alpamayo::Context make_context(const alpamayo_context_desc& d) {
   kv.valid_len.assign(d.valid_len, d.valid_len + G);
   if (d.prompt_index) kv.prompt_of.assign(d.prompt_index, d.prompt_index + d.batch);
   if (d.prefix_pad) kv.prefix_pad.assign(d.prefix_pad, d.prefix_pad + G);
-  check((d.suffix_keys == nullptr) == (d.suffix_values == nullptr) && (d.suffix_keys == nullptr) == (d.suffix_len == nullptr),
+  check((d.suffix_keys == nullptr) == (d.suffix_values == nullptr) &&
+            (d.suffix_keys == nullptr) == (d.suffix_len == nullptr),
         name + ": suffix_keys, suffix_values and suffix_len go together");
   if (d.suffix_keys) {
     for (int64_t l = 0; l < d.layers; ++l) {
@@ -260,8 +256,7 @@ alpamayo::Context make_context(const alpamayo_context_desc& d) {
       kv.suffix_value.push_back(to_view(d.suffix_values[l], name + ": suffix_value." + std::to_string(l)));
     }
     const alpamayo::TensorView& s0 = kv.suffix_key[0];
-    check(s0.shape.size() == 4,
-          s0.name + ": expected shape [B, Hkv, Q, d], found " + alpamayo::shape_str(s0.shape));
+    check(s0.shape.size() == 4, s0.name + ": expected shape [B, Hkv, Q, d], found " + alpamayo::shape_str(s0.shape));
     kv.Q = to_int(s0.shape[2], s0.name + ": Q");
     kv.suffix_len.assign(d.suffix_len, d.suffix_len + d.batch);
   }
@@ -293,7 +288,8 @@ void fill_array(alpamayo_array* out, const std::vector<float>& v, std::initializ
     out->shape[i++] = s;
     n *= s;
   }
-  check(n == out->count, ErrorCode::Internal, "output size " + std::to_string(out->count) + " does not match its shape");
+  check(n == out->count, ErrorCode::Internal,
+        "output size " + std::to_string(out->count) + " does not match its shape");
 }
 
 void result_array(const alpamayo_result& h, alpamayo_output which, alpamayo_array* out) {
@@ -522,25 +518,23 @@ alpamayo_status alpamayo_session_sample(alpamayo_session* session, const alpamay
           "steps must be in [1, 100000] (0: the checkpoint's default), found " + std::to_string(o.steps));
     so.steps = static_cast<int>(o.steps);
     so.seed = o.seed;
-    check(o.noise != nullptr || o.noise_count == 0,
-          "noise is NULL but noise_count = " + std::to_string(o.noise_count));
+    check(o.noise != nullptr || o.noise_count == 0, "noise is NULL but noise_count = " + std::to_string(o.noise_count));
     if (o.noise) {
       const alpamayo::ExpertConfig& c = session->model->config();
       const int64_t want = int64_t(session->s.context().batch()) * c.T * c.A;
-      check(o.noise_count == want,
-            "noise: expected " + std::to_string(want) + " values [B=" + std::to_string(session->s.context().batch()) +
-                ", T=" + std::to_string(c.T) + ", A=" + std::to_string(c.A) + "], noise_count is " +
-                std::to_string(o.noise_count));
+      check(o.noise_count == want, "noise: expected " + std::to_string(want) +
+                                       " values [B=" + std::to_string(session->s.context().batch()) +
+                                       ", T=" + std::to_string(c.T) + ", A=" + std::to_string(c.A) +
+                                       "], noise_count is " + std::to_string(o.noise_count));
       so.noise.assign(o.noise, o.noise + o.noise_count);
     }
     so.all_steps = o.all_steps != 0;
     if (o.use_v0) so.v0 = o.v0;
-    check(o.seeds != nullptr || o.seeds_count == 0,
-          "seeds is NULL but seeds_count = " + std::to_string(o.seeds_count));
+    check(o.seeds != nullptr || o.seeds_count == 0, "seeds is NULL but seeds_count = " + std::to_string(o.seeds_count));
     if (o.seeds) {
       check(o.seeds_count == session->s.context().batch(),
-            "seeds: expected one per sample (B = " + std::to_string(session->s.context().batch()) + "), seeds_count is " +
-                std::to_string(o.seeds_count));
+            "seeds: expected one per sample (B = " + std::to_string(session->s.context().batch()) +
+                "), seeds_count is " + std::to_string(o.seeds_count));
       so.seeds.assign(o.seeds, o.seeds + o.seeds_count);
     }
     if (o.use_temperature) so.temperature = o.temperature;

@@ -175,8 +175,9 @@ void check_memory(const MemoryEstimate& e, const std::string& stage) {
   std::string src;
   const double avail = available_memory_bytes(&src);
   if (avail < 0) return;
-  check(e.bytes <= avail, ErrorCode::OutOfMemory, stage + " needs about " + format_bytes(e.bytes) + " (" + e.parts + ") but only " +
-                              format_bytes(avail) + " is available (" + src + ")");
+  check(e.bytes <= avail, ErrorCode::OutOfMemory,
+        stage + " needs about " + format_bytes(e.bytes) + " (" + e.parts + ") but only " + format_bytes(avail) +
+            " is available (" + src + ")");
 }
 
 // The innermost stage an exception unwound through, kept for the API boundary that catches it (the stack

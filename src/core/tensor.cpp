@@ -160,8 +160,8 @@ void expect_finite(const TensorView& t) {
   if (t.dtype == DType::F32) v = static_cast<const float*>(t.data)[i];
   else if (t.dtype == DType::BF16) v = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
   else v = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-  throw Error(ErrorCode::NonFinite, t.name + ": non-finite value " + (std::isnan(v) ? std::string("nan") : v > 0 ? "inf" : "-inf") + " at " +
-              index_str(t.shape, i));
+  const char* shown = std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+  throw Error(ErrorCode::NonFinite, t.name + ": non-finite value " + shown + " at " + index_str(t.shape, i));
 }
 
 int64_t TensorView::numel() const {
@@ -191,8 +191,9 @@ bool TensorView::is_contiguous() const {
 }
 
 void expect_host_contiguous(const TensorView& t, const std::string& who) {
-  check(t.device.host_accessible(), ErrorCode::Unsupported, t.name + ": lives in " + t.device.str() + " memory, which " + who +
-                                        " cannot read (bind it to a backend for that device)");
+  check(t.device.host_accessible(), ErrorCode::Unsupported,
+        t.name + ": lives in " + t.device.str() + " memory, which " + who +
+            " cannot read (bind it to a backend for that device)");
   check(t.is_contiguous(), t.name + ": " + who + " needs a row-major contiguous tensor, found shape " +
                                shape_str(t.shape) + " with strides " + shape_str(t.strides));
 }

@@ -55,9 +55,11 @@ class CheckpointLoader {
     const fs::path single = fs::path(dir_) / "model.safetensors";
     if (fs::exists(index)) {
       const nlohmann::json j = read_json_file(index.string());
-      check(j.contains("weight_map") && j["weight_map"].is_object(), ErrorCode::Format, index.string() + ": missing 'weight_map' object");
+      check(j.contains("weight_map") && j["weight_map"].is_object(), ErrorCode::Format,
+            index.string() + ": missing 'weight_map' object");
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-        check(it.value().is_string(), ErrorCode::Format, index.string() + ": weight_map['" + it.key() + "'] must be a file name");
+        check(it.value().is_string(), ErrorCode::Format,
+              index.string() + ": weight_map['" + it.key() + "'] must be a file name");
         add_key(it.key(), confined_shard_path(dir_, it.value().get<std::string>(), index.string(), it.key()));
       }
     } else {
@@ -88,7 +90,8 @@ class CheckpointLoader {
     auto it = key_file_.find(key);
     check(it != key_file_.end(), ErrorCode::Format, dir_ + ": missing tensor '" + key + "'");
     const SafetensorsFile& f = open(it->second);
-    check(f.contains(key), ErrorCode::Format, it->second + ": tensor '" + key + "' listed in the index is not in this shard");
+    check(f.contains(key), ErrorCode::Format,
+          it->second + ": tensor '" + key + "' listed in the index is not in this shard");
     TensorView v = f.view(key);
     expect_float(v, ErrorCode::Format);
     ck_->n_params_ += v.numel();
@@ -107,9 +110,12 @@ class CheckpointLoader {
       if (k.rfind("expert.expert.layers.", 0) == 0) a2 = true;
       else if (k.rfind("expert.layers.", 0) == 0) r1 = true;
     }
-    check(r1 || a2, ErrorCode::Format, dir_ + ": no expert layers found (expected keys expert.layers.* (R1/1.5) or "
-                           "expert.expert.layers.* (Alpamayo 2))");
-    check(!(r1 && a2), ErrorCode::Format, dir_ + ": both expert.layers.* and expert.expert.layers.* keys present; ambiguous layout");
+    check(r1 || a2, ErrorCode::Format,
+          dir_ +
+              ": no expert layers found (expected keys expert.layers.* (R1/1.5) or "
+              "expert.expert.layers.* (Alpamayo 2))");
+    check(!(r1 && a2), ErrorCode::Format,
+          dir_ + ": both expert.layers.* and expert.expert.layers.* keys present; ambiguous layout");
     ck_->layout_ = a2 ? Layout::A2 : Layout::R1;
     expert_ = a2 ? "expert.expert." : "expert.";
     heads_ = a2 ? "expert." : "";
@@ -128,9 +134,9 @@ class CheckpointLoader {
       idx.insert(std::stoi(num));
     }
     c->L = static_cast<int>(idx.size());
-    check(*idx.rbegin() == c->L - 1, ErrorCode::Format, dir_ + ": expert layer indices are not contiguous from 0 (found " +
-                                         std::to_string(c->L) + " layers, highest index " +
-                                         std::to_string(*idx.rbegin()) + ")");
+    check(*idx.rbegin() == c->L - 1, ErrorCode::Format,
+          dir_ + ": expert layer indices are not contiguous from 0 (found " + std::to_string(c->L) +
+              " layers, highest index " + std::to_string(*idx.rbegin()) + ")");
     const std::string p0 = lp + "0.";
     const TensorView q = get(p0 + "self_attn.q_proj.weight"), qn = get(p0 + "self_attn.q_norm.weight"),
                      kk = get(p0 + "self_attn.k_proj.weight"), g = get(p0 + "mlp.gate_proj.weight");
@@ -140,30 +146,34 @@ class CheckpointLoader {
     // to size anything: a 12 KB file may declare a hidden size of 0 and a huge MLP width.
     auto size = [&](const TensorView& t, int dim, int64_t hi, const char* what) {
       const int64_t v = t.shape[dim];
-      check(v >= 1 && v <= hi, ErrorCode::Format, t.name + ": shape " + shape_str(t.shape) + " gives " + what + " = " + std::to_string(v) +
-                                   ", outside [1, " + std::to_string(hi) + "]");
+      check(v >= 1 && v <= hi, ErrorCode::Format,
+            t.name + ": shape " + shape_str(t.shape) + " gives " + what + " = " + std::to_string(v) + ", outside [1, " +
+                std::to_string(hi) + "]");
       return v;
     };
-    check(c->L <= limits::kMaxLayers, ErrorCode::Format, dir_ + ": " + std::to_string(c->L) + " expert layers, more than " +
-                                          std::to_string(limits::kMaxLayers));
+    check(c->L <= limits::kMaxLayers, ErrorCode::Format,
+          dir_ + ": " + std::to_string(c->L) + " expert layers, more than " + std::to_string(limits::kMaxLayers));
     size(q, 1, limits::kMaxHidden, "the hidden size D");
     size(qn, 0, limits::kMaxHeadDim, "the head dim d");
     size(g, 0, limits::kMaxMlp, "the MLP width I");
     size(g, 1, limits::kMaxHidden, "the hidden size D");
     c->D = static_cast<int>(q.shape[1]);
     c->d = static_cast<int>(qn.shape[0]);
-    check(c->d > 0 && c->d % 2 == 0, ErrorCode::Format, qn.name + ": head dim must be even and positive, found " + std::to_string(c->d));
+    check(c->d > 0 && c->d % 2 == 0, ErrorCode::Format,
+          qn.name + ": head dim must be even and positive, found " + std::to_string(c->d));
     for (const TensorView* t : {&q, &kk})
-      check(t->shape[0] % c->d == 0, ErrorCode::Format, t->name + ": " + std::to_string(t->shape[0]) +
-                                         " rows are not a multiple of the head dim " + std::to_string(c->d) + " (from q_norm)");
+      check(t->shape[0] % c->d == 0, ErrorCode::Format,
+            t->name + ": " + std::to_string(t->shape[0]) + " rows are not a multiple of the head dim " +
+                std::to_string(c->d) + " (from q_norm)");
     for (const TensorView* t : {&q, &kk})
       check(t->shape[0] >= c->d && t->shape[0] / c->d <= limits::kMaxHeads, ErrorCode::Format,
             t->name + ": shape " + shape_str(t->shape) + " gives " + std::to_string(t->shape[0] / c->d) +
                 " heads of dim " + std::to_string(c->d) + ", outside [1, " + std::to_string(limits::kMaxHeads) + "]");
     c->Hq = static_cast<int>(q.shape[0] / c->d);
     c->Hkv = static_cast<int>(kk.shape[0] / c->d);
-    check(c->Hkv > 0 && c->Hq % c->Hkv == 0, ErrorCode::Format, kk.name + ": query heads " + std::to_string(c->Hq) +
-                                                 " must be a multiple of KV heads " + std::to_string(c->Hkv));
+    check(c->Hkv > 0 && c->Hq % c->Hkv == 0, ErrorCode::Format,
+          kk.name + ": query heads " + std::to_string(c->Hq) + " must be a multiple of KV heads " +
+              std::to_string(c->Hkv));
     c->I = static_cast<int>(g.shape[0]);
     ck_->n_params_ = 0;
     const int64_t D = c->D, d = c->d, Hq = c->Hq, Hkv = c->Hkv, I = c->I;
@@ -190,10 +200,12 @@ class CheckpointLoader {
     const std::string out = heads_ + "action_out_proj.";
     ck_->aout_.w = get(out + "weight");
     check(ck_->aout_.w.shape.size() == 2 && ck_->aout_.w.shape[1] == c->D, ErrorCode::Format,
-          ck_->aout_.w.name + ": expected shape [A, " + std::to_string(c->D) + "], found " + shape_str(ck_->aout_.w.shape));
+          ck_->aout_.w.name + ": expected shape [A, " + std::to_string(c->D) + "], found " +
+              shape_str(ck_->aout_.w.shape));
     c->A = static_cast<int>(ck_->aout_.w.shape[0]);
-    check(c->A == 2, ErrorCode::Format, ck_->aout_.w.name + ": the unicycle action space needs A = 2 (acceleration, curvature), found " +
-                         std::to_string(c->A));
+    check(c->A == 2, ErrorCode::Format,
+          ck_->aout_.w.name + ": the unicycle action space needs A = 2 (acceleration, curvature), found " +
+              std::to_string(c->A));
     ck_->aout_.b = get(out + "bias", {c->A});
 
     const std::string ip = heads_ + "action_in_proj.";
@@ -202,14 +214,15 @@ class CheckpointLoader {
     // A trunk longer than the config says: report the config mismatch, not a shape error.
     const std::string extra = tr + std::to_string(3 * int64_t(n) + 1) + ".weight";
     const std::string extra2 = tr + std::to_string(3 * int64_t(n) + 2) + ".weight";
-    check(!has(extra) && !has(extra2), ErrorCode::Format, dir_ + ": tensor '" + (has(extra) ? extra : extra2) +
-                                           "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n) +
-                                           " (" + source_of("action_in_proj_cfg.num_enc_layers") + ")");
+    check(!has(extra) && !has(extra2), ErrorCode::Format,
+          dir_ + ": tensor '" + (has(extra) ? extra : extra2) + "' exists but action_in_proj_cfg.num_enc_layers is " +
+              std::to_string(n) + " (" + source_of("action_in_proj_cfg.num_enc_layers") + ")");
     const TensorView w0 = get(tr + "0.weight");
     check(w0.shape.size() == 2, ErrorCode::Format, w0.name + ": expected a 2-D Linear weight");
     const int64_t h = w0.shape[0], in = int64_t(c->A + 1) * F;
-    check(h == c->ain_hidden, ErrorCode::Format, w0.name + ": hidden size " + std::to_string(h) + " differs from action_in_proj_cfg.hidden_size " +
-                                  std::to_string(c->ain_hidden) + " (" + source_of("action_in_proj_cfg.hidden_size") + ")");
+    check(h == c->ain_hidden, ErrorCode::Format,
+          w0.name + ": hidden size " + std::to_string(h) + " differs from action_in_proj_cfg.hidden_size " +
+              std::to_string(c->ain_hidden) + " (" + source_of("action_in_proj_cfg.hidden_size") + ")");
     expect_shape(w0, {h, in}, ErrorCode::Format);
     auto& a = ck_->ain_;
     a.linear_w.push_back(w0);

@@ -12,15 +12,16 @@ namespace alpamayo {
 
 void check_finite(const float* p, int64_t n, const std::string& what) {
   for (int64_t i = 0; i < n; ++i)
-    check(std::isfinite(p[i]), ErrorCode::NonFinite, what + ": non-finite value " + std::to_string(p[i]) + " at flat index " + std::to_string(i));
+    check(std::isfinite(p[i]), ErrorCode::NonFinite,
+          what + ": non-finite value " + std::to_string(p[i]) + " at flat index " + std::to_string(i));
 }
 
 namespace {
 
 std::vector<float> read_f32(const SafetensorsFile& f, const std::string& key, const std::vector<int64_t>& shape) {
   TensorView v = f.view(key);
-  check(v.dtype == DType::F64 || is_float(v.dtype), ErrorCode::Format, v.name + ": expected F32 (F64/F16/BF16 accepted), found " +
-                                                        dtype_name(v.dtype));
+  check(v.dtype == DType::F64 || is_float(v.dtype), ErrorCode::Format,
+        v.name + ": expected F32 (F64/F16/BF16 accepted), found " + dtype_name(v.dtype));
   expect_shape(v, shape, ErrorCode::Format);
   if (v.dtype == DType::F64) {
     std::vector<float> out(v.numel());
@@ -33,7 +34,8 @@ std::vector<float> read_f32(const SafetensorsFile& f, const std::string& key, co
 
 std::vector<int64_t> read_i64(const SafetensorsFile& f, const std::string& key, int64_t B) {
   TensorView v = f.view(key);
-  check(v.dtype == DType::I64 || v.dtype == DType::I32, ErrorCode::Format, v.name + ": expected I64, found " + dtype_name(v.dtype));
+  check(v.dtype == DType::I64 || v.dtype == DType::I32, ErrorCode::Format,
+        v.name + ": expected I64, found " + dtype_name(v.dtype));
   expect_shape(v, {B}, ErrorCode::Format);
   std::vector<int64_t> out(B);
   for (int64_t i = 0; i < B; ++i)
@@ -50,8 +52,9 @@ void check_cache_finite(const TensorView& t, const std::vector<int64_t>& lo, con
       const int64_t base = ((b * H + h) * P + lo[b]) * d;
       int64_t i = first_non_finite(t, base, base + (hi[b] - lo[b]) * d);
       if (i >= 0) i -= base;
-      check(i < 0, ErrorCode::NonFinite, t.name + ": non-finite value at [" + std::to_string(b) + ", " + std::to_string(h) + ", " +
-                       std::to_string(lo[b] + i / d) + ", " + std::to_string(i % d) + "]");
+      check(i < 0, ErrorCode::NonFinite,
+            t.name + ": non-finite value at [" + std::to_string(b) + ", " + std::to_string(h) + ", " +
+                std::to_string(lo[b] + i / d) + ", " + std::to_string(i % d) + "]");
     }
 }
 
@@ -62,8 +65,9 @@ std::vector<TensorView> layer_tensors(const SafetensorsFile& f, const std::strin
     const std::string num = k.substr(prefix.size());
     const bool ok = !num.empty() && num.size() < 10 && num.find_first_not_of("0123456789") == std::string::npos &&
                     std::stoll(num) < L;
-    check(ok, ErrorCode::Format, f.path() + ": tensor '" + k + "' does not belong to layers 0.." + std::to_string(L - 1) +
-                  " (layer indices must be contiguous and match key.{l})");
+    check(ok, ErrorCode::Format,
+          f.path() + ": tensor '" + k + "' does not belong to layers 0.." + std::to_string(L - 1) +
+              " (layer indices must be contiguous and match key.{l})");
   }
   std::vector<TensorView> out;
   for (int l = 0; l < L; ++l) out.push_back(f.view(prefix + std::to_string(l)));
@@ -86,9 +90,11 @@ Context Context::open(const std::string& path) {
   kv.key = layer_tensors(f, "key.", L);
   kv.value = layer_tensors(f, "value.", L);
   const TensorView& k0 = kv.key[0];
-  check(k0.shape.size() == 4, ErrorCode::Format, k0.name + ": expected shape [G, Hkv, P, d], found " + shape_str(k0.shape));
+  check(k0.shape.size() == 4, ErrorCode::Format,
+        k0.name + ": expected shape [G, Hkv, P, d], found " + shape_str(k0.shape));
   for (int64_t s : k0.shape)
-    check(s <= INT32_MAX, ErrorCode::Format, k0.name + ": shape " + shape_str(k0.shape) + " has a dimension beyond 2^31 - 1");
+    check(s <= INT32_MAX, ErrorCode::Format,
+          k0.name + ": shape " + shape_str(k0.shape) + " has a dimension beyond 2^31 - 1");
   kv.G = static_cast<int>(k0.shape[0]);
   kv.Hkv = static_cast<int>(k0.shape[1]);
   kv.P = static_cast<int>(k0.shape[2]);
@@ -99,7 +105,8 @@ Context Context::open(const std::string& path) {
   int64_t B = G;
   if (f.contains("prompt_index")) {
     const TensorView pi = f.view("prompt_index");
-    check(pi.shape.size() == 1 && pi.shape[0] > 0, ErrorCode::Format, pi.name + ": expected shape [B] with B >= 1, found " + shape_str(pi.shape));
+    check(pi.shape.size() == 1 && pi.shape[0] > 0, ErrorCode::Format,
+          pi.name + ": expected shape [B] with B >= 1, found " + shape_str(pi.shape));
     B = pi.shape[0];
     kv.prompt_of = read_i64(f, "prompt_index", B);
   }
@@ -111,25 +118,29 @@ Context Context::open(const std::string& path) {
               std::to_string(G) + " prompts and no prompt_index naming each sample's prompt");
   }
   const bool sk = f.contains("suffix_key.0"), sl = f.contains("suffix_len");
-  check(sk == sl, ErrorCode::Format, path + ": suffix_key.{l}/suffix_value.{l} and suffix_len must be given together (found only " +
-                      (sk ? "suffix_key.0" : "suffix_len") + ")");
+  check(sk == sl, ErrorCode::Format,
+        path + ": suffix_key.{l}/suffix_value.{l} and suffix_len must be given together (found only " +
+            (sk ? "suffix_key.0" : "suffix_len") + ")");
   if (sk) {
     kv.suffix_key = layer_tensors(f, "suffix_key.", L);
     kv.suffix_value = layer_tensors(f, "suffix_value.", L);
     const TensorView& s0 = kv.suffix_key[0];
-    check(s0.shape.size() == 4, ErrorCode::Format, s0.name + ": expected shape [B, Hkv, Q, d], found " + shape_str(s0.shape));
+    check(s0.shape.size() == 4, ErrorCode::Format,
+          s0.name + ": expected shape [B, Hkv, Q, d], found " + shape_str(s0.shape));
     kv.Q = static_cast<int>(s0.shape[2]);
     kv.suffix_len = read_i64(f, "suffix_len", B);
   }
   c.rope_delta_ = read_i64(f, "rope_delta", B);
   const bool hx = f.contains("ego_history_xyz"), hr = f.contains("ego_history_rot");
-  check(hx == hr, ErrorCode::Format, path + ": ego_history_xyz and ego_history_rot must be given together (found only " +
-                      (hx ? "ego_history_xyz" : "ego_history_rot") + ")");
+  check(hx == hr, ErrorCode::Format,
+        path + ": ego_history_xyz and ego_history_rot must be given together (found only " +
+            (hx ? "ego_history_xyz" : "ego_history_rot") + ")");
   if (hx) {
     const TensorView x = f.view("ego_history_xyz");
     check(x.shape.size() == 3 && x.shape[0] == B && x.shape[2] == 3, ErrorCode::Format,
           x.name + ": expected shape [" + std::to_string(B) + ", H, 3], found " + shape_str(x.shape));
-    check(x.shape[1] <= INT32_MAX, ErrorCode::Format, x.name + ": " + std::to_string(x.shape[1]) + " poses is out of range");
+    check(x.shape[1] <= INT32_MAX, ErrorCode::Format,
+          x.name + ": " + std::to_string(x.shape[1]) + " poses is out of range");
     EgoHistory h;
     h.H = static_cast<int>(x.shape[1]);
     h.xyz = read_f32(f, "ego_history_xyz", {B, h.H, 3});
@@ -160,8 +171,8 @@ void Context::validate(ErrorCode bad) {
   KVCache& kv = kv_;
   const std::string& n = name_;
   check(kv.G > 0 && kv.B > 0 && kv.Hkv > 0 && kv.P > 0 && kv.d > 0, bad,
-        n + ": empty KV cache dimensions (G=" + std::to_string(kv.G) + " B=" + std::to_string(kv.B) + " Hkv=" +
-            std::to_string(kv.Hkv) + " P=" + std::to_string(kv.P) + " d=" + std::to_string(kv.d) + ")");
+        n + ": empty KV cache dimensions (G=" + std::to_string(kv.G) + " B=" + std::to_string(kv.B) +
+            " Hkv=" + std::to_string(kv.Hkv) + " P=" + std::to_string(kv.P) + " d=" + std::to_string(kv.d) + ")");
   check(!kv.key.empty(), bad, n + ": the KV cache has no layers");
   check(kv.key.size() == kv.value.size(), bad, n + ": key and value layer counts differ");
   auto check_layers = [&](const std::vector<TensorView>& list, const std::vector<int64_t>& shape) {
@@ -169,29 +180,31 @@ void Context::validate(ErrorCode bad) {
       check(t.data != nullptr || t.numel() == 0, bad, t.name + ": null data pointer");
       expect_float(t, bad);
       expect_shape(t, shape, bad);
-      check(t.is_contiguous(), bad, t.name + ": cache tensors must be row-major contiguous, found strides " +
-                                   shape_str(t.strides));
+      check(t.is_contiguous(), bad,
+            t.name + ": cache tensors must be row-major contiguous, found strides " + shape_str(t.strides));
     }
   };
   check_layers(kv.key, {kv.G, kv.Hkv, kv.P, kv.d});
   check_layers(kv.value, {kv.G, kv.Hkv, kv.P, kv.d});
   auto count = [&](const std::vector<int64_t>& v, int64_t want, const char* what, const char* dim) {
-    check(static_cast<int64_t>(v.size()) == want, bad, n + ": " + what + " has " + std::to_string(v.size()) +
-                                                      " entries, expected " + dim + " = " + std::to_string(want));
+    check(static_cast<int64_t>(v.size()) == want, bad,
+          n + ": " + what + " has " + std::to_string(v.size()) + " entries, expected " + dim + " = " +
+              std::to_string(want));
   };
   count(kv.valid_len, kv.G, "valid_len", "G (prompts)");
   if (!kv.prefix_pad.empty()) count(kv.prefix_pad, kv.G, "prefix_pad", "G (prompts)");
   for (int g = 0; g < kv.G; ++g) {
     check(kv.valid_len[g] >= 0 && kv.valid_len[g] <= kv.P, bad,
-          n + ": valid_len[" + std::to_string(g) + "] = " + std::to_string(kv.valid_len[g]) + " is outside [0, P = " +
-              std::to_string(kv.P) + "]");
+          n + ": valid_len[" + std::to_string(g) + "] = " + std::to_string(kv.valid_len[g]) +
+              " is outside [0, P = " + std::to_string(kv.P) + "]");
     check(kv.pad(g) >= 0 && kv.pad(g) <= kv.valid_len[g], bad,
-          n + ": prefix_pad[" + std::to_string(g) + "] = " + std::to_string(kv.pad(g)) + " is outside [0, valid_len = " +
-              std::to_string(kv.valid_len[g]) + "]");
+          n + ": prefix_pad[" + std::to_string(g) + "] = " + std::to_string(kv.pad(g)) +
+              " is outside [0, valid_len = " + std::to_string(kv.valid_len[g]) + "]");
   }
   if (kv.prompt_of.empty()) {
-    check(kv.B == kv.G, bad, n + ": " + std::to_string(kv.B) + " samples but " + std::to_string(kv.G) +
-                            " prompts and no prompt_index naming each sample's prompt");
+    check(kv.B == kv.G, bad,
+          n + ": " + std::to_string(kv.B) + " samples but " + std::to_string(kv.G) +
+              " prompts and no prompt_index naming each sample's prompt");
   } else {
     count(kv.prompt_of, kv.B, "prompt_index", "B (samples)");
     for (int b = 0; b < kv.B; ++b)
@@ -217,7 +230,8 @@ void Context::validate(ErrorCode bad) {
   for (int b = 0; b < kv.B; ++b) {
     const int64_t lim = int64_t(1) << 40;  // positions stay exact in fp32 rope arguments far below this
     check(rope_delta_[b] > -lim && rope_delta_[b] < lim, bad,
-          n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range (|rope_delta| < 2^40)");
+          n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) +
+              " is out of range (|rope_delta| < 2^40)");
   }
   // Device-resident caches are scanned by the backend that can read them (Session::bind refuses a cache
   // no backend of the session can read); host caches here, once: the rows some sample attends to.
@@ -249,8 +263,9 @@ void Context::validate(ErrorCode bad) {
                 std::to_string(history_->xyz[i]) + " m is beyond 1e7 m (positions are in the ego frame at t0)");
   }
   if (v0_) {
-    check(static_cast<int>(v0_->size()) == kv.B, bad, n + ": v0 has " + std::to_string(v0_->size()) +
-                                                     " values, the context has B = " + std::to_string(kv.B) + " samples");
+    check(static_cast<int>(v0_->size()) == kv.B, bad,
+          n + ": v0 has " + std::to_string(v0_->size()) + " values, the context has B = " + std::to_string(kv.B) +
+              " samples");
     check_finite(v0_->data(), v0_->size(), n + ": v0");
   }
 }

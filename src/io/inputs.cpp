@@ -44,7 +44,8 @@ int open_regular_file(const std::string& path, struct stat* st) {
   check_no_nul(path, "file name");
   // stat first: never open a pipe or a device (opening one can block or have side effects).
   if (::stat(path.c_str(), st) != 0) throw Error(ErrorCode::IO, path + ": cannot open (" + std::strerror(errno) + ")");
-  check(S_ISREG(st->st_mode), ErrorCode::IO, path + ": is " + file_type_name(st->st_mode) + ", expected a regular file");
+  check(S_ISREG(st->st_mode), ErrorCode::IO,
+        path + ": is " + file_type_name(st->st_mode) + ", expected a regular file");
   // O_NONBLOCK: if a pipe replaced the file since the stat, open returns at once and fstat refuses it.
   const int fd = fd_above_standard(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (fd < 0) throw Error(ErrorCode::IO, path + ": cannot open (" + std::strerror(errno) + ")");
@@ -70,7 +71,8 @@ std::string read_regular_file(const std::string& path, uint64_t max_bytes) {
     size_t got = 0;
     for (;;) {
       if (got == out.size()) {  // the file may have grown since the fstat: read on, within the limit
-        check(out.size() < max_bytes, ErrorCode::Format, path + ": more than the " + std::to_string(max_bytes) + "-byte limit for this file");
+        check(out.size() < max_bytes, ErrorCode::Format,
+              path + ": more than the " + std::to_string(max_bytes) + "-byte limit for this file");
         out.resize(std::min<uint64_t>(max_bytes, out.size() + 4096));
       }
       const ssize_t r = ::read(fd, out.data() + got, out.size() - got);
@@ -94,11 +96,13 @@ nlohmann::json parse_json_strict(const char* begin, const char* end, const std::
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
     switch (ev) {
       case json::parse_event_t::object_start:
-        check(depth < max_depth, ErrorCode::Format, what + ": invalid JSON (nested more than " + std::to_string(max_depth) + " levels deep)");
+        check(depth < max_depth, ErrorCode::Format,
+              what + ": invalid JSON (nested more than " + std::to_string(max_depth) + " levels deep)");
         keys.emplace_back();
         break;
       case json::parse_event_t::array_start:
-        check(depth < max_depth, ErrorCode::Format, what + ": invalid JSON (nested more than " + std::to_string(max_depth) + " levels deep)");
+        check(depth < max_depth, ErrorCode::Format,
+              what + ": invalid JSON (nested more than " + std::to_string(max_depth) + " levels deep)");
         break;
       case json::parse_event_t::object_end:
         if (!keys.empty()) keys.pop_back();
@@ -154,7 +158,8 @@ std::string confined_shard_path(const std::string& dir, const std::string& name,
   const std::string where = index_path + ": weight_map['" + quote_untrusted(key) + "'] = '" + quote_untrusted(name) + "'";
   check(!name.empty(), ErrorCode::Format, where + ": empty shard file name");
   check(name.find('\0') == std::string::npos, ErrorCode::Format, where + ": shard file name contains a NUL byte");
-  check(name[0] != '/', ErrorCode::Format, where + ": absolute path; shard files must be inside the checkpoint directory");
+  check(name[0] != '/', ErrorCode::Format,
+        where + ": absolute path; shard files must be inside the checkpoint directory");
   size_t pos = 0;
   while (pos <= name.size()) {
     const size_t slash = std::min(name.find('/', pos), name.size());

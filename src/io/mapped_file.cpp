@@ -157,8 +157,9 @@ MappedFile::~MappedFile() {
 void MappedFile::check_intact() const {
   if (fd_ < 0) return;  // an in-memory image
   check(slot_ < 0 || g_slots[slot_].faulted.load(std::memory_order_acquire) == 0, ErrorCode::IO,
-        path_ + ": the file was truncated while in use (it is memory-mapped and a read found data missing); "
-                "nothing computed from it is written");
+        path_ +
+            ": the file was truncated while in use (it is memory-mapped and a read found data missing); "
+            "nothing computed from it is written");
   struct stat st {};
   if (::fstat(fd_, &st) == 0)
     check(static_cast<size_t>(st.st_size) == size_ && mtime_ns(st) == mtime_ns_, ErrorCode::IO,

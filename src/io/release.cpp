@@ -49,7 +49,8 @@ Release recognise_release(const json& root, const std::string& path, std::option
   std::optional<Release> by_type, by_arch;
   std::string type, arch;
   if (root.contains("model_type") && !root["model_type"].is_null()) {
-    check(root["model_type"].is_string(), ErrorCode::Format, path + ": 'model_type' must be a string, found " + root["model_type"].dump());
+    check(root["model_type"].is_string(), ErrorCode::Format,
+          path + ": 'model_type' must be a string, found " + root["model_type"].dump());
     type = root["model_type"].get<std::string>();
     for (const auto& r : kReleases)
       if (type == r.model_type) by_type = r.release;
@@ -58,14 +59,16 @@ Release recognise_release(const json& root, const std::string& path, std::option
     const json& a = root["architectures"];
     check(a.is_array(), ErrorCode::Format, path + ": 'architectures' must be a list of class names, found " + a.dump());
     for (const json& e : a) {
-      check(e.is_string(), ErrorCode::Format, path + ": 'architectures' must be a list of class names, found " + a.dump());
+      check(e.is_string(), ErrorCode::Format,
+            path + ": 'architectures' must be a list of class names, found " + a.dump());
       for (const auto& r : kReleases)
         if (e.get<std::string>() == r.architecture && !by_arch) { by_arch = r.release; arch = r.architecture; }
     }
   }
   if (by_type && by_arch)
-    check(*by_type == *by_arch, ErrorCode::Format, path + ": model_type '" + type + "' (" + release_name(*by_type) +
-                                    ") contradicts architectures [" + arch + "] (" + release_name(*by_arch) + ")");
+    check(*by_type == *by_arch, ErrorCode::Format,
+          path + ": model_type '" + type + "' (" + release_name(*by_type) + ") contradicts architectures [" + arch +
+              "] (" + release_name(*by_arch) + ")");
   const std::optional<Release> said = by_type ? by_type : by_arch;
   std::string what;
   if (by_type) what = "model_type '" + type + "'";
@@ -82,11 +85,12 @@ Release recognise_release(const json& root, const std::string& path, std::option
     *evidence = what;
     return *said;
   }
-  throw Error(ErrorCode::Format, path + ": " +
-              (type.empty() ? std::string("no 'model_type' (or 'architectures') naming a known Alpamayo release")
-                            : "model_type '" + type + "' is not a known Alpamayo release") +
-              "; known: " + known_list() +
-              ". If this config.json follows one of those layouts, say which with --release");
+  throw Error(ErrorCode::Format,
+              path + ": " +
+                  (type.empty() ? std::string("no 'model_type' (or 'architectures') naming a known Alpamayo release")
+                                : "model_type '" + type + "' is not a known Alpamayo release") +
+                  "; known: " + known_list() +
+                  ". If this config.json follows one of those layouts, say which with --release");
 }
 
 }  // namespace alpamayo

@@ -63,8 +63,9 @@ Device device_of(const AnyArray& a, const std::string& name) {
     case 2: return {DeviceType::CUDA, a.device_id()};
     case 3: return {DeviceType::CUDAHost, a.device_id()};
     default:
-      throw Error(ErrorCode::Unsupported, name + ": memory of DLPack device type " + std::to_string(type) +
-                  ", which the engine does not know (it reads cpu, cuda and cuda_host memory)");
+      throw Error(ErrorCode::Unsupported,
+                  name + ": memory of DLPack device type " + std::to_string(type) +
+                      ", which the engine does not know (it reads cpu, cuda and cuda_host memory)");
   }
 }
 
@@ -265,7 +266,8 @@ struct SessionHandle {
   std::unique_lock<std::mutex> acquire() {
     std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
     if (!lock.owns_lock())
-      throw Error(ErrorCode::InvalidState, "Session: in use by another thread (a Session runs one call at a time; give each thread its own "
+      throw Error(ErrorCode::InvalidState,
+                  "Session: in use by another thread (a Session runs one call at a time; give each thread its own "
                   "Session: sessions of one Model run in parallel)");
     return lock;
   }

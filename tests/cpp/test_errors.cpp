@@ -58,7 +58,8 @@ TEST(Errors, CodesAndDefaults) {
   EXPECT_NO_THROW(check(true, ErrorCode::Internal, "never"));
   EXPECT_EQ(NonFiniteError("v", 0, -1).code(), ErrorCode::NonFinite);
   std::set<std::string> names;
-  for (int c = 0; c <= static_cast<int>(ErrorCode::Internal); ++c) names.insert(error_code_name(static_cast<ErrorCode>(c)));
+  for (int c = 0; c <= static_cast<int>(ErrorCode::Internal); ++c)
+    names.insert(error_code_name(static_cast<ErrorCode>(c)));
   EXPECT_EQ(names.size(), 8u);
   EXPECT_EQ(names.count("unknown error"), 0u);
 }
@@ -103,8 +104,8 @@ TEST(Errors, MalformedFilesAreFormat) {
   const Context good = Context::open(f.ctx);
   KVCache kv = good.kv();
   kv.valid_len[0] = 33;
-  expect_code([&] { Context::from_views(kv, good.rope_delta(), good.history(), good.v0()); }, ErrorCode::InvalidArgument,
-              "valid_len[0] = 33 is outside [0, P = 32]");
+  expect_code([&] { Context::from_views(kv, good.rope_delta(), good.history(), good.v0()); },
+              ErrorCode::InvalidArgument, "valid_len[0] = 33 is outside [0, P = 32]");
 }
 
 TEST(Errors, WhatTheEngineDoesNotRunIsUnsupported) {
