@@ -6,8 +6,9 @@
  *   alpamayo_session     one bound context on a model; samples trajectories
  *   alpamayo_result      one sample's trajectories, read through getters or copied into caller arrays
  *
- * Errors: every function that can fail returns an alpamayo_status; alpamayo_last_error() gives the message
- * of the calling thread's last such call ("" after a success). No C++ exception crosses this boundary.
+ * Errors: every function that can fail returns an alpamayo_status, the kind of failure (one per kind, the
+ * same for every function); alpamayo_last_error() gives the message of the calling thread's last such call
+ * ("" after a success). No C++ exception crosses this boundary.
  * Threads: checkpoints, models, contexts and results may be used from any number of threads at once;
  * a session must not be used by two threads at once (use one session per thread: they share the model).
  * Ownership: every *_free releases the caller's reference and accepts NULL; objects still in use live on
@@ -40,13 +41,15 @@ extern "C" {
 typedef enum alpamayo_status {
   ALPAMAYO_OK = 0,
   ALPAMAYO_INVALID_ARGUMENT = 1, /* null pointer, bad size/shape/dtype/value, context that does not fit */
-  ALPAMAYO_IO_ERROR = 2,         /* a file or directory that is missing or cannot be read */
+  ALPAMAYO_IO_ERROR = 2,         /* a file or directory that is missing or cannot be read or written */
   ALPAMAYO_FORMAT_ERROR = 3,     /* a file that was read but is malformed (header, tensors, config keys) */
-  ALPAMAYO_UNSUPPORTED = 4,      /* unknown backend, weight or KV cache format, backend that cannot run here,
-                                    memory a backend cannot read */
-  ALPAMAYO_OUT_OF_MEMORY = 5,
+  ALPAMAYO_UNSUPPORTED = 4,      /* unknown backend, weight or KV cache format or kernel, backend that cannot run
+                                    here, memory a backend cannot read, a feature the engine or backend lacks */
+  ALPAMAYO_OUT_OF_MEMORY = 5,    /* a memory estimate over what is available, or a failed allocation */
   ALPAMAYO_INVALID_STATE = 6, /* e.g. sample before bind, captures or steps that were not requested */
-  ALPAMAYO_INTERNAL = 7       /* anything else (a bug) */
+  ALPAMAYO_INTERNAL = 7,      /* anything else (a bug) */
+  ALPAMAYO_NON_FINITE = 8     /* NaN or Inf in an input (cache, noise, ego history, v0, weights) or in a
+                                 velocity or trajectory computed from finite inputs */
 } alpamayo_status;
 
 /* The message of the calling thread's last status-returning call: "" after a success. Names the file,

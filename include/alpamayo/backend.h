@@ -118,7 +118,7 @@ struct BackendOptions {
 class NonFiniteError : public Error {
  public:
   NonFiniteError(const std::string& msg, int step, int layer, std::vector<float> input = {}, bool unguided = false)
-      : Error(msg), step(step), layer(layer), input(std::move(input)), unguided(unguided) {}
+      : Error(ErrorCode::NonFinite, msg), step(step), layer(layer), input(std::move(input)), unguided(unguided) {}
   int step;                  // the Euler step
   int layer;                 // the first layer whose output is non-finite; -1 when the stage is not a layer
   std::vector<float> input;  // that layer's (finite) input [B, T, D], when a layer is named

@@ -26,7 +26,7 @@ class Context {
  public:
   // Maps and validates a context file: every tensor's shape and dtype, lengths and indices in range, no
   // NaN/Inf in the cache rows some sample attends to or in the ego state. Throws Error naming the file
-  // and the tensor.
+  // and the tensor: I/O when it cannot be read, format when it is malformed, non-finite for NaN/Inf.
   static Context open(const std::string& path);
   // Builds a context from caller-owned views (the embedding API); validated the same way. kv.G = 0 (and no
   // prompt_of) means one prompt per sample.
@@ -45,7 +45,9 @@ class Context {
   const std::optional<std::vector<float>>& v0() const { return v0_; }
 
  private:
-  void validate();
+  // bad: the code of a structural failure (Format for a file, InvalidArgument for caller views); NaN/Inf is
+  // always NonFinite.
+  void validate(ErrorCode bad);
   std::string name_;
   std::shared_ptr<SafetensorsFile> file_;
   KVCache kv_;
@@ -54,7 +56,7 @@ class Context {
   std::optional<std::vector<float>> v0_;
 };
 
-// Throws Error naming `what` if any of the n values is NaN or Inf.
+// Throws Error (non-finite) naming `what` if any of the n values is NaN or Inf.
 void check_finite(const float* p, int64_t n, const std::string& what);
 
 }  // namespace alpamayo

@@ -40,8 +40,10 @@ inline constexpr double kMaxGuidanceWeight = 1e3;
 inline constexpr double kMaxRopeTheta = 1e30;
 }  // namespace limits
 
-// Throws Error("<what> = <value> is outside [lo, hi]<why>") unless lo <= v <= hi (NaN is outside).
-void check_range(double v, double lo, double hi, const std::string& what, const std::string& why = "");
+// Throws Error(code, "<what> = <value> is outside [lo, hi]<why>") unless lo <= v <= hi (NaN is outside). code:
+// InvalidArgument for an option the caller passed, Format for a value read from a file.
+void check_range(double v, double lo, double hi, const std::string& what, const std::string& why = "",
+                 ErrorCode code = ErrorCode::InvalidArgument);
 
 // Values in an expert layer's weight matrices (q, k, v, o, gate, up, down).
 double layer_matrix_params(const ExpertConfig& c);
@@ -63,7 +65,7 @@ MemoryEstimate estimate_session_memory(const ExpertConfig& c, const std::string&
 // Negative when unknown (no check is then made).
 double available_memory_bytes(std::string* source = nullptr);
 
-// Throws Error naming `stage`, the estimate and what is available when the estimate does not fit.
+// Throws Error (out of memory) naming `stage`, the estimate and what is available when the estimate does not fit.
 void check_memory(const MemoryEstimate& e, const std::string& stage);
 
 // "1.5 GiB", "12 KiB".

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "alpamayo/error.h"
+
 namespace alpamayo {
 
 enum class DType { F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL };
@@ -80,14 +82,16 @@ struct FiniteScan {
 FiniteScan scan_finite(const TensorView& t, int64_t begin = 0, int64_t end = -1);
 // Flat index i of `shape` as "[a, b, c]".
 std::string index_str(const std::vector<int64_t>& shape, int64_t i);
-// Throws Error naming the tensor and the index unless every value is finite (the weights at load).
+// Throws Error (non-finite) naming the tensor and the index unless every value is finite (the weights at load).
 void expect_finite(const TensorView& t);
 
-// Throws unless t has exactly this shape; the message names the tensor.
-void expect_shape(const TensorView& t, const std::vector<int64_t>& shape);
-// Throws unless t is one of the float dtypes.
-void expect_float(const TensorView& t);
-// Throws unless host code can read t and it is row-major contiguous; `who` names the reader.
+// Throws Error(code) unless t has exactly this shape; the message names the tensor. code: Format for a tensor
+// read from a file, InvalidArgument for one the caller passed.
+void expect_shape(const TensorView& t, const std::vector<int64_t>& shape, ErrorCode code = ErrorCode::InvalidArgument);
+// Throws Error(code) unless t is one of the float dtypes.
+void expect_float(const TensorView& t, ErrorCode code = ErrorCode::InvalidArgument);
+// Throws unless host code can read t (Unsupported: memory of another device) and it is row-major contiguous
+// (InvalidArgument); `who` names the reader.
 void expect_host_contiguous(const TensorView& t, const std::string& who);
 
 // An owning tensor for outputs.

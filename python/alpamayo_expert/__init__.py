@@ -1,6 +1,7 @@
 """The Alpamayo action-expert engine from Python, and helpers for its files.
 
-Engine (the native module, built by `pip install .`): Model, Context, Session, SampleResult, Error, backends;
+Engine (the native module, built by `pip install .`): Model, Context, Session, SampleResult, backends; Error and
+one subclass per kind of failure (errors.py);
 sample_trajectories (the expert stage of the release's VLM rollout). Files: write_context /
 write_rollout_context / read_context (context files), write_noise / read_noise, write_checkpoint.
 """
@@ -16,7 +17,10 @@ __version__ = "0.1.0"
 # Lazy exports: `import alpamayo_expert` needs neither torch nor the native module until a name is used.
 _EXPORTS = {
     "Model": ("engine", "Model"), "Context": ("engine", "Context"), "Session": ("engine", "Session"),
-    "SampleResult": ("engine", "SampleResult"), "Error": ("engine", "Error"), "backends": ("engine", "backends"),
+    "SampleResult": ("engine", "SampleResult"), "backends": ("engine", "backends"),
+    **{name: ("errors", name) for name in ("Error", "InvalidArgumentError", "FormatError", "FileIOError",
+                                           "UnsupportedError", "OutOfMemoryError", "NonFiniteError",
+                                           "InvalidStateError", "InternalError")},
     "sample_trajectories": ("rollout", "sample_trajectories"), "rollout_layout": ("rollout", "rollout_layout"),
     "rollout_context": ("rollout", "rollout_context"), "find_eos_offset": ("rollout", "find_eos_offset"),
     "ContextFile": ("context", "Context"), "cache_layers": ("context", "cache_layers"),

@@ -3,7 +3,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-class Error(RuntimeError): ...
+from .errors import (Error as Error, FileIOError as FileIOError, FormatError as FormatError,
+                     InternalError as InternalError, InvalidArgumentError as InvalidArgumentError,
+                     InvalidStateError as InvalidStateError, NonFiniteError as NonFiniteError,
+                     OutOfMemoryError as OutOfMemoryError, UnsupportedError as UnsupportedError)
 
 def backends() -> list[tuple[str, list[str], list[str], str]]: ...
 

@@ -12,7 +12,8 @@ read (the cpu and reference backends read host memory). A non-contiguous host te
 row-major buffer the Context owns (`Context.copied` names them; copy=False refuses instead). A CUDA tensor is
 viewed as it is, and a backend that cannot read device memory refuses it at bind with a clear error. Small
 per-sample vectors (lengths, rope deltas, v0, ego history, noise) are always copied. Long calls (loading,
-validating, binding, sampling) release the GIL. Errors raise alpamayo_expert.Error with the engine's message.
+validating, binding, sampling) release the GIL. Errors raise the subclass of alpamayo_expert.Error of their kind
+(errors.py) with the engine's message.
 """
 from __future__ import annotations
 
@@ -27,7 +28,12 @@ except ImportError as e:  # pragma: no cover - exercised only without the native
     _core = None
     _IMPORT_ERROR = e
 
-__all__ = ["Error", "Model", "Context", "Session", "SampleResult", "backends"]
+from .errors import (Error, FileIOError, FormatError, InternalError, InvalidArgumentError, InvalidStateError,
+                     NonFiniteError, OutOfMemoryError, UnsupportedError)
+
+__all__ = ["Error", "InvalidArgumentError", "FormatError", "FileIOError", "UnsupportedError", "OutOfMemoryError",
+           "NonFiniteError", "InvalidStateError", "InternalError", "Model", "Context", "Session", "SampleResult",
+           "backends"]
 
 
 def _native():
@@ -35,13 +41,6 @@ def _native():
         raise ImportError("alpamayo_expert._core, the native engine, is not installed: run `pip install .` in the "
                           f"repository (README, 'Python') ({_IMPORT_ERROR})")
     return _core
-
-
-if _core is not None:
-    Error = _core.Error
-else:  # pragma: no cover
-    class Error(RuntimeError):
-        """The engine's error (alpamayo::Error): the message names the file, tensor or key."""
 
 
 def backends() -> list[tuple[str, list[str], list[str], str]]:
@@ -76,9 +75,9 @@ def _check_torch_host_readable(x: Any, name: str, expected: str) -> None:
     if not _is_torch(x):
         return
     if x.device.type == "meta":
-        raise Error(f"{name}: {_describe(x)}, which holds no values; expected {expected} on the cpu (or cuda)")
+        raise InvalidArgumentError(f"{name}: {_describe(x)}, which holds no values; expected {expected} on the cpu (or cuda)")
     if str(x.layout) != "torch.strided":
-        raise Error(f"{name}: {_describe(x)} with layout {x.layout}; expected {expected} as a dense (strided) tensor")
+        raise InvalidArgumentError(f"{name}: {_describe(x)} with layout {x.layout}; expected {expected} as a dense (strided) tensor")
 
 
 def _to_list(x: Any, name: str = "value", expected: str = "numbers") -> Any:
@@ -103,18 +102,18 @@ def _int_vector(x: Any, name: str, lo: int, hi: int, kind: str, rows: bool) -> l
         try:
             v = list(v)
         except TypeError:
-            raise Error(f"{name}: expected a vector of integers, got {_describe(x)}") from None
+            raise InvalidArgumentError(f"{name}: expected a vector of integers, got {_describe(x)}") from None
     out = []
     for i, e in enumerate(v):
         if rows and isinstance(e, (list, tuple)):  # [N, 1], as the release keeps rope_deltas
             if len(e) != 1:
-                raise Error(f"{name}: expected shape [N] or [N, 1], got rows of {len(e)} ({_describe(x)})")
+                raise InvalidArgumentError(f"{name}: expected shape [N] or [N, 1], got rows of {len(e)} ({_describe(x)})")
             e = e[0]
         if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
-            raise Error(f"{name}: expected integers, got {type(e).__name__} {e!r} at index {i} ({_describe(x)})")
+            raise InvalidArgumentError(f"{name}: expected integers, got {type(e).__name__} {e!r} at index {i} ({_describe(x)})")
         e = int(e)
         if not lo <= e <= hi:
-            raise Error(f"{name}: {e} at index {i} does not fit {kind} ({_describe(x)})")
+            raise InvalidArgumentError(f"{name}: {e} at index {i} does not fit {kind} ({_describe(x)})")
         out.append(e)
     return out
 
@@ -130,7 +129,7 @@ def _float_scalar(x: Any, name: str) -> float:
     if isinstance(v, list) and len(v) == 1:
         v = v[0]
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
-        raise Error(f"{name}: expected a number, got {_describe(x)}")
+        raise InvalidArgumentError(f"{name}: expected a number, got {_describe(x)}")
     return float(v)
 
 
@@ -145,7 +144,7 @@ def _int_scalar(x: Any, name: str) -> int:
     if isinstance(v, list) and len(v) == 1:
         v = v[0]
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise Error(f"{name}: expected an integer, got {_describe(x)}")
+        raise InvalidArgumentError(f"{name}: expected an integer, got {_describe(x)}")
     return int(v)
 
 
@@ -154,14 +153,14 @@ def _f32(x: Any, name: str) -> np.ndarray:
     if _is_torch(x):
         _check_torch_host_readable(x, name, "float32 values")
         if x.is_complex():
-            raise Error(f"{name}: {_describe(x)}; expected real numbers (float32)")
+            raise InvalidArgumentError(f"{name}: {_describe(x)}; expected real numbers (float32)")
         x = x.detach().to("cpu").float().numpy()
     if isinstance(x, np.ndarray) and (np.iscomplexobj(x) or x.dtype.kind not in "fiub"):
-        raise Error(f"{name}: {_describe(x)}; expected real numbers (float32)")
+        raise InvalidArgumentError(f"{name}: {_describe(x)}; expected real numbers (float32)")
     try:
         a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     except (TypeError, ValueError) as e:
-        raise Error(f"{name}: expected float32 numbers, got {_describe(x)} ({e})") from None
+        raise InvalidArgumentError(f"{name}: expected float32 numbers, got {_describe(x)} ({e})") from None
     return a
 
 
@@ -169,18 +168,18 @@ def _cache_tensor(t: Any, name: str) -> Any:
     """What nanobind reads through DLPack or the buffer protocol, unchanged (no copy)."""
     if _is_torch(t):
         if t.device.type not in ("cpu", "cuda"):
-            raise Error(f"{name}: {_describe(t)}; the engine reads cache tensors in cpu or cuda memory"
+            raise InvalidArgumentError(f"{name}: {_describe(t)}; the engine reads cache tensors in cpu or cuda memory"
                         + (" (a 'meta' tensor holds no values)" if t.device.type == "meta" else ""))
         if str(t.layout) != "torch.strided":
-            raise Error(f"{name}: {_describe(t)} with layout {t.layout}; expected a dense (strided) tensor")
+            raise InvalidArgumentError(f"{name}: {_describe(t)} with layout {t.layout}; expected a dense (strided) tensor")
         if str(t.dtype) not in _CACHE_DTYPES:
-            raise Error(f"{name}: {_describe(t)}; caches must be float32, float16 or bfloat16")
+            raise InvalidArgumentError(f"{name}: {_describe(t)}; caches must be float32, float16 or bfloat16")
         if t.is_conj() or t.is_neg():
             t = t.resolve_conj().resolve_neg()
         return t.detach()
     if isinstance(t, np.ndarray):
         if t.dtype not in _CACHE_NP_DTYPES:
-            raise Error(f"{name}: {_describe(t)}; caches must be float32, float16 or bfloat16")
+            raise InvalidArgumentError(f"{name}: {_describe(t)}; caches must be float32, float16 or bfloat16")
         return t
     if hasattr(t, "__dlpack__"):
         return t
@@ -188,8 +187,8 @@ def _cache_tensor(t: Any, name: str) -> Any:
         try:
             return np.asarray(t, dtype=np.float32)
         except (TypeError, ValueError) as e:
-            raise Error(f"{name}: expected a tensor or array of numbers, got {_describe(t)} ({e})") from None
-    raise Error(f"{name}: expected a tensor or array, got {type(t).__name__}")
+            raise InvalidArgumentError(f"{name}: expected a tensor or array of numbers, got {_describe(t)} ({e})") from None
+    raise InvalidArgumentError(f"{name}: expected a tensor or array, got {type(t).__name__}")
 
 
 def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
@@ -201,7 +200,7 @@ def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
         for i, layer in enumerate(layers):
             k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
             if k is None or v is None or getattr(k, "numel", lambda: 1)() == 0:
-                raise Error(f"cache layer {i} holds no keys/values (uninitialized or not a full-attention layer)")
+                raise InvalidArgumentError(f"cache layer {i} holds no keys/values (uninitialized or not a full-attention layer)")
             out.append((k, v))
         return out
     if hasattr(cache, "key_cache") and hasattr(cache, "value_cache"):
@@ -210,10 +209,10 @@ def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
         out = []
         for i, kv in enumerate(cache):
             if not isinstance(kv, (list, tuple)) or len(kv) < 2:
-                raise Error(f"layer {i}: expected a (key, value) pair")
+                raise InvalidArgumentError(f"layer {i}: expected a (key, value) pair")
             out.append((kv[0], kv[1]))
         return out
-    raise Error(f"unsupported cache type {type(cache).__name__}")
+    raise InvalidArgumentError(f"unsupported cache type {type(cache).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------- classes
@@ -299,7 +298,7 @@ class Context:
         sk = [_cache_tensor(t, f"{name}: suffix_key.{l}") for l, t in enumerate(suffix_keys or [])]
         sv = [_cache_tensor(t, f"{name}: suffix_value.{l}") for l, t in enumerate(suffix_values or [])]
         if (ego_history_xyz is None) != (ego_history_rot is None):
-            raise Error(f"{name}: ego_history_xyz and ego_history_rot must be given together")
+            raise InvalidArgumentError(f"{name}: ego_history_xyz and ego_history_rot must be given together")
         hx = _f32(ego_history_xyz, "ego_history_xyz") if ego_history_xyz is not None else None
         hr = _f32(ego_history_rot, "ego_history_rot") if ego_history_rot is not None else None
         v0_list = None
@@ -376,7 +375,7 @@ def _convert(a: Any, output: str) -> Any:
 
 def _check_output(output: str) -> None:
     if output not in ("numpy", "torch"):
-        raise Error(f"output must be 'numpy' or 'torch', got {output!r}")
+        raise InvalidArgumentError(f"output must be 'numpy' or 'torch', got {output!r}")
 
 
 class Session:
@@ -385,7 +384,7 @@ class Session:
 
     def __init__(self, model: Model):
         if not isinstance(model, Model):
-            raise Error(f"Session: expected a Model, got {type(model).__name__}")
+            raise InvalidArgumentError(f"Session: expected a Model, got {type(model).__name__}")
         self.model = model
         self._s = _native().Session(model._m)
         self._ctx: Context | None = None
@@ -402,15 +401,15 @@ class Session:
         capture_step: record per-layer outputs of that Euler step (read with captures()).
         """
         if not isinstance(context, Context):
-            raise Error(f"bind: expected a Context, got {type(context).__name__}")
+            raise InvalidArgumentError(f"bind: expected a Context, got {type(context).__name__}")
         if guidance is not None and not isinstance(guidance, Context):
-            raise Error(f"bind: guidance must be the unguided Context, got {type(guidance).__name__}")
+            raise InvalidArgumentError(f"bind: guidance must be the unguided Context, got {type(guidance).__name__}")
         cfg = self.model.config
         if guidance is None and cfg["use_classifier_free_guidance"] and not no_guidance:
-            raise Error(f"{self.model.checkpoint}/config.json: use_classifier_free_guidance is true: give the "
+            raise InvalidArgumentError(f"{self.model.checkpoint}/config.json: use_classifier_free_guidance is true: give the "
                         "unguided context (guidance=...), or sample without guidance with no_guidance=True")
         if guidance_weight is not None and guidance is None:
-            raise Error("guidance_weight needs a guidance context (the unguided context)")
+            raise InvalidArgumentError("guidance_weight needs a guidance context (the unguided context)")
         w = None if guidance_weight is None else _float_scalar(guidance_weight, "guidance_weight")
         self._ctx = self._guidance = None
         self._s.bind(context._c, guidance._c if guidance is not None else None, w,
@@ -447,20 +446,20 @@ class Session:
             cfg = self.model.config
             B, T, A = (self._ctx.batch if self._ctx else 0), cfg["n_waypoints"], cfg["action_dims"]
             if self._ctx is not None and nz.shape != (B, T, A):
-                raise Error(f"noise: expected shape [B={B}, T={T}, A={A}], got {list(nz.shape)}")
+                raise InvalidArgumentError(f"noise: expected shape [B={B}, T={T}, A={A}], got {list(nz.shape)}")
         seed_list = []
         for s in _uints64(seeds, "seeds"):
             if s < 0 or s >= 1 << 64:
-                raise Error(f"seeds: seeds must be in [0, 2^64), found {s}")
+                raise InvalidArgumentError(f"seeds: seeds must be in [0, 2^64), found {s}")
             seed_list.append(s)
         if seed is not None:
             seed = _int_scalar(seed, "seed")
             if seed < 0 or seed >= 1 << 64:
-                raise Error(f"seed must be in [0, 2^64), found {seed}")
+                raise InvalidArgumentError(f"seed must be in [0, 2^64), found {seed}")
         if steps is not None:
             steps = _int_scalar(steps, "steps")
             if not 1 <= steps <= 100000:
-                raise Error(f"steps must be in [1, 100000], found {steps}")
+                raise InvalidArgumentError(f"steps must be in [1, 100000], found {steps}")
         r = self._s.sample(0 if steps is None else int(steps), None if seed is None else int(seed), seed_list, nz,
                            _float_scalar(temperature, "temperature"), None if v0 is None else _float_scalar(v0, "v0"),
                            bool(all_steps))

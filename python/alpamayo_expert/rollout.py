@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 
 from .context import as_tensor_checked, cache_layers, describe
-from .engine import Context, Error, Model, Session
+from .engine import Context, InvalidArgumentError, Model, Session
 
 __all__ = ["RolloutLayout", "find_eos_offset", "rollout_layout", "repeat_history", "rollout_context",
            "sample_trajectories"]
@@ -36,7 +36,7 @@ def find_eos_offset(sequences: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     when it does not occur (the release warns and falls back to the last token)."""
     sequences = torch.as_tensor(sequences)
     if sequences.dim() != 2:
-        raise Error(f"sequences: expected [B, L] token ids, got shape {tuple(sequences.shape)}")
+        raise InvalidArgumentError(f"sequences: expected [B, L] token ids, got shape {tuple(sequences.shape)}")
     mask = sequences == eos_token_id
     has_eos = mask.any(dim=1)
     first = mask.int().argmax(dim=1)
@@ -46,34 +46,34 @@ def find_eos_offset(sequences: torch.Tensor, eos_token_id: int) -> torch.Tensor:
 
 def _vector(x: Any, n: int, groups: int, name: str) -> torch.Tensor:
     """[n] int64 from [n], [n, 1], [groups] or [groups, 1] (repeated per group's n // groups sequences)."""
-    t = as_tensor_checked(x, name, "a vector of 64-bit integers", Error).detach().cpu()
+    t = as_tensor_checked(x, name, "a vector of 64-bit integers", InvalidArgumentError).detach().cpu()
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise Error(f"{name}: expected integers, got dtype {t.dtype} ({describe(t)})")
+        raise InvalidArgumentError(f"{name}: expected integers, got dtype {t.dtype} ({describe(t)})")
     if t.dim() == 2 and t.shape[1] == 1:
         t = t[:, 0]
     if t.dim() == 0:
         t = t.reshape(1)
     if t.dim() != 1:
-        raise Error(f"{name}: expected shape [B] or [B, 1], got {tuple(t.shape)}")
+        raise InvalidArgumentError(f"{name}: expected shape [B] or [B, 1], got {tuple(t.shape)}")
     t = t.to(torch.int64)
     if t.shape[0] == n:
         return t
     if t.shape[0] == groups or t.shape[0] == 1:
         return t.repeat_interleave(n // t.shape[0])
-    raise Error(f"{name} has {t.shape[0]} entries; expected one per sequence ({n}) or per prompt ({groups})")
+    raise InvalidArgumentError(f"{name} has {t.shape[0]} entries; expected one per sequence ({n}) or per prompt ({groups})")
 
 
 def _left_pads(prefix_mask: Any, n: int, groups: int, name: str) -> tuple[torch.Tensor, int]:
     """Left-padding rows per prompt [G] and the prompt width Lp from a tokenizer attention mask [G or B, Lp]."""
-    m = as_tensor_checked(prefix_mask, name, "the tokenizer's attention_mask [B, Lp] of 0/1", Error).detach().cpu()
+    m = as_tensor_checked(prefix_mask, name, "the tokenizer's attention_mask [B, Lp] of 0/1", InvalidArgumentError).detach().cpu()
     if m.dim() != 2:
-        raise Error(f"{name}: expected the tokenizer's attention_mask [B, Lp], got shape {tuple(m.shape)}")
+        raise InvalidArgumentError(f"{name}: expected the tokenizer's attention_mask [B, Lp], got shape {tuple(m.shape)}")
     if m.is_floating_point():
         if not ((m == 0) | (m == 1)).all():
-            raise Error(f"{name}: expected 0/1 values")
+            raise InvalidArgumentError(f"{name}: expected 0/1 values")
     m = m.to(torch.int64)
     if not ((m == 0) | (m == 1)).all():
-        raise Error(f"{name}: expected 0/1 values, found {sorted(set(m.unique().tolist()) - {0, 1})[:3]}")
+        raise InvalidArgumentError(f"{name}: expected 0/1 values, found {sorted(set(m.unique().tolist()) - {0, 1})[:3]}")
     rows = m.shape[0]
     if rows == n and n != groups:
         per = n // groups
@@ -81,17 +81,17 @@ def _left_pads(prefix_mask: Any, n: int, groups: int, name: str) -> tuple[torch.
             block = m[g * per:(g + 1) * per]
             if not (block == block[0]).all():
                 j = int((block != block[0]).any(dim=1).nonzero()[0])
-                raise Error(f"{name}: rows {g * per} and {g * per + j} differ, but both are sequences of prompt {g}")
+                raise InvalidArgumentError(f"{name}: rows {g * per} and {g * per + j} differ, but both are sequences of prompt {g}")
         m = m[::per]
     elif rows != groups:
-        raise Error(f"{name} has {rows} rows; expected one per prompt ({groups}) or per sequence ({n})")
+        raise InvalidArgumentError(f"{name} has {rows} rows; expected one per prompt ({groups}) or per sequence ({n})")
     Lp = m.shape[1]
     pads = torch.zeros(groups, dtype=torch.int64)
     for g in range(groups):
         ones = m[g].nonzero()
         p = int(ones[0]) if len(ones) else Lp
         if p == Lp or not bool((m[g, p:] == 1).all()):
-            raise Error(f"{name}: row {g} is not left padding (zeros, then ones): {m[g].tolist()}. The release "
+            raise InvalidArgumentError(f"{name}: row {g} is not left padding (zeros, then ones): {m[g].tolist()}. The release "
                         "left-pads its prompts; the engine masks one run of padding at the start of each prompt")
         pads[g] = p
     return pads, Lp
@@ -134,61 +134,61 @@ def rollout_layout(past_key_values: Any, rope_deltas: Any, *, num_return_sequenc
     """
     kv = cache_layers(past_key_values)
     if not kv:
-        raise Error(f"{name}: the cache has no layers")
+        raise InvalidArgumentError(f"{name}: the cache has no layers")
     for l, (k, v) in enumerate(kv):
         for what, t in (("key", k), ("value", v)):
             if not isinstance(t, torch.Tensor):
-                raise Error(f"{name}: cache layer {l} {what}: expected a torch tensor, got {describe(t)}")
+                raise InvalidArgumentError(f"{name}: cache layer {l} {what}: expected a torch tensor, got {describe(t)}")
             as_tensor_checked(t, f"{name}: cache layer {l} {what}", "a float tensor [B, Hkv, R, d] on the cpu or cuda",
-                              Error)
+                              InvalidArgumentError)
             if not t.is_floating_point():
-                raise Error(f"{name}: cache layer {l} {what}: {describe(t)}; expected a float tensor")
+                raise InvalidArgumentError(f"{name}: cache layer {l} {what}: {describe(t)}; expected a float tensor")
     k0 = kv[0][0]
     if k0.dim() != 4:
-        raise Error(f"{name}: cache layer 0 key: expected [B, Hkv, R, d], got shape {tuple(k0.shape)}")
+        raise InvalidArgumentError(f"{name}: cache layer 0 key: expected [B, Hkv, R, d], got shape {tuple(k0.shape)}")
     B, _, R, _ = k0.shape
     N = int(num_return_sequences)
     if N < 1 or B % N:
-        raise Error(f"{name}: the cache holds {B} sequences, not a multiple of num_return_sequences = {N}")
+        raise InvalidArgumentError(f"{name}: the cache holds {B} sequences, not a multiple of num_return_sequences = {N}")
     G = B // N
     if offsets is not None:
         off = _vector(offsets, B, G, "offsets")
     elif sequences is not None:
         if eos_token_id is None:
-            raise Error(f"{name}: sequences need eos_token_id (the id of <traj_future_start>)")
-        seq = as_tensor_checked(sequences, "sequences", "token ids [B, L]", Error)
+            raise InvalidArgumentError(f"{name}: sequences need eos_token_id (the id of <traj_future_start>)")
+        seq = as_tensor_checked(sequences, "sequences", "token ids [B, L]", InvalidArgumentError)
         if seq.shape[0] != B:
-            raise Error(f"{name}: sequences has {seq.shape[0]} rows, the cache {B}")
+            raise InvalidArgumentError(f"{name}: sequences has {seq.shape[0]} rows, the cache {B}")
         off = find_eos_offset(seq, eos_token_id)
     else:
-        raise Error(f"{name}: give the sequences (with eos_token_id) or the offsets")
+        raise InvalidArgumentError(f"{name}: give the sequences (with eos_token_id) or the offsets")
     rd = _vector(rope_deltas, B, G, "rope_deltas")
     if prefix_mask is not None:
         pads, Lp = _left_pads(prefix_mask, B, G, "prefix_mask")
         if prompt_len is not None and int(prompt_len) != Lp:
-            raise Error(f"{name}: prompt_len {prompt_len} != the prefix mask's width {Lp}")
+            raise InvalidArgumentError(f"{name}: prompt_len {prompt_len} != the prefix mask's width {Lp}")
     else:
         pads = torch.zeros(G, dtype=torch.int64)
         Lp = int(prompt_len) if prompt_len is not None else None
     if Lp is not None and not 0 < Lp <= R:
-        raise Error(f"{name}: the prompt has {Lp} columns, the cache {R} rows")
+        raise InvalidArgumentError(f"{name}: the prompt has {Lp} columns, the cache {R} rows")
     if (off < 1).any():
-        raise Error(f"{name}: offsets must be >= 1, got {off.tolist()}")
+        raise InvalidArgumentError(f"{name}: offsets must be >= 1, got {off.tolist()}")
     end = off.clamp(max=R)             # rows [0, end_b) are attended (minus the padding)
     rope = rd + (off - end)            # keeps positions arange(T) + rope_deltas + offset
     prompt_of = torch.arange(B) // N
     for b in range(B):
         lo = int(pads[prompt_of[b]])
         if Lp is not None and share_prompt and int(off[b]) <= Lp:
-            raise Error(f"{name}: sequence {b}'s <traj_future_start> is at index {int(off[b]) - 1}, inside the "
+            raise InvalidArgumentError(f"{name}: sequence {b}'s <traj_future_start> is at index {int(off[b]) - 1}, inside the "
                         f"prompt (columns [0, {Lp})): the prompt cannot be shared; offsets must lie after it")
         if int(end[b]) < lo:
-            raise Error(f"{name}: sequence {b}'s offset {int(off[b])} lies inside its left padding ({lo} rows)")
+            raise InvalidArgumentError(f"{name}: sequence {b}'s offset {int(off[b])} lies inside its left padding ({lo} rows)")
     if not share_prompt:
         return RolloutLayout(prompt_kv=kv, valid_len=end, prefix_pad=pads[prompt_of], prompt_index=None,
                              suffix_kv=None, suffix_len=None, rope_delta=rope, offsets=off, batch=B, prompts=B)
     if Lp is None:
-        raise Error(f"{name}: sharing the prompt needs its length: give prefix_mask (the tokenizer's attention "
+        raise InvalidArgumentError(f"{name}: sharing the prompt needs its length: give prefix_mask (the tokenizer's attention "
                     "mask) or prompt_len")
     _check_prompts_equal(kv, N, pads, Lp, prompt_atol, name)
     first = torch.arange(0, B, N)
@@ -220,7 +220,7 @@ def _check_prompts_equal(kv, N: int, pads: torch.Tensor, Lp: int, atol: float, n
                 if not bool(same.all()):
                     j = int((~same).nonzero()[0]) + 1
                     d = float((rest[j - 1].float() - ref.float()).abs().max())
-                    raise Error(f"{name}: layer {l} {what}: the prompt rows [{lo}, {Lp}) of sequence {g * N + j} differ "
+                    raise InvalidArgumentError(f"{name}: layer {l} {what}: the prompt rows [{lo}, {Lp}) of sequence {g * N + j} differ "
                                 f"from those of sequence {g * N} (same prompt {g}) by up to {d:.3e}; "
                                 f"{'give prompt_atol to accept that, or ' if atol == 0 else ''}"
                                 "use share_prompt=False")
@@ -230,19 +230,19 @@ def repeat_history(ego_history_xyz: Any, ego_history_rot: Any, n: int, batch: in
     """The release's `einops.repeat(ego_history_xyz[:, -1], "b ... -> (b n) ...", n=n)`: [G, ng, H, 3] or
     [G, H, 3] (and rot) -> [G*n, H, 3], [G*n, H, 3, 3] float32."""
     if (ego_history_xyz is None) != (ego_history_rot is None):
-        raise Error("ego_history_xyz and ego_history_rot must be given together")
-    xyz = as_tensor_checked(ego_history_xyz, "ego_history_xyz", "float values [G, H, 3]", Error).detach().float().cpu()
-    rot = as_tensor_checked(ego_history_rot, "ego_history_rot", "float values [G, H, 3, 3]", Error).detach().float().cpu()
+        raise InvalidArgumentError("ego_history_xyz and ego_history_rot must be given together")
+    xyz = as_tensor_checked(ego_history_xyz, "ego_history_xyz", "float values [G, H, 3]", InvalidArgumentError).detach().float().cpu()
+    rot = as_tensor_checked(ego_history_rot, "ego_history_rot", "float values [G, H, 3, 3]", InvalidArgumentError).detach().float().cpu()
     if xyz.dim() == 4:
         xyz, rot = xyz[:, -1], rot[:, -1]
     if xyz.dim() != 3 or xyz.shape[-1] != 3 or rot.dim() != 4 or rot.shape[-2:] != (3, 3):
-        raise Error(f"ego history: expected xyz [G, 1, H, 3] / [G, H, 3] and rot [G, 1, H, 3, 3] / [G, H, 3, 3], got "
+        raise InvalidArgumentError(f"ego history: expected xyz [G, 1, H, 3] / [G, H, 3] and rot [G, 1, H, 3, 3] / [G, H, 3, 3], got "
                     f"{tuple(torch.as_tensor(ego_history_xyz).shape)} and {tuple(torch.as_tensor(ego_history_rot).shape)}")
     if xyz.shape[0] * n == batch:
         return xyz.repeat_interleave(n, dim=0), rot.repeat_interleave(n, dim=0)
     if xyz.shape[0] == batch:
         return xyz, rot
-    raise Error(f"ego history has {xyz.shape[0]} rows; expected one per prompt ({batch // n}) or per sample ({batch})")
+    raise InvalidArgumentError(f"ego history has {xyz.shape[0]} rows; expected one per prompt ({batch // n}) or per sample ({batch})")
 
 
 def rollout_context(past_key_values: Any, rope_deltas: Any, *, num_return_sequences: int, ego_history_xyz: Any,
@@ -296,7 +296,7 @@ def sample_trajectories(model: Model, past_key_values: Any, rope_deltas: Any, *,
     unguided = None
     if use_cfg:
         if unguided_past_key_values is None:
-            raise Error("classifier-free guidance is on: give the unguided cache (unguided_past_key_values, "
+            raise InvalidArgumentError("classifier-free guidance is on: give the unguided cache (unguided_past_key_values, "
                         "unguided_rope_deltas, unguided_sequences or unguided_offsets, unguided_prefix_mask), "
                         "or use_classifier_free_guidance=False")
         unguided, _ = rollout_context(
@@ -308,7 +308,7 @@ def sample_trajectories(model: Model, past_key_values: Any, rope_deltas: Any, *,
     if session is None:
         session = Session(model)
     elif session.model is not model:
-        raise Error("session: a Session of another Model")
+        raise InvalidArgumentError("session: a Session of another Model")
     session.bind(ctx, guidance=unguided, guidance_weight=guidance_weight if unguided is not None else None,
                  no_guidance=not use_cfg)
     B, T, A = lay.batch, cfg["n_waypoints"], cfg["action_dims"]
@@ -317,7 +317,7 @@ def sample_trajectories(model: Model, past_key_values: Any, rope_deltas: Any, *,
         # FlowMatching._initial_noise: one randn for the batch, or one per row with a list of generators.
         if isinstance(generator, (list, tuple)):
             if len(generator) != B:
-                raise Error(f"generator list length {len(generator)} must equal the batch size {B}")
+                raise InvalidArgumentError(f"generator list length {len(generator)} must equal the batch size {B}")
             noise = torch.cat([torch.randn(1, T, A, device=g.device, generator=g) for g in generator], dim=0)
         else:
             noise = torch.randn(B, T, A, device=generator.device if generator is not None else device,

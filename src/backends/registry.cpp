@@ -60,7 +60,7 @@ std::string missing_feature(const BackendFeatures& f, const ExpertConfig& c, con
 }
 
 void register_backend(BackendInfo info) {
-  check(!backends_frozen(), "register_backend(" + info.name +
+  check(!backends_frozen(), ErrorCode::InvalidState, "register_backend(" + info.name +
                                 "): backends were already listed; register before the first Model::load or listing");
   for (const BackendInfo& b : added_backends())
     check(b.name != info.name, "register_backend: a backend named " + info.name + " is already registered");
@@ -104,7 +104,7 @@ const BackendInfo& find_backend(const std::string& name) {
     if (b.name == name) return b;
     known += (known.empty() ? "" : ", ") + b.name;
   }
-  throw Error("unknown backend '" + name + "' (available in this build: " + known + ")");
+  throw Error(ErrorCode::Unsupported, "unknown backend '" + name + "' (available in this build: " + known + ")");
 }
 
 }  // namespace alpamayo

@@ -1,11 +1,9 @@
 // The C API (include/alpamayo/alpamayo.h) over the C++ engine. Every entry point catches everything: no C++
-// exception crosses the boundary. alpamayo::Error becomes the status the operation documents (IO_ERROR for
-// paths that cannot be read, FORMAT_ERROR for malformed files, INVALID_ARGUMENT for caller input),
-// std::bad_alloc OUT_OF_MEMORY, anything else INTERNAL; the message goes to a thread-local last error.
+// exception crosses the boundary. An alpamayo::Error becomes the status of its code, one to one (the code is
+// set where the error is raised, error.h), std::bad_alloc OUT_OF_MEMORY, anything else INTERNAL; the message
+// goes to a thread-local last error.
 #include "alpamayo/limits.h"
 #include "alpamayo/alpamayo.h"
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -13,7 +11,6 @@
 #include <memory>
 #include <new>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -46,22 +43,28 @@ struct alpamayo_result {
 
 namespace {
 
+using alpamayo::check;
 using alpamayo::DType;
-
-// A failure with its status, thrown inside an entry point and turned into the status by guarded().
-class Failure : public std::runtime_error {
- public:
-  Failure(alpamayo_status st, const std::string& msg) : std::runtime_error(msg), status(st) {}
-  alpamayo_status status;
-};
-
-void require(bool cond, alpamayo_status st, const std::string& msg) {
-  if (!cond) throw Failure(st, msg);
-}
+using alpamayo::Error;
+using alpamayo::ErrorCode;
 
 template <class T>
 void require_ptr(const T* p, const char* what) {
-  require(p != nullptr, ALPAMAYO_INVALID_ARGUMENT, std::string(what) + " is NULL");
+  check(p != nullptr, std::string(what) + " is NULL");
+}
+
+alpamayo_status status_of(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::InvalidArgument: return ALPAMAYO_INVALID_ARGUMENT;
+    case ErrorCode::Format: return ALPAMAYO_FORMAT_ERROR;
+    case ErrorCode::IO: return ALPAMAYO_IO_ERROR;
+    case ErrorCode::Unsupported: return ALPAMAYO_UNSUPPORTED;
+    case ErrorCode::OutOfMemory: return ALPAMAYO_OUT_OF_MEMORY;
+    case ErrorCode::NonFinite: return ALPAMAYO_NON_FINITE;
+    case ErrorCode::InvalidState: return ALPAMAYO_INVALID_STATE;
+    case ErrorCode::Internal: return ALPAMAYO_INTERNAL;
+  }
+  return ALPAMAYO_INTERNAL;
 }
 
 thread_local std::string t_error;
@@ -79,18 +82,16 @@ alpamayo_status record(alpamayo_status st, const char* fn, const char* msg) noex
   return st;
 }
 
-// Runs f; maps every exception to a status. on_error: the status of an alpamayo::Error from the engine.
+// Runs f; maps every exception to a status.
 template <class F>
-alpamayo_status guarded(const char* fn, alpamayo_status on_error, F&& f) noexcept {
+alpamayo_status guarded(const char* fn, F&& f) noexcept {
   try {
     f();
     t_error.clear();
     t_error_lost = false;
     return ALPAMAYO_OK;
-  } catch (const Failure& e) {
-    return record(e.status, fn, e.what());
-  } catch (const alpamayo::Error& e) {
-    return record(on_error, fn, e.what());
+  } catch (const Error& e) {
+    return record(status_of(e.code()), fn, e.what());
   } catch (const std::bad_alloc&) {
     return record(ALPAMAYO_OUT_OF_MEMORY, fn, alpamayo::out_of_memory_message().c_str());
   } catch (const std::length_error& e) {
@@ -111,24 +112,9 @@ void clear_out(T** out) {
   *out = nullptr;
 }
 
-bool readable(const std::string& path) { return ::access(path.c_str(), R_OK) == 0; }
-
-// IO_ERROR when one of the paths cannot be read, else FORMAT_ERROR: a failed open was about the content.
-alpamayo_status open_status(std::initializer_list<std::string> paths) {
-  for (const std::string& p : paths)
-    if (!readable(p)) return ALPAMAYO_IO_ERROR;
-  return ALPAMAYO_FORMAT_ERROR;
-}
-
 std::shared_ptr<const alpamayo::Checkpoint> open_checkpoint(const char* dir, const char* vlm_config) {
-  require(dir != nullptr && *dir, ALPAMAYO_INVALID_ARGUMENT, "dir is NULL or empty");
-  const std::string d = dir, vlm = vlm_config ? vlm_config : "";
-  try {
-    return alpamayo::Checkpoint::open(d, vlm);
-  } catch (const alpamayo::Error& e) {
-    const alpamayo_status st = vlm.empty() ? open_status({d, d + "/config.json"}) : open_status({d, d + "/config.json", vlm});
-    throw Failure(st, e.what());
-  }
+  check(dir != nullptr && *dir, "dir is NULL or empty");
+  return alpamayo::Checkpoint::open(dir, vlm_config ? vlm_config : "");
 }
 
 alpamayo_config make_config(const alpamayo::ExpertConfig& c) {
@@ -149,39 +135,22 @@ alpamayo_config make_config(const alpamayo::ExpertConfig& c) {
 
 const alpamayo::BackendInfo& backend_info(const char* name) {
   const auto& all = alpamayo::registered_backends();
-  require(!all.empty(), ALPAMAYO_UNSUPPORTED, "no backend in this build");
+  check(!all.empty(), ErrorCode::Unsupported, "no backend in this build");
   if (name == nullptr || *name == '\0') return all.front();
-  try {
-    return alpamayo::find_backend(name);
-  } catch (const alpamayo::Error& e) {
-    throw Failure(ALPAMAYO_UNSUPPORTED, e.what());
-  }
+  return alpamayo::find_backend(name);
 }
 
 alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const alpamayo_model_options* o) {
   const alpamayo_model_options opts = o ? *o : alpamayo_model_options{};
   const alpamayo::BackendInfo& info = backend_info(opts.backend);
   alpamayo::BackendOptions bo;
-  // The requested format (NULL or "": the backend's first) if the backend offers it.
-  auto choose = [&](const char* requested, const std::vector<std::string>& fmts, const char* what) {
-    const std::string f = requested && *requested ? requested : fmts.front();
-    if (std::find(fmts.begin(), fmts.end(), f) == fmts.end()) {
-      std::string offered;
-      for (const auto& o : fmts) offered += (offered.empty() ? "" : ", ") + o;
-      throw Failure(ALPAMAYO_UNSUPPORTED, "backend " + info.name + ": unknown " + what + " '" + f + "' (it offers " +
-                                              offered + ")");
-    }
-    return f;
-  };
-  bo.weights = choose(opts.weights, info.weight_formats, "weight format");
-  bo.kv = choose(opts.kv, info.kv_formats, "KV cache format");
-  require(opts.threads >= 0 && opts.threads <= 65536, ALPAMAYO_INVALID_ARGUMENT,
-          "threads must be in [0, 65536] (0: all cores), found " + std::to_string(opts.threads));
+  // Formats, kernels and whether the backend runs here are checked once, by Model::load (its errors carry codes).
+  bo.weights = opts.weights ? opts.weights : "";
+  bo.kv = opts.kv ? opts.kv : "";
+  check(opts.threads >= 0 && opts.threads <= 65536,
+        "threads must be in [0, 65536] (0: all cores), found " + std::to_string(opts.threads));
   bo.threads = static_cast<int>(opts.threads);
   bo.kernels = opts.kernels ? opts.kernels : "";
-  const std::string why = info.unavailable();
-  require(why.empty(), ALPAMAYO_UNSUPPORTED, "backend " + info.name + " cannot run here: " + why);
-  // Errors past these checks come from the backend refusing this model.
   auto h = std::make_unique<alpamayo_model>();
   h->m = alpamayo::Model::load(std::move(ck), info.name, bo);
   h->backend = h->m->backend_name();
@@ -206,7 +175,7 @@ DType to_dtype(const alpamayo_tensor& t, const std::string& name) {
     if (code == ALPAMAYO_DTYPE_INT && bits == 8) return DType::I8;
     if (code == ALPAMAYO_DTYPE_UINT && bits == 8) return DType::U8;
   }
-  throw Failure(ALPAMAYO_INVALID_ARGUMENT, name + ": unsupported DLPack dtype (code " + std::to_string(code) + ", bits " +
+  throw Error(name + ": unsupported DLPack dtype (code " + std::to_string(code) + ", bits " +
                                                std::to_string(bits) + ", lanes " + std::to_string(lanes) + ")");
 }
 
@@ -214,11 +183,11 @@ alpamayo::TensorView to_view(const alpamayo_tensor& t, const std::string& name) 
   alpamayo::TensorView v;
   v.name = name;
   v.dtype = to_dtype(t, name);
-  require(t.ndim >= 0 && t.ndim <= 16, ALPAMAYO_INVALID_ARGUMENT, name + ": ndim " + std::to_string(t.ndim) + " is out of range");
-  require(t.ndim == 0 || t.shape != nullptr, ALPAMAYO_INVALID_ARGUMENT, name + ": shape is NULL");
+  check(t.ndim >= 0 && t.ndim <= 16, name + ": ndim " + std::to_string(t.ndim) + " is out of range");
+  check(t.ndim == 0 || t.shape != nullptr, name + ": shape is NULL");
   v.shape.assign(t.shape, t.shape + t.ndim);
   for (int64_t s : v.shape)
-    require(s >= 0 && s <= (int64_t(1) << 40), ALPAMAYO_INVALID_ARGUMENT, name + ": invalid shape " + alpamayo::shape_str(v.shape));
+    check(s >= 0 && s <= (int64_t(1) << 40), name + ": invalid shape " + alpamayo::shape_str(v.shape));
   if (t.strides) v.strides.assign(t.strides, t.strides + t.ndim);
   switch (t.device_type) {
     case 0:
@@ -226,42 +195,37 @@ alpamayo::TensorView to_view(const alpamayo_tensor& t, const std::string& name) 
     case ALPAMAYO_DEVICE_CUDA: v.device.type = alpamayo::DeviceType::CUDA; break;
     case ALPAMAYO_DEVICE_CUDA_HOST: v.device.type = alpamayo::DeviceType::CUDAHost; break;
     default:
-      throw Failure(ALPAMAYO_UNSUPPORTED, name + ": unsupported DLPack device type " + std::to_string(t.device_type));
+      throw Error(ErrorCode::Unsupported, name + ": unsupported DLPack device type " + std::to_string(t.device_type));
   }
-  require(t.device_id >= 0, ALPAMAYO_INVALID_ARGUMENT, name + ": negative device id " + std::to_string(t.device_id));
+  check(t.device_id >= 0, name + ": negative device id " + std::to_string(t.device_id));
   v.device.id = t.device_id;
-  require(t.data != nullptr || t.byte_offset == 0, ALPAMAYO_INVALID_ARGUMENT, name + ": byte_offset with a NULL data pointer");
+  check(t.data != nullptr || t.byte_offset == 0, name + ": byte_offset with a NULL data pointer");
   v.data = t.data ? static_cast<const char*>(t.data) + t.byte_offset : nullptr;
   return v;
 }
 
 int to_int(int64_t v, const std::string& what) {
-  require(v >= 0 && v <= std::numeric_limits<int>::max(), ALPAMAYO_INVALID_ARGUMENT,
-          what + " = " + std::to_string(v) + " is out of range");
+  check(v >= 0 && v <= std::numeric_limits<int>::max(), what + " = " + std::to_string(v) + " is out of range");
   return static_cast<int>(v);
 }
 
 alpamayo::Context make_context(const alpamayo_context_desc& d) {
   const std::string name = d.name && *d.name ? d.name : "context";
-  require(d.layers > 0 && d.layers <= 4096, ALPAMAYO_INVALID_ARGUMENT,
-          name + ": layers must be in [1, 4096], found " + std::to_string(d.layers));
-  require(d.keys != nullptr && d.values != nullptr, ALPAMAYO_INVALID_ARGUMENT, name + ": keys or values is NULL");
-  require(d.batch > 0, ALPAMAYO_INVALID_ARGUMENT, name + ": batch must be positive, found " + std::to_string(d.batch));
-  require(d.valid_len != nullptr && d.rope_delta != nullptr, ALPAMAYO_INVALID_ARGUMENT,
-          name + ": valid_len or rope_delta is NULL");
+  check(d.layers > 0 && d.layers <= 4096, name + ": layers must be in [1, 4096], found " + std::to_string(d.layers));
+  check(d.keys != nullptr && d.values != nullptr, name + ": keys or values is NULL");
+  check(d.batch > 0, name + ": batch must be positive, found " + std::to_string(d.batch));
+  check(d.valid_len != nullptr && d.rope_delta != nullptr, name + ": valid_len or rope_delta is NULL");
   alpamayo::KVCache kv;
   for (int64_t l = 0; l < d.layers; ++l) {
     kv.key.push_back(to_view(d.keys[l], name + ": key." + std::to_string(l)));
     kv.value.push_back(to_view(d.values[l], name + ": value." + std::to_string(l)));
   }
   const alpamayo::TensorView& k0 = kv.key[0];
-  require(k0.shape.size() == 4, ALPAMAYO_INVALID_ARGUMENT,
-          k0.name + ": expected shape [B, Hkv, P, d], found " + alpamayo::shape_str(k0.shape));
-  require(d.prompts >= 0, ALPAMAYO_INVALID_ARGUMENT, name + ": prompts must be >= 0, found " + std::to_string(d.prompts));
+  check(k0.shape.size() == 4, k0.name + ": expected shape [B, Hkv, P, d], found " + alpamayo::shape_str(k0.shape));
+  check(d.prompts >= 0, name + ": prompts must be >= 0, found " + std::to_string(d.prompts));
   const int64_t G = d.prompts > 0 ? d.prompts : d.batch;
-  require(k0.shape[0] == G, ALPAMAYO_INVALID_ARGUMENT,
-          k0.name + ": first dimension " + std::to_string(k0.shape[0]) + " differs from " +
-              (d.prompts > 0 ? "desc.prompts = " : "desc.batch = ") + std::to_string(G));
+  check(k0.shape[0] == G, k0.name + ": first dimension " + std::to_string(k0.shape[0]) + " differs from " +
+                              (d.prompts > 0 ? "desc.prompts = " : "desc.batch = ") + std::to_string(G));
   kv.G = to_int(G, name + ": prompts");
   kv.B = to_int(d.batch, name + ": batch");
   kv.Hkv = to_int(k0.shape[1], k0.name + ": Hkv");
@@ -270,26 +234,26 @@ alpamayo::Context make_context(const alpamayo_context_desc& d) {
   kv.valid_len.assign(d.valid_len, d.valid_len + G);
   if (d.prompt_index) kv.prompt_of.assign(d.prompt_index, d.prompt_index + d.batch);
   if (d.prefix_pad) kv.prefix_pad.assign(d.prefix_pad, d.prefix_pad + G);
-  require((d.suffix_keys == nullptr) == (d.suffix_values == nullptr) && (d.suffix_keys == nullptr) == (d.suffix_len == nullptr),
-          ALPAMAYO_INVALID_ARGUMENT, name + ": suffix_keys, suffix_values and suffix_len go together");
+  check((d.suffix_keys == nullptr) == (d.suffix_values == nullptr) &&
+            (d.suffix_keys == nullptr) == (d.suffix_len == nullptr),
+        name + ": suffix_keys, suffix_values and suffix_len go together");
   if (d.suffix_keys) {
     for (int64_t l = 0; l < d.layers; ++l) {
       kv.suffix_key.push_back(to_view(d.suffix_keys[l], name + ": suffix_key." + std::to_string(l)));
       kv.suffix_value.push_back(to_view(d.suffix_values[l], name + ": suffix_value." + std::to_string(l)));
     }
     const alpamayo::TensorView& s0 = kv.suffix_key[0];
-    require(s0.shape.size() == 4, ALPAMAYO_INVALID_ARGUMENT,
-            s0.name + ": expected shape [B, Hkv, Q, d], found " + alpamayo::shape_str(s0.shape));
+    check(s0.shape.size() == 4, s0.name + ": expected shape [B, Hkv, Q, d], found " + alpamayo::shape_str(s0.shape));
     kv.Q = to_int(s0.shape[2], s0.name + ": Q");
     kv.suffix_len.assign(d.suffix_len, d.suffix_len + d.batch);
   }
   std::vector<int64_t> rope(d.rope_delta, d.rope_delta + d.batch);
   std::optional<alpamayo::EgoHistory> hist;
   if (d.history != 0) {
-    require(d.history > 0 && d.history <= (int64_t(1) << 24), ALPAMAYO_INVALID_ARGUMENT,
-            name + ": history = " + std::to_string(d.history) + " is out of range");
-    require(d.history_xyz != nullptr && d.history_rot != nullptr, ALPAMAYO_INVALID_ARGUMENT,
-            name + ": history > 0 needs history_xyz and history_rot");
+    check(d.history > 0 && d.history <= (int64_t(1) << 24),
+          name + ": history = " + std::to_string(d.history) + " is out of range");
+    check(d.history_xyz != nullptr && d.history_rot != nullptr,
+          name + ": history > 0 needs history_xyz and history_rot");
     alpamayo::EgoHistory h;
     h.H = static_cast<int>(d.history);
     h.xyz.assign(d.history_xyz, d.history_xyz + d.batch * d.history * 3);
@@ -311,7 +275,8 @@ void fill_array(alpamayo_array* out, const std::vector<float>& v, std::initializ
     out->shape[i++] = s;
     n *= s;
   }
-  require(n == out->count, ALPAMAYO_INTERNAL, "output size " + std::to_string(out->count) + " does not match its shape");
+  check(n == out->count, ErrorCode::Internal,
+        "output size " + std::to_string(out->count) + " does not match its shape");
 }
 
 void result_array(const alpamayo_result& h, alpamayo_output which, alpamayo_array* out) {
@@ -325,12 +290,12 @@ void result_array(const alpamayo_result& h, alpamayo_output which, alpamayo_arra
     case ALPAMAYO_V0: return fill_array(out, r.v0, {B});
     case ALPAMAYO_X_STEPS:
     case ALPAMAYO_V_STEPS:
-      require(h.all_steps, ALPAMAYO_INVALID_STATE,
-              std::string(which == ALPAMAYO_X_STEPS ? "x_steps" : "v_steps") + " were not kept: sample with all_steps");
+      check(h.all_steps, ErrorCode::InvalidState,
+            std::string(which == ALPAMAYO_X_STEPS ? "x_steps" : "v_steps") + " were not kept: sample with all_steps");
       if (which == ALPAMAYO_X_STEPS) return fill_array(out, r.x_steps, {N + 1, B, T, A});
       return fill_array(out, r.v_steps, {N, B, T, A});
   }
-  throw Failure(ALPAMAYO_INVALID_ARGUMENT, "unknown output " + std::to_string(static_cast<int64_t>(which)));
+  throw Error("unknown output " + std::to_string(static_cast<int64_t>(which)));
 }
 
 }  // namespace
@@ -351,6 +316,7 @@ const char* alpamayo_status_name(alpamayo_status status) {
     case ALPAMAYO_OUT_OF_MEMORY: return "out of memory";
     case ALPAMAYO_INVALID_STATE: return "invalid state";
     case ALPAMAYO_INTERNAL: return "internal error";
+    case ALPAMAYO_NON_FINITE: return "non-finite value";
   }
   return "unknown status";
 }
@@ -403,15 +369,15 @@ const char* alpamayo_backend_format(int64_t index, int64_t format) {
 }
 
 alpamayo_status alpamayo_backend_check(const char* backend) {
-  return guarded(__func__, ALPAMAYO_UNSUPPORTED, [&] {
+  return guarded(__func__, [&] {
     const alpamayo::BackendInfo& info = backend_info(backend);
     const std::string why = info.unavailable();
-    require(why.empty(), ALPAMAYO_UNSUPPORTED, "backend " + info.name + " cannot run here: " + why);
+    check(why.empty(), ErrorCode::Unsupported, "backend " + info.name + " cannot run here: " + why);
   });
 }
 
 alpamayo_status alpamayo_checkpoint_open(const char* dir, const char* vlm_config, alpamayo_checkpoint** out) {
-  return guarded(__func__, ALPAMAYO_FORMAT_ERROR, [&] {
+  return guarded(__func__, [&] {
     clear_out(out);
     auto h = std::make_unique<alpamayo_checkpoint>();
     h->ck = open_checkpoint(dir, vlm_config);
@@ -422,7 +388,7 @@ alpamayo_status alpamayo_checkpoint_open(const char* dir, const char* vlm_config
 void alpamayo_checkpoint_free(alpamayo_checkpoint* checkpoint) { delete checkpoint; }
 
 alpamayo_status alpamayo_checkpoint_config(const alpamayo_checkpoint* checkpoint, alpamayo_config* out) {
-  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+  return guarded(__func__, [&] {
     require_ptr(checkpoint, "checkpoint");
     require_ptr(out, "out");
     *out = make_config(checkpoint->ck->config());
@@ -431,7 +397,7 @@ alpamayo_status alpamayo_checkpoint_config(const alpamayo_checkpoint* checkpoint
 
 alpamayo_status alpamayo_model_load(const alpamayo_checkpoint* checkpoint, const alpamayo_model_options* options,
                                     alpamayo_model** out) {
-  return guarded(__func__, ALPAMAYO_UNSUPPORTED, [&] {
+  return guarded(__func__, [&] {
     clear_out(out);
     require_ptr(checkpoint, "checkpoint");
     *out = load_model(checkpoint->ck, options);
@@ -439,7 +405,7 @@ alpamayo_status alpamayo_model_load(const alpamayo_checkpoint* checkpoint, const
 }
 
 alpamayo_status alpamayo_model_open(const char* dir, const alpamayo_model_options* options, alpamayo_model** out) {
-  return guarded(__func__, ALPAMAYO_UNSUPPORTED, [&] {
+  return guarded(__func__, [&] {
     clear_out(out);
     backend_info(options ? options->backend : nullptr);  // an unknown backend fails before the checkpoint is read
     *out = load_model(open_checkpoint(dir, options ? options->vlm_config : nullptr), options);
@@ -449,7 +415,7 @@ alpamayo_status alpamayo_model_open(const char* dir, const alpamayo_model_option
 void alpamayo_model_free(alpamayo_model* model) { delete model; }
 
 alpamayo_status alpamayo_model_config(const alpamayo_model* model, alpamayo_config* out) {
-  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+  return guarded(__func__, [&] {
     require_ptr(model, "model");
     require_ptr(out, "out");
     *out = make_config(model->m->config());
@@ -463,7 +429,7 @@ const char* alpamayo_model_kv(const alpamayo_model* model) { return model ? mode
 const char* alpamayo_model_kernels(const alpamayo_model* model) { return model ? model->kernels.c_str() : nullptr; }
 
 alpamayo_status alpamayo_context_create(const alpamayo_context_desc* desc, alpamayo_context** out) {
-  return guarded(__func__, ALPAMAYO_INVALID_ARGUMENT, [&] {
+  return guarded(__func__, [&] {
     clear_out(out);
     require_ptr(desc, "desc");
     *out = new alpamayo_context{make_context(*desc)};
@@ -471,21 +437,17 @@ alpamayo_status alpamayo_context_create(const alpamayo_context_desc* desc, alpam
 }
 
 alpamayo_status alpamayo_context_open(const char* path, alpamayo_context** out) {
-  return guarded(__func__, ALPAMAYO_FORMAT_ERROR, [&] {
+  return guarded(__func__, [&] {
     clear_out(out);
-    require(path != nullptr && *path, ALPAMAYO_INVALID_ARGUMENT, "path is NULL or empty");
-    try {
-      *out = new alpamayo_context{alpamayo::Context::open(path)};
-    } catch (const alpamayo::Error& e) {
-      throw Failure(open_status({path}), e.what());
-    }
+    check(path != nullptr && *path, "path is NULL or empty");
+    *out = new alpamayo_context{alpamayo::Context::open(path)};
   });
 }
 
 void alpamayo_context_free(alpamayo_context* context) { delete context; }
 
 alpamayo_status alpamayo_context_get_info(const alpamayo_context* context, alpamayo_context_info* out) {
-  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+  return guarded(__func__, [&] {
     require_ptr(context, "context");
     require_ptr(out, "out");
     const alpamayo::Context& c = context->ctx;
@@ -501,7 +463,7 @@ alpamayo_status alpamayo_context_get_info(const alpamayo_context* context, alpam
 }
 
 alpamayo_status alpamayo_session_create(const alpamayo_model* model, alpamayo_session** out) {
-  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+  return guarded(__func__, [&] {
     clear_out(out);
     require_ptr(model, "model");
     auto h = std::make_unique<alpamayo_session>(model->m);
@@ -513,7 +475,7 @@ void alpamayo_session_free(alpamayo_session* session) { delete session; }
 
 alpamayo_status alpamayo_session_bind(alpamayo_session* session, const alpamayo_context* context,
                                       const alpamayo_bind_options* options) {
-  return guarded(__func__, ALPAMAYO_INVALID_ARGUMENT, [&] {
+  return guarded(__func__, [&] {
     require_ptr(session, "session");
     require_ptr(context, "context");
     const alpamayo_bind_options o = options ? *options : alpamayo_bind_options{};
@@ -521,65 +483,45 @@ alpamayo_status alpamayo_session_bind(alpamayo_session* session, const alpamayo_
     if (o.capture) {
       if (o.capture_step < 0 || o.capture_step > 100000) {
         session->s = alpamayo::Session(session->model);  // a failed bind leaves the session unbound
-        throw Failure(ALPAMAYO_INVALID_ARGUMENT, "capture_step must be in [0, 100000], found " + std::to_string(o.capture_step));
+        throw Error("capture_step must be in [0, 100000], found " + std::to_string(o.capture_step));
       }
       bo.capture.step = static_cast<int>(o.capture_step);
       bo.capture.layers = o.capture_layers != 0;
     }
     if (o.guidance) bo.guidance = alpamayo::Guidance{o.guidance->ctx, o.guidance_weight};
-    // The checks of Session::bind, classified: a context that does not fit is INVALID_ARGUMENT, memory the
-    // backend cannot read UNSUPPORTED. Session::bind repeats them and leaves the session unbound on failure.
-    const alpamayo::Context& ctx = context->ctx;
-    bool fits = true;
-    try {
-      ctx.check_compatible(session->model->config());
-    } catch (const alpamayo::Error&) {
-      fits = false;
-    }
-    alpamayo_status st = ALPAMAYO_INVALID_ARGUMENT;
-    const alpamayo::BackendModel& be = session->model->backend();
-    for (const auto* list : {&ctx.kv().key, &ctx.kv().value, &ctx.kv().suffix_key, &ctx.kv().suffix_value})
-      for (const alpamayo::TensorView& t : *list)
-        if (fits && !be.can_read(t.device)) st = ALPAMAYO_UNSUPPORTED;
-    try {
-      session->s.bind(ctx, bo);
-    } catch (const alpamayo::Error& e) {
-      throw Failure(st, e.what());
-    }
+    session->s.bind(context->ctx, bo);  // a failed bind leaves the session unbound
   });
 }
 
 alpamayo_status alpamayo_session_sample(alpamayo_session* session, const alpamayo_sample_options* options,
                                         alpamayo_result** out) {
-  return guarded(__func__, ALPAMAYO_INVALID_ARGUMENT, [&] {
+  return guarded(__func__, [&] {
     clear_out(out);
     require_ptr(session, "session");
-    require(session->s.bound(), ALPAMAYO_INVALID_STATE, "no context bound (call alpamayo_session_bind first)");
+    check(session->s.bound(), ErrorCode::InvalidState, "no context bound (call alpamayo_session_bind first)");
     const alpamayo_sample_options o = options ? *options : alpamayo_sample_options{};
     alpamayo::SampleOptions so;
-    require(o.steps >= 0 && o.steps <= 100000, ALPAMAYO_INVALID_ARGUMENT,
-            "steps must be in [1, 100000] (0: the checkpoint's default), found " + std::to_string(o.steps));
+    check(o.steps >= 0 && o.steps <= 100000,
+          "steps must be in [1, 100000] (0: the checkpoint's default), found " + std::to_string(o.steps));
     so.steps = static_cast<int>(o.steps);
     so.seed = o.seed;
-    require(o.noise != nullptr || o.noise_count == 0, ALPAMAYO_INVALID_ARGUMENT,
-            "noise is NULL but noise_count = " + std::to_string(o.noise_count));
+    check(o.noise != nullptr || o.noise_count == 0, "noise is NULL but noise_count = " + std::to_string(o.noise_count));
     if (o.noise) {
       const alpamayo::ExpertConfig& c = session->model->config();
       const int64_t want = int64_t(session->s.context().batch()) * c.T * c.A;
-      require(o.noise_count == want, ALPAMAYO_INVALID_ARGUMENT,
-              "noise: expected " + std::to_string(want) + " values [B=" + std::to_string(session->s.context().batch()) +
-                  ", T=" + std::to_string(c.T) + ", A=" + std::to_string(c.A) + "], noise_count is " +
-                  std::to_string(o.noise_count));
+      check(o.noise_count == want, "noise: expected " + std::to_string(want) +
+                                       " values [B=" + std::to_string(session->s.context().batch()) +
+                                       ", T=" + std::to_string(c.T) + ", A=" + std::to_string(c.A) +
+                                       "], noise_count is " + std::to_string(o.noise_count));
       so.noise.assign(o.noise, o.noise + o.noise_count);
     }
     so.all_steps = o.all_steps != 0;
     if (o.use_v0) so.v0 = o.v0;
-    require(o.seeds != nullptr || o.seeds_count == 0, ALPAMAYO_INVALID_ARGUMENT,
-            "seeds is NULL but seeds_count = " + std::to_string(o.seeds_count));
+    check(o.seeds != nullptr || o.seeds_count == 0, "seeds is NULL but seeds_count = " + std::to_string(o.seeds_count));
     if (o.seeds) {
-      require(o.seeds_count == session->s.context().batch(), ALPAMAYO_INVALID_ARGUMENT,
-              "seeds: expected one per sample (B = " + std::to_string(session->s.context().batch()) + "), seeds_count is " +
-                  std::to_string(o.seeds_count));
+      check(o.seeds_count == session->s.context().batch(),
+            "seeds: expected one per sample (B = " + std::to_string(session->s.context().batch()) +
+                "), seeds_count is " + std::to_string(o.seeds_count));
       so.seeds.assign(o.seeds, o.seeds + o.seeds_count);
     }
     if (o.use_temperature) so.temperature = o.temperature;
@@ -593,7 +535,7 @@ alpamayo_status alpamayo_session_sample(alpamayo_session* session, const alpamay
 void alpamayo_result_free(alpamayo_result* result) { delete result; }
 
 alpamayo_status alpamayo_result_get_info(const alpamayo_result* result, alpamayo_result_info* out) {
-  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+  return guarded(__func__, [&] {
     require_ptr(result, "result");
     require_ptr(out, "out");
     *out = alpamayo_result_info{};
@@ -608,7 +550,7 @@ alpamayo_status alpamayo_result_get_info(const alpamayo_result* result, alpamayo
 }
 
 alpamayo_status alpamayo_result_get(const alpamayo_result* result, alpamayo_output which, alpamayo_array* out) {
-  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+  return guarded(__func__, [&] {
     require_ptr(result, "result");
     require_ptr(out, "out");
     result_array(*result, which, out);
@@ -616,13 +558,13 @@ alpamayo_status alpamayo_result_get(const alpamayo_result* result, alpamayo_outp
 }
 
 alpamayo_status alpamayo_result_copy(const alpamayo_result* result, alpamayo_output which, float* dst, int64_t capacity) {
-  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+  return guarded(__func__, [&] {
     require_ptr(result, "result");
     require_ptr(dst, "dst");
     alpamayo_array a;
     result_array(*result, which, &a);
-    require(capacity >= a.count, ALPAMAYO_INVALID_ARGUMENT,
-            "dst holds " + std::to_string(capacity) + " floats, the output has " + std::to_string(a.count));
+    check(capacity >= a.count,
+          "dst holds " + std::to_string(capacity) + " floats, the output has " + std::to_string(a.count));
     std::copy(a.data, a.data + a.count, dst);
   });
 }
@@ -637,23 +579,23 @@ int64_t alpamayo_session_captured_step(const alpamayo_session* session) {
 
 alpamayo_status alpamayo_session_capture(const alpamayo_session* session, alpamayo_capture which, int64_t layer,
                                          alpamayo_array* out) {
-  return guarded(__func__, ALPAMAYO_INTERNAL, [&] {
+  return guarded(__func__, [&] {
     require_ptr(session, "session");
     require_ptr(out, "out");
     const alpamayo::Captures& c = session->s.captures();
-    require(c.step >= 0, ALPAMAYO_INVALID_STATE, "no captures: bind with capture set, then sample");
+    check(c.step >= 0, ErrorCode::InvalidState, "no captures: bind with capture set, then sample");
     const int64_t B = session->s.context().batch(), T = session->model->config().T,
                   D = session->model->config().D;
     switch (which) {
       case ALPAMAYO_CAPTURE_EMB: return fill_array(out, c.emb, {B, T, D});
       case ALPAMAYO_CAPTURE_HIDDEN: return fill_array(out, c.hidden, {B, T, D});
       case ALPAMAYO_CAPTURE_LAYER:
-        require(!c.layers.empty(), ALPAMAYO_INVALID_STATE, "layer outputs were not captured: bind with capture_layers");
-        require(layer >= 0 && layer < static_cast<int64_t>(c.layers.size()), ALPAMAYO_INVALID_ARGUMENT,
-                "layer " + std::to_string(layer) + " is outside [0, " + std::to_string(c.layers.size()) + ")");
+        check(!c.layers.empty(), ErrorCode::InvalidState, "layer outputs were not captured: bind with capture_layers");
+        check(layer >= 0 && layer < static_cast<int64_t>(c.layers.size()),
+              "layer " + std::to_string(layer) + " is outside [0, " + std::to_string(c.layers.size()) + ")");
         return fill_array(out, c.layers[layer], {B, T, D});
     }
-    throw Failure(ALPAMAYO_INVALID_ARGUMENT, "unknown capture " + std::to_string(static_cast<int64_t>(which)));
+    throw Error("unknown capture " + std::to_string(static_cast<int64_t>(which)));
   });
 }
 

@@ -32,10 +32,10 @@ thread_local std::vector<std::string> g_stages;
 
 }  // namespace
 
-void check_range(double v, double lo, double hi, const std::string& what, const std::string& why) {
+void check_range(double v, double lo, double hi, const std::string& what, const std::string& why, ErrorCode code) {
   if (v >= lo && v <= hi) return;
-  if (!std::isfinite(v)) throw Error(what + " must be finite, found " + num(v));
-  throw Error(what + " = " + num(v) + " is outside [" + num(lo) + ", " + num(hi) + "]" + why);
+  if (!std::isfinite(v)) throw Error(code, what + " must be finite, found " + num(v));
+  throw Error(code, what + " = " + num(v) + " is outside [" + num(lo) + ", " + num(hi) + "]" + why);
 }
 
 void MemoryEstimate::add(const std::string& what, double b) {
@@ -159,8 +159,9 @@ void check_memory(const MemoryEstimate& e, const std::string& stage) {
   std::string src;
   const double avail = available_memory_bytes(&src);
   if (avail < 0) return;
-  check(e.bytes <= avail, stage + " needs about " + format_bytes(e.bytes) + " (" + e.parts + ") but only " +
-                              format_bytes(avail) + " is available (" + src + ")");
+  check(e.bytes <= avail, ErrorCode::OutOfMemory,
+        stage + " needs about " + format_bytes(e.bytes) + " (" + e.parts + ") but only " + format_bytes(avail) +
+            " is available (" + src + ")");
 }
 
 // The innermost stage an exception unwound through, kept for the API boundary that catches it (the stack

@@ -160,8 +160,8 @@ void expect_finite(const TensorView& t) {
   if (t.dtype == DType::F32) v = static_cast<const float*>(t.data)[i];
   else if (t.dtype == DType::BF16) v = bf16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
   else v = f16_to_f32(static_cast<const uint16_t*>(t.data)[i]);
-  throw Error(t.name + ": non-finite value " + (std::isnan(v) ? std::string("nan") : v > 0 ? "inf" : "-inf") + " at " +
-              index_str(t.shape, i));
+  const char* shown = std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+  throw Error(ErrorCode::NonFinite, t.name + ": non-finite value " + shown + " at " + index_str(t.shape, i));
 }
 
 int64_t TensorView::numel() const {
@@ -191,14 +191,15 @@ bool TensorView::is_contiguous() const {
 }
 
 void expect_host_contiguous(const TensorView& t, const std::string& who) {
-  check(t.device.host_accessible(), t.name + ": lives in " + t.device.str() + " memory, which " + who +
-                                        " cannot read (bind it to a backend for that device)");
+  check(t.device.host_accessible(), ErrorCode::Unsupported,
+        t.name + ": lives in " + t.device.str() + " memory, which " + who +
+            " cannot read (bind it to a backend for that device)");
   check(t.is_contiguous(), t.name + ": " + who + " needs a row-major contiguous tensor, found shape " +
                                shape_str(t.shape) + " with strides " + shape_str(t.strides));
 }
 
-void expect_float(const TensorView& t) {
-  check(is_float(t.dtype), t.name + ": expected dtype F32, F16 or BF16, found " + dtype_name(t.dtype));
+void expect_float(const TensorView& t, ErrorCode code) {
+  check(is_float(t.dtype), code, t.name + ": expected dtype F32, F16 or BF16, found " + dtype_name(t.dtype));
 }
 
 void convert_to_f32(const TensorView& t, float* out) {
@@ -242,8 +243,8 @@ void convert_to_bf16(const TensorView& t, uint16_t* out) {
   }
 }
 
-void expect_shape(const TensorView& t, const std::vector<int64_t>& shape) {
-  check(t.shape == shape, t.name + ": expected shape " + shape_str(shape) + ", found " + shape_str(t.shape));
+void expect_shape(const TensorView& t, const std::vector<int64_t>& shape, ErrorCode code) {
+  check(t.shape == shape, code, t.name + ": expected shape " + shape_str(shape) + ", found " + shape_str(t.shape));
 }
 
 Tensor Tensor::make(DType dtype, std::vector<int64_t> shape, const void* src) {

@@ -23,11 +23,11 @@ class CheckpointLoader {
   CheckpointLoader(Checkpoint* ck, const std::string& dir) : ck_(ck), dir_(dir) {}
 
   void run(const CheckpointOptions& opts) {
-    check(fs::is_directory(dir_), dir_ + ": checkpoint directory not found");
+    check(fs::is_directory(dir_), ErrorCode::IO, dir_ + ": checkpoint directory not found");
     const std::string cfg_path = (fs::path(dir_) / "config.json").string();
-    check(fs::exists(cfg_path), cfg_path + ": missing (a checkpoint directory needs config.json)");
+    check(fs::exists(cfg_path), ErrorCode::IO, cfg_path + ": missing (a checkpoint directory needs config.json)");
     const nlohmann::json root = read_json_file(cfg_path);
-    check(root.is_object(), cfg_path + ": expected a JSON object");
+    check(root.is_object(), ErrorCode::Format, cfg_path + ": expected a JSON object");
     nlohmann::json vlm;
     if (!opts.vlm_config.empty()) vlm = read_json_file(opts.vlm_config);
     const ReleaseConfig rc(root, cfg_path, opts.vlm_config.empty() ? nullptr : &vlm, opts.vlm_config, opts.release);
@@ -36,7 +36,7 @@ class CheckpointLoader {
 
     index_keys();
     detect_layout();
-    check(ck_->layout_ == info_->layout,
+    check(ck_->layout_ == info_->layout, ErrorCode::Format,
           dir_ + ": config.json says " + info_->name + " (" + rc.evidence() + "), whose tensors are " +
               layout_name(info_->layout) + ", but the checkpoint holds " + layout_name(ck_->layout_) + " tensors");
     ExpertConfig& c = ck_->cfg_;
@@ -55,13 +55,15 @@ class CheckpointLoader {
     const fs::path single = fs::path(dir_) / "model.safetensors";
     if (fs::exists(index)) {
       const nlohmann::json j = read_json_file(index.string());
-      check(j.contains("weight_map") && j["weight_map"].is_object(), index.string() + ": missing 'weight_map' object");
+      check(j.contains("weight_map") && j["weight_map"].is_object(), ErrorCode::Format,
+            index.string() + ": missing 'weight_map' object");
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-        check(it.value().is_string(), index.string() + ": weight_map['" + it.key() + "'] must be a file name");
+        check(it.value().is_string(), ErrorCode::Format,
+              index.string() + ": weight_map['" + it.key() + "'] must be a file name");
         add_key(it.key(), confined_shard_path(dir_, it.value().get<std::string>(), index.string(), it.key()));
       }
     } else {
-      check(fs::exists(single), dir_ + ": no model.safetensors or model.safetensors.index.json");
+      check(fs::exists(single), ErrorCode::IO, dir_ + ": no model.safetensors or model.safetensors.index.json");
       const SafetensorsFile& f = open(single.string());
       for (const auto& [k, ti] : f.tensors()) add_key(k, single.string());
     }
@@ -86,18 +88,19 @@ class CheckpointLoader {
 
   TensorView get(const std::string& key) {
     auto it = key_file_.find(key);
-    check(it != key_file_.end(), dir_ + ": missing tensor '" + key + "'");
+    check(it != key_file_.end(), ErrorCode::Format, dir_ + ": missing tensor '" + key + "'");
     const SafetensorsFile& f = open(it->second);
-    check(f.contains(key), it->second + ": tensor '" + key + "' listed in the index is not in this shard");
+    check(f.contains(key), ErrorCode::Format,
+          it->second + ": tensor '" + key + "' listed in the index is not in this shard");
     TensorView v = f.view(key);
-    expect_float(v);
+    expect_float(v, ErrorCode::Format);
     ck_->n_params_ += v.numel();
     return v;
   }
 
   TensorView get(const std::string& key, const std::vector<int64_t>& shape) {
     TensorView v = get(key);
-    expect_shape(v, shape);
+    expect_shape(v, shape, ErrorCode::Format);
     return v;
   }
 
@@ -107,9 +110,12 @@ class CheckpointLoader {
       if (k.rfind("expert.expert.layers.", 0) == 0) a2 = true;
       else if (k.rfind("expert.layers.", 0) == 0) r1 = true;
     }
-    check(r1 || a2, dir_ + ": no expert layers found (expected keys expert.layers.* (R1/1.5) or "
-                           "expert.expert.layers.* (Alpamayo 2))");
-    check(!(r1 && a2), dir_ + ": both expert.layers.* and expert.expert.layers.* keys present; ambiguous layout");
+    check(r1 || a2, ErrorCode::Format,
+          dir_ +
+              ": no expert layers found (expected keys expert.layers.* (R1/1.5) or "
+              "expert.expert.layers.* (Alpamayo 2))");
+    check(!(r1 && a2), ErrorCode::Format,
+          dir_ + ": both expert.layers.* and expert.expert.layers.* keys present; ambiguous layout");
     ck_->layout_ = a2 ? Layout::A2 : Layout::R1;
     expert_ = a2 ? "expert.expert." : "expert.";
     heads_ = a2 ? "expert." : "";
@@ -122,48 +128,52 @@ class CheckpointLoader {
       if (k.rfind(lp, 0) != 0) continue;
       const size_t dot = k.find('.', lp.size());
       const std::string num = k.substr(lp.size(), dot - lp.size());
-      check(!num.empty() && num.find_first_not_of("0123456789") == std::string::npos,
+      check(!num.empty() && num.find_first_not_of("0123456789") == std::string::npos, ErrorCode::Format,
             dir_ + ": unexpected key '" + k + "'");
-      check(num.size() <= 6, dir_ + ": key '" + k + "': layer index out of range");
+      check(num.size() <= 6, ErrorCode::Format, dir_ + ": key '" + k + "': layer index out of range");
       idx.insert(std::stoi(num));
     }
     c->L = static_cast<int>(idx.size());
-    check(*idx.rbegin() == c->L - 1, dir_ + ": expert layer indices are not contiguous from 0 (found " +
-                                         std::to_string(c->L) + " layers, highest index " +
-                                         std::to_string(*idx.rbegin()) + ")");
+    check(*idx.rbegin() == c->L - 1, ErrorCode::Format,
+          dir_ + ": expert layer indices are not contiguous from 0 (found " + std::to_string(c->L) +
+              " layers, highest index " + std::to_string(*idx.rbegin()) + ")");
     const std::string p0 = lp + "0.";
     const TensorView q = get(p0 + "self_attn.q_proj.weight"), qn = get(p0 + "self_attn.q_norm.weight"),
                      kk = get(p0 + "self_attn.k_proj.weight"), g = get(p0 + "mlp.gate_proj.weight");
-    check(q.shape.size() == 2 && qn.shape.size() == 1 && kk.shape.size() == 2 && g.shape.size() == 2,
+    check(q.shape.size() == 2 && qn.shape.size() == 1 && kk.shape.size() == 2 && g.shape.size() == 2, ErrorCode::Format,
           dir_ + ": layer 0 projections must be 2-D and q_norm 1-D");
     // Sizes from the tensors' shapes, each within its bound (limits.h) before any is narrowed to int or used
     // to size anything: a 12 KB file may declare a hidden size of 0 and a huge MLP width.
     auto size = [&](const TensorView& t, int dim, int64_t hi, const char* what) {
       const int64_t v = t.shape[dim];
-      check(v >= 1 && v <= hi, t.name + ": shape " + shape_str(t.shape) + " gives " + what + " = " + std::to_string(v) +
-                                   ", outside [1, " + std::to_string(hi) + "]");
+      check(v >= 1 && v <= hi, ErrorCode::Format,
+            t.name + ": shape " + shape_str(t.shape) + " gives " + what + " = " + std::to_string(v) + ", outside [1, " +
+                std::to_string(hi) + "]");
       return v;
     };
-    check(c->L <= limits::kMaxLayers, dir_ + ": " + std::to_string(c->L) + " expert layers, more than " +
-                                          std::to_string(limits::kMaxLayers));
+    check(c->L <= limits::kMaxLayers, ErrorCode::Format,
+          dir_ + ": " + std::to_string(c->L) + " expert layers, more than " + std::to_string(limits::kMaxLayers));
     size(q, 1, limits::kMaxHidden, "the hidden size D");
     size(qn, 0, limits::kMaxHeadDim, "the head dim d");
     size(g, 0, limits::kMaxMlp, "the MLP width I");
     size(g, 1, limits::kMaxHidden, "the hidden size D");
     c->D = static_cast<int>(q.shape[1]);
     c->d = static_cast<int>(qn.shape[0]);
-    check(c->d > 0 && c->d % 2 == 0, qn.name + ": head dim must be even and positive, found " + std::to_string(c->d));
+    check(c->d > 0 && c->d % 2 == 0, ErrorCode::Format,
+          qn.name + ": head dim must be even and positive, found " + std::to_string(c->d));
     for (const TensorView* t : {&q, &kk})
-      check(t->shape[0] % c->d == 0, t->name + ": " + std::to_string(t->shape[0]) +
-                                         " rows are not a multiple of the head dim " + std::to_string(c->d) + " (from q_norm)");
+      check(t->shape[0] % c->d == 0, ErrorCode::Format,
+            t->name + ": " + std::to_string(t->shape[0]) + " rows are not a multiple of the head dim " +
+                std::to_string(c->d) + " (from q_norm)");
     for (const TensorView* t : {&q, &kk})
-      check(t->shape[0] >= c->d && t->shape[0] / c->d <= limits::kMaxHeads,
+      check(t->shape[0] >= c->d && t->shape[0] / c->d <= limits::kMaxHeads, ErrorCode::Format,
             t->name + ": shape " + shape_str(t->shape) + " gives " + std::to_string(t->shape[0] / c->d) +
                 " heads of dim " + std::to_string(c->d) + ", outside [1, " + std::to_string(limits::kMaxHeads) + "]");
     c->Hq = static_cast<int>(q.shape[0] / c->d);
     c->Hkv = static_cast<int>(kk.shape[0] / c->d);
-    check(c->Hkv > 0 && c->Hq % c->Hkv == 0, kk.name + ": query heads " + std::to_string(c->Hq) +
-                                                 " must be a multiple of KV heads " + std::to_string(c->Hkv));
+    check(c->Hkv > 0 && c->Hq % c->Hkv == 0, ErrorCode::Format,
+          kk.name + ": query heads " + std::to_string(c->Hq) + " must be a multiple of KV heads " +
+              std::to_string(c->Hkv));
     c->I = static_cast<int>(g.shape[0]);
     ck_->n_params_ = 0;
     const int64_t D = c->D, d = c->d, Hq = c->Hq, Hkv = c->Hkv, I = c->I;
@@ -189,11 +199,13 @@ class CheckpointLoader {
   void load_heads(ExpertConfig* c) {
     const std::string out = heads_ + "action_out_proj.";
     ck_->aout_.w = get(out + "weight");
-    check(ck_->aout_.w.shape.size() == 2 && ck_->aout_.w.shape[1] == c->D,
-          ck_->aout_.w.name + ": expected shape [A, " + std::to_string(c->D) + "], found " + shape_str(ck_->aout_.w.shape));
+    check(ck_->aout_.w.shape.size() == 2 && ck_->aout_.w.shape[1] == c->D, ErrorCode::Format,
+          ck_->aout_.w.name + ": expected shape [A, " + std::to_string(c->D) + "], found " +
+              shape_str(ck_->aout_.w.shape));
     c->A = static_cast<int>(ck_->aout_.w.shape[0]);
-    check(c->A == 2, ck_->aout_.w.name + ": the unicycle action space needs A = 2 (acceleration, curvature), found " +
-                         std::to_string(c->A));
+    check(c->A == 2, ErrorCode::Format,
+          ck_->aout_.w.name + ": the unicycle action space needs A = 2 (acceleration, curvature), found " +
+              std::to_string(c->A));
     ck_->aout_.b = get(out + "bias", {c->A});
 
     const std::string ip = heads_ + "action_in_proj.";
@@ -202,15 +214,16 @@ class CheckpointLoader {
     // A trunk longer than the config says: report the config mismatch, not a shape error.
     const std::string extra = tr + std::to_string(3 * int64_t(n) + 1) + ".weight";
     const std::string extra2 = tr + std::to_string(3 * int64_t(n) + 2) + ".weight";
-    check(!has(extra) && !has(extra2), dir_ + ": tensor '" + (has(extra) ? extra : extra2) +
-                                           "' exists but action_in_proj_cfg.num_enc_layers is " + std::to_string(n) +
-                                           " (" + source_of("action_in_proj_cfg.num_enc_layers") + ")");
+    check(!has(extra) && !has(extra2), ErrorCode::Format,
+          dir_ + ": tensor '" + (has(extra) ? extra : extra2) + "' exists but action_in_proj_cfg.num_enc_layers is " +
+              std::to_string(n) + " (" + source_of("action_in_proj_cfg.num_enc_layers") + ")");
     const TensorView w0 = get(tr + "0.weight");
-    check(w0.shape.size() == 2, w0.name + ": expected a 2-D Linear weight");
+    check(w0.shape.size() == 2, ErrorCode::Format, w0.name + ": expected a 2-D Linear weight");
     const int64_t h = w0.shape[0], in = int64_t(c->A + 1) * F;
-    check(h == c->ain_hidden, w0.name + ": hidden size " + std::to_string(h) + " differs from action_in_proj_cfg.hidden_size " +
-                                  std::to_string(c->ain_hidden) + " (" + source_of("action_in_proj_cfg.hidden_size") + ")");
-    expect_shape(w0, {h, in});
+    check(h == c->ain_hidden, ErrorCode::Format,
+          w0.name + ": hidden size " + std::to_string(h) + " differs from action_in_proj_cfg.hidden_size " +
+              std::to_string(c->ain_hidden) + " (" + source_of("action_in_proj_cfg.hidden_size") + ")");
+    expect_shape(w0, {h, in}, ErrorCode::Format);
     auto& a = ck_->ain_;
     a.linear_w.push_back(w0);
     a.linear_b.push_back(get(tr + "0.bias", {h}));
@@ -237,7 +250,7 @@ class CheckpointLoader {
       if (present) ck_->notes_.push_back("Fourier freqs tensors ignored: " + rel + " does not load them");
       present = 0;
     }
-    check(present == 0 || present == static_cast<int>(fk.size()),
+    check(present == 0 || present == static_cast<int>(fk.size()), ErrorCode::Format,
           dir_ + ": some but not all Fourier freqs buffers are present (e.g. '" + fk.back() + "')");
     if (present) {
       for (const auto& k : fk) a.freqs.push_back(get(k, {1, F / 2}));
@@ -258,7 +271,7 @@ class CheckpointLoader {
         continue;
       }
       const TensorView v = get(k);
-      check(v.numel() == 1, v.name + ": expected a scalar, found shape " + shape_str(v.shape));
+      check(v.numel() == 1, ErrorCode::Format, v.name + ": expected a scalar, found shape " + shape_str(v.shape));
       float val;
       convert_to_f32(v, &val);
       *dst[i] = val;  // the buffer is what the released model uses
@@ -266,7 +279,7 @@ class CheckpointLoader {
       std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(val));
       set_value(std::string("action_space_cfg.") + stats[i], buf, "tensor " + k + " (overrides the config key)");
     }
-    check(c->accel_std > 0 && c->curvature_std > 0, dir_ + ": action-space stds must be positive");
+    check(c->accel_std > 0 && c->curvature_std > 0, ErrorCode::Format, dir_ + ": action-space stds must be positive");
   }
 
   std::string source_of(const std::string& name) const {

@@ -54,9 +54,10 @@ bool has(const Section& s, const char* key) { return s.obj && s.obj->contains(ke
 bool get(const Section& s, const char* key, double* out) {
   if (!has(s, key)) return false;
   const json& v = (*s.obj)[key];
-  check(v.is_number(), key_in(s, key) + " must be a number, found " + v.dump());
+  check(v.is_number(), ErrorCode::Format, key_in(s, key) + " must be a number, found " + v.dump());
   *out = v.get<double>();
-  check(std::isfinite(*out), key_in(s, key) + " must be a finite number, found " + v.dump() + " (beyond the range of a double)");
+  check(std::isfinite(*out), ErrorCode::Format,
+        key_in(s, key) + " must be a finite number, found " + v.dump() + " (beyond the range of a double)");
   return true;
 }
 
@@ -65,8 +66,10 @@ bool get(const Section& s, const char* key, int* out) {
   const json& v = (*s.obj)[key];
   const double x = v.is_number() ? v.get<double>() : 0.5;  // 12.0 is accepted as 12, as Python would
   const bool integral = v.is_number() && std::floor(x) == x && std::abs(x) < 2147483648.0;
-  check(v.is_number() && std::floor(x) == x, key_in(s, key) + " must be an integer, found " + v.dump());
-  check(integral, key_in(s, key) + " = " + v.dump() + " is out of range (an integer field holds at most 2^31 - 1)");
+  check(v.is_number() && std::floor(x) == x, ErrorCode::Format,
+        key_in(s, key) + " must be an integer, found " + v.dump());
+  check(integral, ErrorCode::Format,
+        key_in(s, key) + " = " + v.dump() + " is out of range (an integer field holds at most 2^31 - 1)");
   *out = static_cast<int>(x);
   return true;
 }
@@ -74,7 +77,7 @@ bool get(const Section& s, const char* key, int* out) {
 bool get(const Section& s, const char* key, bool* out) {
   if (!has(s, key)) return false;
   const json& v = (*s.obj)[key];
-  check(v.is_boolean(), key_in(s, key) + " must be true or false, found " + v.dump());
+  check(v.is_boolean(), ErrorCode::Format, key_in(s, key) + " must be true or false, found " + v.dump());
   *out = v.get<bool>();
   return true;
 }
@@ -82,7 +85,7 @@ bool get(const Section& s, const char* key, bool* out) {
 bool get(const Section& s, const char* key, std::string* out) {
   if (!has(s, key)) return false;
   const json& v = (*s.obj)[key];
-  check(v.is_string(), key_in(s, key) + " must be a string, found " + v.dump());
+  check(v.is_string(), ErrorCode::Format, key_in(s, key) + " must be a string, found " + v.dump());
   *out = v.get<std::string>();
   return true;
 }
@@ -90,11 +93,12 @@ bool get(const Section& s, const char* key, std::string* out) {
 bool get(const Section& s, const char* key, double (*out)[2]) {
   if (!has(s, key)) return false;
   const json& v = (*s.obj)[key];
-  check(v.is_array() && v.size() == 2 && v[0].is_number() && v[1].is_number(),
+  check(v.is_array() && v.size() == 2 && v[0].is_number() && v[1].is_number(), ErrorCode::Format,
         key_in(s, key) + " must be [min, max], found " + v.dump());
   (*out)[0] = v[0].get<double>();
   (*out)[1] = v[1].get<double>();
-  check(std::isfinite((*out)[0]) && std::isfinite((*out)[1]), key_in(s, key) + " must hold finite numbers, found " + v.dump());
+  check(std::isfinite((*out)[0]) && std::isfinite((*out)[1]), ErrorCode::Format,
+        key_in(s, key) + " must hold finite numbers, found " + v.dump());
   return true;
 }
 
@@ -131,7 +135,8 @@ void check_target(const Section& s, const char* cls) {
   std::string t;
   if (!get(s, "_target_", &t)) return;
   const std::string last = t.substr(t.rfind('.') == std::string::npos ? 0 : t.rfind('.') + 1);
-  check(last == cls, key_in(s, "_target_") + " is '" + t + "'; the engine implements " + cls + " only");
+  check(last == cls, ErrorCode::Unsupported,
+        key_in(s, "_target_") + " is '" + t + "'; the engine implements " + cls + " only");
 }
 
 }  // namespace
@@ -139,11 +144,13 @@ void check_target(const Section& s, const char* cls) {
 Section ReleaseConfig::section(const Section& parent, const char* key, bool required) const {
   Section s{nullptr, join(parent.label, key), parent.file, parent.path};
   if (has(parent, key)) {
-    check((*parent.obj)[key].is_object(), key_in(parent, key) + " must be an object, found " + (*parent.obj)[key].dump());
+    check((*parent.obj)[key].is_object(), ErrorCode::Format,
+          key_in(parent, key) + " must be an object, found " + (*parent.obj)[key].dump());
     s.obj = &(*parent.obj)[key];
   } else {
-    check(!required, parent.path + ": missing '" + s.label + "', which an " + release_name(release_) +
-                         " config.json (model_type '" + release_model_type(release_) + "') must have");
+    check(!required, ErrorCode::Format,
+          parent.path + ": missing '" + s.label + "', which an " + release_name(release_) +
+              " config.json (model_type '" + release_model_type(release_) + "') must have");
   }
   return s;
 }
@@ -151,14 +158,14 @@ Section ReleaseConfig::section(const Section& parent, const char* key, bool requ
 ReleaseConfig::ReleaseConfig(const json& root, std::string path, const json* vlm, std::string vlm_path,
                              std::optional<Release> user)
     : root_(root), path_(std::move(path)), vlm_path_(std::move(vlm_path)) {
-  check(root_.is_object(), path_ + ": expected a JSON object");
+  check(root_.is_object(), ErrorCode::Format, path_ + ": expected a JSON object");
   release_ = recognise_release(root_, path_, user, &evidence_);
   const std::string name = release_name(release_);
   top_ = {&root_, "", std::filesystem::path(path_).filename().string(), path_};
   static const char* kFlat[] = {"expert_cfg", "action_in_proj_cfg", "action_space_cfg", "diffusion_cfg",
                                 "expert_non_causal_attention"};
   if (release_ == Release::A2Super) {
-    check(has(top_, "expert_config") || !has(top_, "action_space_cfg"),
+    check(has(top_, "expert_config") || !has(top_, "action_space_cfg"), ErrorCode::Format,
           path_ + ": no 'expert_config' but a top-level 'action_space_cfg' (the Alpamayo-R1 / 1.5 layout); " + name +
               " (" + evidence_ + ") keeps its expert's sections in expert_config. Is model_type right?");
     base_ = section(top_, "expert_config", true);
@@ -175,19 +182,24 @@ ReleaseConfig::ReleaseConfig(const json& root, std::string path, const json* vlm
       }
       const std::string counterpart = std::string(k) == "expert_cfg" ? "expert_config.llm_config / expert_update_cfg"
                                                                       : std::string("expert_config.") + k;
-      check(nested, key_in(top_, k) + " is where Alpamayo-R1 and 1.5 keep it; " + name + " (" + evidence_ +
-                        ") reads " + counterpart + ", which is missing");
+      check(nested, ErrorCode::Format,
+            key_in(top_, k) + " is where Alpamayo-R1 and 1.5 keep it; " + name + " (" + evidence_ + ") reads " +
+                counterpart + ", which is missing");
       notes_.push_back(std::string("top-level '") + k + "' ignored: " + name + " reads expert_config");
     }
     expert_ = section(base_, "llm_config", false);
     update_ = section(base_, "expert_update_cfg", false);
-    check(expert_.obj || update_.obj, path_ + ": expert_config has neither 'llm_config' (the expert's text config) nor "
-                                              "'expert_update_cfg'; " + name + " defines its expert with one of them");
+    check(expert_.obj || update_.obj, ErrorCode::Format,
+          path_ +
+              ": expert_config has neither 'llm_config' (the expert's text config) nor "
+              "'expert_update_cfg'; " +
+              name + " defines its expert with one of them");
     if (expert_.obj && update_.obj)
       for (const auto& [k, v] : update_.obj->items()) {
         if (!expert_.obj->contains(k) || !v.is_number() || !(*expert_.obj)[k].is_number()) continue;
         const double a = v.get<double>(), b = (*expert_.obj)[k].get<double>();
-        check(a == b, key_in(update_, k) + " = " + fmt(a) + " contradicts '" + join(expert_.label, k) + "' = " + fmt(b));
+        check(a == b, ErrorCode::Format,
+              key_in(update_, k) + " = " + fmt(a) + " contradicts '" + join(expert_.label, k) + "' = " + fmt(b));
       }
     const Section vlmc = section(top_, "vlm_config", false);
     const Section vt = section(vlmc, "text_config", false);
@@ -198,13 +210,16 @@ ReleaseConfig::ReleaseConfig(const json& root, std::string path, const json* vlm
     for (const char* k : {"expert_config", "vlm_config"}) {
       if (!has(top_, k)) continue;
       for (const char* s : {"action_in_proj_cfg", "action_space_cfg", "diffusion_cfg"})
-        check(has(top_, s), path_ + ": no top-level '" + s + "' but '" + k + "' (the Alpamayo 2 Super layout); " +
-                                name + " (" + evidence_ + ") keeps its *_cfg keys at the top level. Is model_type right?");
+        check(has(top_, s), ErrorCode::Format,
+              path_ + ": no top-level '" + s + "' but '" + k + "' (the Alpamayo 2 Super layout); " + name + " (" +
+                  evidence_ + ") keeps its *_cfg keys at the top level. Is model_type right?");
       notes_.push_back(std::string("'") + k + "' ignored: " + name + " reads the top-level *_cfg keys");
     }
-    check(!has(top_, "text_config"),
-          key_in(top_, "text_config") + " is not part of an " + name + " config.json (the release builds its expert "
-          "from the text config of the VLM named by vlm_name_or_path); pass that VLM's config.json with --vlm-config");
+    check(!has(top_, "text_config"), ErrorCode::Format,
+          key_in(top_, "text_config") + " is not part of an " + name +
+              " config.json (the release builds its expert "
+              "from the text config of the VLM named by vlm_name_or_path); pass that VLM's config.json with "
+              "--vlm-config");
     expert_ = section(top_, "expert_cfg", false);
   }
   ain_ = section(base_, "action_in_proj_cfg", true);
@@ -213,7 +228,8 @@ ReleaseConfig::ReleaseConfig(const json& root, std::string path, const json* vlm
   if (vlm) {
     const bool nested = vlm->is_object() && vlm->contains("text_config");
     vlm_text_storage_ = nested ? (*vlm)["text_config"] : *vlm;
-    check(vlm_text_storage_.is_object(), vlm_path_ + ": expected a VLM config.json or its text_config (a JSON object)");
+    check(vlm_text_storage_.is_object(), ErrorCode::Format,
+          vlm_path_ + ": expected a VLM config.json or its text_config (a JSON object)");
     vlm_text_.push_back({&vlm_text_storage_, nested ? "text_config" : "",
                          std::filesystem::path(vlm_path_).filename().string(), vlm_path_});
   }
@@ -248,13 +264,15 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
   rec.read(ain_, "max_freq", "action_in_proj_cfg.max_freq", &cfg->max_freq);
   // Every bound below is documented in limits.h / docs/SECURITY.md.
   auto in = [&](double v, double lo, double hi, const Section& s, const char* key, const std::string& why = "") {
-    check_range(v, lo, hi, key_in(s, key), why);
+    check_range(v, lo, hi, key_in(s, key), why, ErrorCode::Format);
   };
   in(cfg->ain_hidden, 1, limits::kMaxHidden, ain_, "hidden_size");
   in(cfg->ain_layers, 1, limits::kMaxEncLayers, ain_, "num_enc_layers");
   in(cfg->n_fourier, 4, limits::kMaxFourier, ain_, "num_fourier_feats");
-  check(cfg->n_fourier % 2 == 0, key_in(ain_, "num_fourier_feats") + " must be even, found " + fmt(cfg->n_fourier));
-  check(cfg->max_freq > 0, key_in(ain_, "max_freq") + " must be positive, found " + fmt(cfg->max_freq));
+  check(cfg->n_fourier % 2 == 0, ErrorCode::Format,
+        key_in(ain_, "num_fourier_feats") + " must be even, found " + fmt(cfg->n_fourier));
+  check(cfg->max_freq > 0, ErrorCode::Format,
+        key_in(ain_, "max_freq") + " must be positive, found " + fmt(cfg->max_freq));
   in(cfg->max_freq, 0, limits::kMaxFreq, ain_, "max_freq");
 
   rec.read(aspace_, "n_waypoints", "action_space_cfg.n_waypoints", &cfg->T);
@@ -273,14 +291,15 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
   in(cfg->curvature_mean, -limits::kMaxActionStat, limits::kMaxActionStat, aspace_, "curvature_mean");
   for (const char* k : {"accel_std", "curvature_std"}) {
     const double v = std::string(k) == "accel_std" ? cfg->accel_std : cfg->curvature_std;
-    check(v > 0, key_in(aspace_, k) + " must be positive, found " + fmt(v));
+    check(v > 0, ErrorCode::Format, key_in(aspace_, k) + " must be positive, found " + fmt(v));
     in(v, 0, limits::kMaxActionStat, aspace_, k);
   }
   for (const char* k : {"accel_bounds", "curvature_bounds"}) {
     const double* b = std::string(k) == "accel_bounds" ? cfg->accel_bounds : cfg->curvature_bounds;
-    check(b[0] <= b[1], key_in(aspace_, k) + " = " + fmt(std::string(k) == "accel_bounds" ? cfg->accel_bounds
-                                                                                            : cfg->curvature_bounds) +
-                            ": the minimum exceeds the maximum");
+    check(b[0] <= b[1], ErrorCode::Format,
+          key_in(aspace_, k) + " = " +
+              fmt(std::string(k) == "accel_bounds" ? cfg->accel_bounds : cfg->curvature_bounds) +
+              ": the minimum exceeds the maximum");
     for (int i = 0; i < 2; ++i) in(b[i], -limits::kMaxBound, limits::kMaxBound, aspace_, k);
   }
   in(cfg->v_lambda, 0, limits::kMaxFitWeight, aspace_, "v_lambda");
@@ -288,8 +307,9 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
 
   rec.read(diffusion_, "num_inference_steps", "diffusion_cfg.num_inference_steps", &cfg->num_steps);
   rec.read(diffusion_, "int_method", "diffusion_cfg.int_method", &cfg->int_method);
-  check(cfg->int_method == "euler", key_in(diffusion_, "int_method") + " is '" + cfg->int_method +
-                                        "'; the releases' FlowMatching (and the engine) integrate with euler only");
+  check(cfg->int_method == "euler", ErrorCode::Unsupported,
+        key_in(diffusion_, "int_method") + " is '" + cfg->int_method +
+            "'; the releases' FlowMatching (and the engine) integrate with euler only");
   in(cfg->num_steps, 1, limits::kMaxSteps, diffusion_, "num_inference_steps");
   if (release_ == Release::R1) {  // Alpamayo-R1's FlowMatching has no guidance switch: it never guides
     cfg->use_cfg = false;
@@ -304,9 +324,10 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
   in(cfg->guidance_weight, -limits::kMaxGuidanceWeight, limits::kMaxGuidanceWeight, diffusion_, "inference_guidance_weight");
 
   rec.read(base_, "expert_non_causal_attention", "expert_non_causal_attention", &cfg->non_causal);
-  check(cfg->non_causal, key_in(base_, "expert_non_causal_attention") +
-                             " = false: causal attention among the expert's own tokens is not supported (every released "
-                             "expert attends non-causally; the engine implements that only)");
+  check(cfg->non_causal, ErrorCode::Unsupported,
+        key_in(base_, "expert_non_causal_attention") +
+            " = false: causal attention among the expert's own tokens is not supported (every released "
+            "expert attends non-causally; the engine implements that only)");
 
   // eps / theta: the first text config of the release's chain that has them, else the Qwen3-VL defaults.
   const std::string qwen = release_ == Release::A2Super ? "Qwen3-VL text config default" :
@@ -322,9 +343,9 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
     }
   for (const Section& s : chain)
     if (find_theta(s, &cfg->rope_theta, &cfg->theta_source)) break;
-  check(cfg->rms_eps > 0 && cfg->rms_eps < 1,
+  check(cfg->rms_eps > 0 && cfg->rms_eps < 1, ErrorCode::Format,
         path_ + ": rms_norm_eps must be in (0, 1), found " + fmt(cfg->rms_eps) + " (" + cfg->eps_source + ")");
-  check(cfg->rope_theta > 1 && cfg->rope_theta <= limits::kMaxRopeTheta,
+  check(cfg->rope_theta > 1 && cfg->rope_theta <= limits::kMaxRopeTheta, ErrorCode::Format,
         path_ + ": rope_theta must be in (1, 1e30], found " + fmt(cfg->rope_theta) + " (" + cfg->theta_source + ")");
   values->push_back({"rms_norm_eps", fmt(cfg->rms_eps), cfg->eps_source});
   values->push_back({"rope_theta", fmt(cfg->rope_theta), cfg->theta_source});
@@ -351,8 +372,9 @@ void ReleaseConfig::check_sizes(const ExpertConfig& c, std::vector<ConfigValue>*
   auto check_in = [](const Section& s, Size& z, const std::string& why) {
     int v = 0;
     if (!get(s, z.key, &v)) return;
-    check(v == z.actual, key_in(s, z.key) + " = " + fmt(v) + " but the checkpoint's tensors give " + z.what + " = " +
-                             fmt(z.actual) + why);
+    check(v == z.actual, ErrorCode::Format,
+          key_in(s, z.key) + " = " + fmt(v) + " but the checkpoint's tensors give " + z.what + " = " + fmt(z.actual) +
+              why);
     z.confirmed += (z.confirmed.empty() ? "" : ", ") + where(s, z.key);
   };
   for (Size& z : sizes) {

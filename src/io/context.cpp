@@ -12,16 +12,17 @@ namespace alpamayo {
 
 void check_finite(const float* p, int64_t n, const std::string& what) {
   for (int64_t i = 0; i < n; ++i)
-    check(std::isfinite(p[i]), what + ": non-finite value " + std::to_string(p[i]) + " at flat index " + std::to_string(i));
+    check(std::isfinite(p[i]), ErrorCode::NonFinite,
+          what + ": non-finite value " + std::to_string(p[i]) + " at flat index " + std::to_string(i));
 }
 
 namespace {
 
 std::vector<float> read_f32(const SafetensorsFile& f, const std::string& key, const std::vector<int64_t>& shape) {
   TensorView v = f.view(key);
-  check(v.dtype == DType::F64 || is_float(v.dtype), v.name + ": expected F32 (F64/F16/BF16 accepted), found " +
-                                                        dtype_name(v.dtype));
-  expect_shape(v, shape);
+  check(v.dtype == DType::F64 || is_float(v.dtype), ErrorCode::Format,
+        v.name + ": expected F32 (F64/F16/BF16 accepted), found " + dtype_name(v.dtype));
+  expect_shape(v, shape, ErrorCode::Format);
   if (v.dtype == DType::F64) {
     std::vector<float> out(v.numel());
     const double* p = static_cast<const double*>(v.data);
@@ -33,8 +34,9 @@ std::vector<float> read_f32(const SafetensorsFile& f, const std::string& key, co
 
 std::vector<int64_t> read_i64(const SafetensorsFile& f, const std::string& key, int64_t B) {
   TensorView v = f.view(key);
-  check(v.dtype == DType::I64 || v.dtype == DType::I32, v.name + ": expected I64, found " + dtype_name(v.dtype));
-  expect_shape(v, {B});
+  check(v.dtype == DType::I64 || v.dtype == DType::I32, ErrorCode::Format,
+        v.name + ": expected I64, found " + dtype_name(v.dtype));
+  expect_shape(v, {B}, ErrorCode::Format);
   std::vector<int64_t> out(B);
   for (int64_t i = 0; i < B; ++i)
     out[i] = v.dtype == DType::I64 ? static_cast<const int64_t*>(v.data)[i] : static_cast<const int32_t*>(v.data)[i];
@@ -50,8 +52,9 @@ void check_cache_finite(const TensorView& t, const std::vector<int64_t>& lo, con
       const int64_t base = ((b * H + h) * P + lo[b]) * d;
       int64_t i = first_non_finite(t, base, base + (hi[b] - lo[b]) * d);
       if (i >= 0) i -= base;
-      check(i < 0, t.name + ": non-finite value at [" + std::to_string(b) + ", " + std::to_string(h) + ", " +
-                       std::to_string(lo[b] + i / d) + ", " + std::to_string(i % d) + "]");
+      check(i < 0, ErrorCode::NonFinite,
+            t.name + ": non-finite value at [" + std::to_string(b) + ", " + std::to_string(h) + ", " +
+                std::to_string(lo[b] + i / d) + ", " + std::to_string(i % d) + "]");
     }
 }
 
@@ -62,8 +65,9 @@ std::vector<TensorView> layer_tensors(const SafetensorsFile& f, const std::strin
     const std::string num = k.substr(prefix.size());
     const bool ok = !num.empty() && num.size() < 10 && num.find_first_not_of("0123456789") == std::string::npos &&
                     std::stoll(num) < L;
-    check(ok, f.path() + ": tensor '" + k + "' does not belong to layers 0.." + std::to_string(L - 1) +
-                  " (layer indices must be contiguous and match key.{l})");
+    check(ok, ErrorCode::Format,
+          f.path() + ": tensor '" + k + "' does not belong to layers 0.." + std::to_string(L - 1) +
+              " (layer indices must be contiguous and match key.{l})");
   }
   std::vector<TensorView> out;
   for (int l = 0; l < L; ++l) out.push_back(f.view(prefix + std::to_string(l)));
@@ -81,14 +85,16 @@ Context Context::open(const std::string& path) {
   const SafetensorsFile& f = *c.file_;
   int L = 0;
   while (f.contains("key." + std::to_string(L))) ++L;
-  check(L > 0, path + ": missing tensor 'key.0' (a context needs key.{l} and value.{l} per layer)");
+  check(L > 0, ErrorCode::Format, path + ": missing tensor 'key.0' (a context needs key.{l} and value.{l} per layer)");
   KVCache& kv = c.kv_;
   kv.key = layer_tensors(f, "key.", L);
   kv.value = layer_tensors(f, "value.", L);
   const TensorView& k0 = kv.key[0];
-  check(k0.shape.size() == 4, k0.name + ": expected shape [G, Hkv, P, d], found " + shape_str(k0.shape));
+  check(k0.shape.size() == 4, ErrorCode::Format,
+        k0.name + ": expected shape [G, Hkv, P, d], found " + shape_str(k0.shape));
   for (int64_t s : k0.shape)
-    check(s <= INT32_MAX, k0.name + ": shape " + shape_str(k0.shape) + " has a dimension beyond 2^31 - 1");
+    check(s <= INT32_MAX, ErrorCode::Format,
+          k0.name + ": shape " + shape_str(k0.shape) + " has a dimension beyond 2^31 - 1");
   kv.G = static_cast<int>(k0.shape[0]);
   kv.Hkv = static_cast<int>(k0.shape[1]);
   kv.P = static_cast<int>(k0.shape[2]);
@@ -99,37 +105,42 @@ Context Context::open(const std::string& path) {
   int64_t B = G;
   if (f.contains("prompt_index")) {
     const TensorView pi = f.view("prompt_index");
-    check(pi.shape.size() == 1 && pi.shape[0] > 0, pi.name + ": expected shape [B] with B >= 1, found " + shape_str(pi.shape));
+    check(pi.shape.size() == 1 && pi.shape[0] > 0, ErrorCode::Format,
+          pi.name + ": expected shape [B] with B >= 1, found " + shape_str(pi.shape));
     B = pi.shape[0];
     kv.prompt_of = read_i64(f, "prompt_index", B);
   }
   kv.B = static_cast<int>(B);
   if (!f.contains("prompt_index") && f.contains("rope_delta")) {
     const TensorView rd = f.view("rope_delta");
-    check(rd.shape.size() != 1 || rd.shape[0] == G,
+    check(rd.shape.size() != 1 || rd.shape[0] == G, ErrorCode::Format,
           path + ": rope_delta has " + std::to_string(rd.shape[0]) + " samples but the cache has G = " +
               std::to_string(G) + " prompts and no prompt_index naming each sample's prompt");
   }
   const bool sk = f.contains("suffix_key.0"), sl = f.contains("suffix_len");
-  check(sk == sl, path + ": suffix_key.{l}/suffix_value.{l} and suffix_len must be given together (found only " +
-                      (sk ? "suffix_key.0" : "suffix_len") + ")");
+  check(sk == sl, ErrorCode::Format,
+        path + ": suffix_key.{l}/suffix_value.{l} and suffix_len must be given together (found only " +
+            (sk ? "suffix_key.0" : "suffix_len") + ")");
   if (sk) {
     kv.suffix_key = layer_tensors(f, "suffix_key.", L);
     kv.suffix_value = layer_tensors(f, "suffix_value.", L);
     const TensorView& s0 = kv.suffix_key[0];
-    check(s0.shape.size() == 4, s0.name + ": expected shape [B, Hkv, Q, d], found " + shape_str(s0.shape));
+    check(s0.shape.size() == 4, ErrorCode::Format,
+          s0.name + ": expected shape [B, Hkv, Q, d], found " + shape_str(s0.shape));
     kv.Q = static_cast<int>(s0.shape[2]);
     kv.suffix_len = read_i64(f, "suffix_len", B);
   }
   c.rope_delta_ = read_i64(f, "rope_delta", B);
   const bool hx = f.contains("ego_history_xyz"), hr = f.contains("ego_history_rot");
-  check(hx == hr, path + ": ego_history_xyz and ego_history_rot must be given together (found only " +
-                      (hx ? "ego_history_xyz" : "ego_history_rot") + ")");
+  check(hx == hr, ErrorCode::Format,
+        path + ": ego_history_xyz and ego_history_rot must be given together (found only " +
+            (hx ? "ego_history_xyz" : "ego_history_rot") + ")");
   if (hx) {
     const TensorView x = f.view("ego_history_xyz");
-    check(x.shape.size() == 3 && x.shape[0] == B && x.shape[2] == 3,
+    check(x.shape.size() == 3 && x.shape[0] == B && x.shape[2] == 3, ErrorCode::Format,
           x.name + ": expected shape [" + std::to_string(B) + ", H, 3], found " + shape_str(x.shape));
-    check(x.shape[1] <= INT32_MAX, x.name + ": " + std::to_string(x.shape[1]) + " poses is out of range");
+    check(x.shape[1] <= INT32_MAX, ErrorCode::Format,
+          x.name + ": " + std::to_string(x.shape[1]) + " poses is out of range");
     EgoHistory h;
     h.H = static_cast<int>(x.shape[1]);
     h.xyz = read_f32(f, "ego_history_xyz", {B, h.H, 3});
@@ -137,7 +148,7 @@ Context Context::open(const std::string& path) {
     c.history_ = std::move(h);
   }
   if (f.contains("v0")) c.v0_ = read_f32(f, "v0", {B});
-  c.validate();
+  c.validate(ErrorCode::Format);
   return c;
 }
 
@@ -152,72 +163,75 @@ Context Context::from_views(KVCache kv, std::vector<int64_t> rope_delta, std::op
   c.rope_delta_ = std::move(rope_delta);
   c.history_ = std::move(history);
   c.v0_ = std::move(v0);
-  c.validate();
+  c.validate(ErrorCode::InvalidArgument);
   return c;
 }
 
-void Context::validate() {
+void Context::validate(ErrorCode bad) {
   KVCache& kv = kv_;
   const std::string& n = name_;
-  check(kv.G > 0 && kv.B > 0 && kv.Hkv > 0 && kv.P > 0 && kv.d > 0,
-        n + ": empty KV cache dimensions (G=" + std::to_string(kv.G) + " B=" + std::to_string(kv.B) + " Hkv=" +
-            std::to_string(kv.Hkv) + " P=" + std::to_string(kv.P) + " d=" + std::to_string(kv.d) + ")");
-  check(!kv.key.empty(), n + ": the KV cache has no layers");
-  check(kv.key.size() == kv.value.size(), n + ": key and value layer counts differ");
+  check(kv.G > 0 && kv.B > 0 && kv.Hkv > 0 && kv.P > 0 && kv.d > 0, bad,
+        n + ": empty KV cache dimensions (G=" + std::to_string(kv.G) + " B=" + std::to_string(kv.B) +
+            " Hkv=" + std::to_string(kv.Hkv) + " P=" + std::to_string(kv.P) + " d=" + std::to_string(kv.d) + ")");
+  check(!kv.key.empty(), bad, n + ": the KV cache has no layers");
+  check(kv.key.size() == kv.value.size(), bad, n + ": key and value layer counts differ");
   auto check_layers = [&](const std::vector<TensorView>& list, const std::vector<int64_t>& shape) {
     for (const TensorView& t : list) {
-      check(t.data != nullptr || t.numel() == 0, t.name + ": null data pointer");
-      expect_float(t);
-      expect_shape(t, shape);
-      check(t.is_contiguous(), t.name + ": cache tensors must be row-major contiguous, found strides " +
-                                   shape_str(t.strides));
+      check(t.data != nullptr || t.numel() == 0, bad, t.name + ": null data pointer");
+      expect_float(t, bad);
+      expect_shape(t, shape, bad);
+      check(t.is_contiguous(), bad,
+            t.name + ": cache tensors must be row-major contiguous, found strides " + shape_str(t.strides));
     }
   };
   check_layers(kv.key, {kv.G, kv.Hkv, kv.P, kv.d});
   check_layers(kv.value, {kv.G, kv.Hkv, kv.P, kv.d});
   auto count = [&](const std::vector<int64_t>& v, int64_t want, const char* what, const char* dim) {
-    check(static_cast<int64_t>(v.size()) == want, n + ": " + what + " has " + std::to_string(v.size()) +
-                                                      " entries, expected " + dim + " = " + std::to_string(want));
+    check(static_cast<int64_t>(v.size()) == want, bad,
+          n + ": " + what + " has " + std::to_string(v.size()) + " entries, expected " + dim + " = " +
+              std::to_string(want));
   };
   count(kv.valid_len, kv.G, "valid_len", "G (prompts)");
   if (!kv.prefix_pad.empty()) count(kv.prefix_pad, kv.G, "prefix_pad", "G (prompts)");
   for (int g = 0; g < kv.G; ++g) {
-    check(kv.valid_len[g] >= 0 && kv.valid_len[g] <= kv.P,
-          n + ": valid_len[" + std::to_string(g) + "] = " + std::to_string(kv.valid_len[g]) + " is outside [0, P = " +
-              std::to_string(kv.P) + "]");
-    check(kv.pad(g) >= 0 && kv.pad(g) <= kv.valid_len[g],
-          n + ": prefix_pad[" + std::to_string(g) + "] = " + std::to_string(kv.pad(g)) + " is outside [0, valid_len = " +
-              std::to_string(kv.valid_len[g]) + "]");
+    check(kv.valid_len[g] >= 0 && kv.valid_len[g] <= kv.P, bad,
+          n + ": valid_len[" + std::to_string(g) + "] = " + std::to_string(kv.valid_len[g]) +
+              " is outside [0, P = " + std::to_string(kv.P) + "]");
+    check(kv.pad(g) >= 0 && kv.pad(g) <= kv.valid_len[g], bad,
+          n + ": prefix_pad[" + std::to_string(g) + "] = " + std::to_string(kv.pad(g)) +
+              " is outside [0, valid_len = " + std::to_string(kv.valid_len[g]) + "]");
   }
   if (kv.prompt_of.empty()) {
-    check(kv.B == kv.G, n + ": " + std::to_string(kv.B) + " samples but " + std::to_string(kv.G) +
-                            " prompts and no prompt_index naming each sample's prompt");
+    check(kv.B == kv.G, bad,
+          n + ": " + std::to_string(kv.B) + " samples but " + std::to_string(kv.G) +
+              " prompts and no prompt_index naming each sample's prompt");
   } else {
     count(kv.prompt_of, kv.B, "prompt_index", "B (samples)");
     for (int b = 0; b < kv.B; ++b)
-      check(kv.prompt_of[b] >= 0 && kv.prompt_of[b] < kv.G,
+      check(kv.prompt_of[b] >= 0 && kv.prompt_of[b] < kv.G, bad,
             n + ": prompt_index[" + std::to_string(b) + "] = " + std::to_string(kv.prompt_of[b]) +
                 " names no prompt (the cache holds G = " + std::to_string(kv.G) + ")");
   }
   const bool suffix = !kv.suffix_key.empty() || !kv.suffix_value.empty() || !kv.suffix_len.empty();
   if (suffix) {
-    check(kv.suffix_key.size() == kv.key.size() && kv.suffix_value.size() == kv.key.size(),
+    check(kv.suffix_key.size() == kv.key.size() && kv.suffix_value.size() == kv.key.size(), bad,
           n + ": suffix caches have " + std::to_string(kv.suffix_key.size()) + "/" +
               std::to_string(kv.suffix_value.size()) + " layers, the prompt caches " + std::to_string(kv.key.size()));
-    check(kv.Q > 0, n + ": suffix caches need Q >= 1 rows of capacity");
+    check(kv.Q > 0, bad, n + ": suffix caches need Q >= 1 rows of capacity");
     check_layers(kv.suffix_key, {kv.B, kv.Hkv, kv.Q, kv.d});
     check_layers(kv.suffix_value, {kv.B, kv.Hkv, kv.Q, kv.d});
     count(kv.suffix_len, kv.B, "suffix_len", "B (samples)");
     for (int b = 0; b < kv.B; ++b)
-      check(kv.suffix_len[b] >= 0 && kv.suffix_len[b] <= kv.Q,
+      check(kv.suffix_len[b] >= 0 && kv.suffix_len[b] <= kv.Q, bad,
             n + ": suffix_len[" + std::to_string(b) + "] = " + std::to_string(kv.suffix_len[b]) +
                 " is outside [0, Q = " + std::to_string(kv.Q) + "]");
   }
   count(rope_delta_, kv.B, "rope_delta", "B (samples)");
   for (int b = 0; b < kv.B; ++b) {
     const int64_t lim = int64_t(1) << 40;  // positions stay exact in fp32 rope arguments far below this
-    check(rope_delta_[b] > -lim && rope_delta_[b] < lim,
-          n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) + " is out of range (|rope_delta| < 2^40)");
+    check(rope_delta_[b] > -lim && rope_delta_[b] < lim, bad,
+          n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) +
+              " is out of range (|rope_delta| < 2^40)");
   }
   // Device-resident caches are scanned by the backend that can read them (Session::bind refuses a cache
   // no backend of the session can read); host caches here, once: the rows some sample attends to.
@@ -234,23 +248,24 @@ void Context::validate() {
   }
   if (history_) {
     const int64_t H = history_->H;
-    check(H >= 2, n + ": ego_history_xyz needs at least 2 poses to estimate v0, found " + std::to_string(H));
-    check(static_cast<int64_t>(history_->xyz.size()) == kv.B * H * 3,
+    check(H >= 2, bad, n + ": ego_history_xyz needs at least 2 poses to estimate v0, found " + std::to_string(H));
+    check(static_cast<int64_t>(history_->xyz.size()) == kv.B * H * 3, bad,
           n + ": ego_history_xyz has " + std::to_string(history_->xyz.size()) + " values, expected [B=" +
               std::to_string(kv.B) + ", H=" + std::to_string(H) + ", 3] = " + std::to_string(kv.B * H * 3));
-    check(static_cast<int64_t>(history_->rot.size()) == kv.B * H * 9,
+    check(static_cast<int64_t>(history_->rot.size()) == kv.B * H * 9, bad,
           n + ": ego_history_rot has " + std::to_string(history_->rot.size()) + " values, expected [B=" +
               std::to_string(kv.B) + ", H=" + std::to_string(H) + ", 3, 3] = " + std::to_string(kv.B * H * 9));
     check_finite(history_->xyz.data(), history_->xyz.size(), n + ": ego_history_xyz");
     check_finite(history_->rot.data(), history_->rot.size(), n + ": ego_history_rot");
     for (size_t i = 0; i < history_->xyz.size(); ++i)
-      check(std::fabs(history_->xyz[i]) <= limits::kMaxPosition,
+      check(std::fabs(history_->xyz[i]) <= limits::kMaxPosition, bad,
             n + ": ego_history_xyz" + index_str({kv.B, H, 3}, static_cast<int64_t>(i)) + " = " +
                 std::to_string(history_->xyz[i]) + " m is beyond 1e7 m (positions are in the ego frame at t0)");
   }
   if (v0_) {
-    check(static_cast<int>(v0_->size()) == kv.B, n + ": v0 has " + std::to_string(v0_->size()) +
-                                                     " values, the context has B = " + std::to_string(kv.B) + " samples");
+    check(static_cast<int>(v0_->size()) == kv.B, bad,
+          n + ": v0 has " + std::to_string(v0_->size()) + " values, the context has B = " + std::to_string(kv.B) +
+              " samples");
     check_finite(v0_->data(), v0_->size(), n + ": v0");
   }
 }

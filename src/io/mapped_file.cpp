@@ -110,7 +110,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
       if (r <= 0) {
         const std::string why = r < 0 ? std::strerror(errno) : "the file shrank while being read";
         ::close(fd_);
-        throw Error(path + ": read failed (" + why + ")");
+        throw Error(ErrorCode::IO, path + ": read failed (" + why + ")");
       }
       got += static_cast<size_t>(r);
     }
@@ -118,7 +118,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     const bool same = ::fstat(fd_, &after) == 0 && static_cast<size_t>(after.st_size) == size_ && mtime_ns(after) == mtime_ns_;
     ::close(fd_);
     fd_ = -1;  // a private copy from here on: later changes to the file do not matter
-    check(same, path + ": the file was modified while being read");
+    check(same, ErrorCode::IO, path + ": the file was modified while being read");
     data_ = reinterpret_cast<const uint8_t*>(bytes_.data());
   } else {
     map_ = m;
@@ -156,12 +156,13 @@ MappedFile::~MappedFile() {
 
 void MappedFile::check_intact() const {
   if (fd_ < 0) return;  // an in-memory image
-  check(slot_ < 0 || g_slots[slot_].faulted.load(std::memory_order_acquire) == 0,
-        path_ + ": the file was truncated while in use (it is memory-mapped and a read found data missing); "
-                "nothing computed from it is written");
+  check(slot_ < 0 || g_slots[slot_].faulted.load(std::memory_order_acquire) == 0, ErrorCode::IO,
+        path_ +
+            ": the file was truncated while in use (it is memory-mapped and a read found data missing); "
+            "nothing computed from it is written");
   struct stat st {};
   if (::fstat(fd_, &st) == 0)
-    check(static_cast<size_t>(st.st_size) == size_ && mtime_ns(st) == mtime_ns_,
+    check(static_cast<size_t>(st.st_size) == size_ && mtime_ns(st) == mtime_ns_, ErrorCode::IO,
           path_ + ": the file was modified while in use (" +
               (static_cast<size_t>(st.st_size) != size_
                    ? "size " + std::to_string(size_) + " -> " + std::to_string(st.st_size) + " bytes"

@@ -242,13 +242,14 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
   o.dirfd = fd_above_standard(::open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC));
   if (o.dirfd < 0) {
     const int err = errno;
-    if (err == ENOENT) throw Error(who + ": directory " + o.dir + " does not exist");
-    if (err == ENOTDIR) throw Error(who + ": " + o.dir + " is not a directory");
-    throw Error(who + ": cannot open directory " + o.dir + " (" + std::strerror(err) + ")");
+    if (err == ENOENT) throw Error(ErrorCode::IO, who + ": directory " + o.dir + " does not exist");
+    if (err == ENOTDIR) throw Error(ErrorCode::IO, who + ": " + o.dir + " is not a directory");
+    throw Error(ErrorCode::IO, who + ": cannot open directory " + o.dir + " (" + std::strerror(err) + ")");
   }
   try {
     struct stat ds {};
-    if (::fstat(o.dirfd, &ds) != 0) throw Error(who + ": cannot stat directory " + o.dir + " (" + errno_str() + ")");
+    if (::fstat(o.dirfd, &ds) != 0)
+      throw Error(ErrorCode::IO, who + ": cannot stat directory " + o.dir + " (" + errno_str() + ")");
     o.dir_dev = ds.st_dev;
     o.dir_ino = ds.st_ino;
     struct stat st {};
@@ -262,7 +263,7 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
       o.dev = st.st_dev;
       o.ino = st.st_ino;
     } else {
-      check(errno == ENOENT, who + ": cannot stat (" + errno_str() + ")");
+      check(errno == ENOENT, ErrorCode::IO, who + ": cannot stat (" + errno_str() + ")");
     }
     impl_->check_against_inputs(o);
     for (const auto& p : impl_->outs) {
@@ -282,7 +283,8 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
           const int err = errno;
           ::unlinkat(o.dirfd, tmp.c_str(), 0);
           o.fd = -1;
-          throw Error(who + ": cannot create a file in directory " + o.dir + " (" + std::strerror(err) + ")");
+          throw Error(ErrorCode::IO,
+                      who + ": cannot create a file in directory " + o.dir + " (" + std::strerror(err) + ")");
         }
         o.fd = moved;
       }
@@ -290,7 +292,8 @@ size_t OutputSet::add(const std::string& path, const std::string& label) {
         o.tmp = tmp;
         o.slot = register_tmp(o.dirfd, tmp);
       } else if (errno != EEXIST || attempt >= 16) {
-        throw Error(who + ": cannot create a file in directory " + o.dir + " (open: " + errno_str() + ")");
+        throw Error(ErrorCode::IO,
+                    who + ": cannot create a file in directory " + o.dir + " (open: " + errno_str() + ")");
       }
     }
   } catch (...) {
@@ -316,10 +319,11 @@ void OutputSet::create_dir(const std::string& dir, const std::string& label) {
   for (;;) {
     struct stat st {};
     if (::stat(p.c_str(), &st) == 0) {
-      check(S_ISDIR(st.st_mode), label + " " + dir + ": " + p + " is " + file_type_name(st.st_mode) + ", expected a directory");
+      check(S_ISDIR(st.st_mode), ErrorCode::IO,
+            label + " " + dir + ": " + p + " is " + file_type_name(st.st_mode) + ", expected a directory");
       break;
     }
-    check(errno == ENOENT, label + " " + dir + ": cannot stat " + p + " (" + errno_str() + ")");
+    check(errno == ENOENT, ErrorCode::IO, label + " " + dir + ": cannot stat " + p + " (" + errno_str() + ")");
     missing.push_back(p);
     const size_t slash = p.rfind('/');
     if (slash == std::string::npos || slash == 0) break;
@@ -330,30 +334,34 @@ void OutputSet::create_dir(const std::string& dir, const std::string& label) {
     const std::string& m = missing[k];
     if (::mkdir(m.c_str(), 0777) != 0) {
       if (errno == EEXIST) continue;  // made by someone else meanwhile: used, never removed
-      throw Error(label + " " + dir + ": cannot create directory " + m + " (" + errno_str() + ")");
+      throw Error(ErrorCode::IO, label + " " + dir + ": cannot create directory " + m + " (" + errno_str() + ")");
     }
     impl_->dirs.push_back({m, register_dir(m)});
   }
 }
 
 void OutputSet::check_space(size_t i, double bytes, const std::string& stage, const std::string& parts) const {
-  check(i < impl_->outs.size(), "OutputSet::check_space: no output " + std::to_string(i));
+  check(i < impl_->outs.size(), ErrorCode::Internal, "OutputSet::check_space: no output " + std::to_string(i));
   const Impl::Out& o = impl_->outs[i];
   struct statvfs vs {};
   if (::fstatvfs(o.dirfd, &vs) != 0) return;  // unknown: the writes report a full disk
   const double free_bytes = double(vs.f_bavail) * double(vs.f_frsize ? vs.f_frsize : vs.f_bsize);
-  check(bytes <= free_bytes, stage + " needs about " + format_bytes(bytes) + " of disk (" + parts + ") but only " +
-                                 format_bytes(free_bytes) + " is free in " + o.dir);
+  check(bytes <= free_bytes, ErrorCode::IO,
+        stage + " needs about " + format_bytes(bytes) + " of disk (" + parts + ") but only " +
+            format_bytes(free_bytes) + " is free in " + o.dir);
 }
 
 void OutputSet::write(size_t i, const void* data, size_t n) {
-  check(i < impl_->outs.size() && impl_->outs[i].fd >= 0, "OutputSet::write: no open output " + std::to_string(i));
+  check(i < impl_->outs.size() && impl_->outs[i].fd >= 0, ErrorCode::Internal,
+        "OutputSet::write: no open output " + std::to_string(i));
   const Impl::Out& o = impl_->outs[i];
   const auto* p = static_cast<const char*>(data);
   while (n > 0) {
     const ssize_t r = ::write(o.fd, p, std::min<size_t>(n, size_t(1) << 30));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) throw Error(o.path + ": write failed (" + (r < 0 ? errno_str() : std::string("no progress")) + "); no output was written");
+    if (r <= 0)
+      throw Error(ErrorCode::IO, o.path + ": write failed (" + (r < 0 ? errno_str() : std::string("no progress")) +
+                                     "); no output was written");
     p += r;
     n -= static_cast<size_t>(r);
   }
@@ -374,10 +382,12 @@ void OutputSet::commit() {
     check_mapped_files();  // nothing computed from an input that changed under the run is committed
     for (auto& o : outs) {
       // (errno is read after the call: a check()'s message argument may be evaluated before its condition)
-      if (::fsync(o.fd) != 0) throw Error(o.path + ": write failed (fsync: " + errno_str() + "); no output was written");
+      if (::fsync(o.fd) != 0)
+        throw Error(ErrorCode::IO, o.path + ": write failed (fsync: " + errno_str() + "); no output was written");
       const int fd = o.fd;
       o.fd = -1;  // closed even when close reports an error
-      if (::close(fd) != 0) throw Error(o.path + ": write failed (close: " + errno_str() + "); no output was written");
+      if (::close(fd) != 0)
+        throw Error(ErrorCode::IO, o.path + ": write failed (close: " + errno_str() + "); no output was written");
     }
   } catch (...) {
     impl_->remove_all();
@@ -418,7 +428,8 @@ void OutputSet::commit() {
     --g_committing;
     impl_->remove_all();
     reraise_pending_signal();
-    throw Error(failure + (restored ? "; no output was written" : "; some earlier outputs could not be restored"));
+    throw Error(ErrorCode::IO,
+                failure + (restored ? "; no output was written" : "; some earlier outputs could not be restored"));
   }
   for (auto& o : outs)
     if (o.done == 1) ::unlinkat(o.dirfd, o.tmp.c_str(), 0);  // the old target, now under the temporary name

@@ -31,7 +31,7 @@ std::string base(const std::string& path) { return std::filesystem::path(path).f
 const ReleaseInfo& release_info(Release r) {
   for (const auto& i : kReleases)
     if (i.release == r) return i;
-  throw Error("unknown release");
+  throw Error(ErrorCode::Internal, "unknown release");
 }
 
 const char* release_name(Release r) { return release_info(r).name; }
@@ -49,23 +49,26 @@ Release recognise_release(const json& root, const std::string& path, std::option
   std::optional<Release> by_type, by_arch;
   std::string type, arch;
   if (root.contains("model_type") && !root["model_type"].is_null()) {
-    check(root["model_type"].is_string(), path + ": 'model_type' must be a string, found " + root["model_type"].dump());
+    check(root["model_type"].is_string(), ErrorCode::Format,
+          path + ": 'model_type' must be a string, found " + root["model_type"].dump());
     type = root["model_type"].get<std::string>();
     for (const auto& r : kReleases)
       if (type == r.model_type) by_type = r.release;
   }
   if (root.contains("architectures") && !root["architectures"].is_null()) {
     const json& a = root["architectures"];
-    check(a.is_array(), path + ": 'architectures' must be a list of class names, found " + a.dump());
+    check(a.is_array(), ErrorCode::Format, path + ": 'architectures' must be a list of class names, found " + a.dump());
     for (const json& e : a) {
-      check(e.is_string(), path + ": 'architectures' must be a list of class names, found " + a.dump());
+      check(e.is_string(), ErrorCode::Format,
+            path + ": 'architectures' must be a list of class names, found " + a.dump());
       for (const auto& r : kReleases)
         if (e.get<std::string>() == r.architecture && !by_arch) { by_arch = r.release; arch = r.architecture; }
     }
   }
   if (by_type && by_arch)
-    check(*by_type == *by_arch, path + ": model_type '" + type + "' (" + release_name(*by_type) +
-                                    ") contradicts architectures [" + arch + "] (" + release_name(*by_arch) + ")");
+    check(*by_type == *by_arch, ErrorCode::Format,
+          path + ": model_type '" + type + "' (" + release_name(*by_type) + ") contradicts architectures [" + arch +
+              "] (" + release_name(*by_arch) + ")");
   const std::optional<Release> said = by_type ? by_type : by_arch;
   std::string what;
   if (by_type) what = "model_type '" + type + "'";
@@ -82,11 +85,12 @@ Release recognise_release(const json& root, const std::string& path, std::option
     *evidence = what;
     return *said;
   }
-  throw Error(path + ": " +
-              (type.empty() ? std::string("no 'model_type' (or 'architectures') naming a known Alpamayo release")
-                            : "model_type '" + type + "' is not a known Alpamayo release") +
-              "; known: " + known_list() +
-              ". If this config.json follows one of those layouts, say which with --release");
+  throw Error(ErrorCode::Format,
+              path + ": " +
+                  (type.empty() ? std::string("no 'model_type' (or 'architectures') naming a known Alpamayo release")
+                                : "model_type '" + type + "' is not a known Alpamayo release") +
+                  "; known: " + known_list() +
+                  ". If this config.json follows one of those layouts, say which with --release");
 }
 
 }  // namespace alpamayo

@@ -76,62 +76,67 @@ void SafetensorsFile::parse() {
   const std::string& path = path_;
   const uint8_t* const base = map_->data();
   const size_t size = map_->size();
-  check(size >= 8, path + ": truncated safetensors file (" + std::to_string(size) +
-                       " bytes, expected at least 8 for the header length)");
+  check(size >= 8, ErrorCode::Format,
+        path + ": truncated safetensors file (" + std::to_string(size) +
+            " bytes, expected at least 8 for the header length)");
   uint64_t n = 0;
   std::memcpy(&n, base, 8);  // little-endian on every supported target
   const bool json_follows = size > 8 && base[8] == '{';
   if (json_follows && n <= kMaxHeader && n > size - 8)
-    throw Error(path + ": truncated safetensors file: header length " + std::to_string(n) + " but only " +
-                std::to_string(size - 8) + " bytes follow");
-  check(json_follows && n >= 2 && n <= kMaxHeader && n <= size - 8, path + ": not a safetensors file" + describe_start(base, size));
+    throw Error(ErrorCode::Format, path + ": truncated safetensors file: header length " + std::to_string(n) +
+                                       " but only " + std::to_string(size - 8) + " bytes follow");
+  check(json_follows && n >= 2 && n <= kMaxHeader && n <= size - 8, ErrorCode::Format,
+        path + ": not a safetensors file" + describe_start(base, size));
   const char* hb = reinterpret_cast<const char*>(base + 8);
   const nlohmann::json header = parse_json_strict(hb, hb + n, path + ": corrupt safetensors header", kMaxHeaderDepth);
-  check(header.is_object(), path + ": corrupt safetensors header: expected a JSON object");
+  check(header.is_object(), ErrorCode::Format, path + ": corrupt safetensors header: expected a JSON object");
   const uint64_t data_size = size - 8 - n;
   data_start_ = 8 + n;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& key = it.key();
     const auto& v = it.value();
     if (key == "__metadata__") {
-      check(v.is_object(), path + ": __metadata__ must be an object of strings");
+      check(v.is_object(), ErrorCode::Format, path + ": __metadata__ must be an object of strings");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        check(m.value().is_string(), path + ": __metadata__ key '" + quote_untrusted(m.key()) + "' is not a string");
+        check(m.value().is_string(), ErrorCode::Format,
+              path + ": __metadata__ key '" + quote_untrusted(m.key()) + "' is not a string");
         metadata_[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     const std::string where = path + ": tensor '" + quote_untrusted(key) + "'";
-    check(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+    check(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"), ErrorCode::Format,
           where + ": header entry needs dtype, shape and data_offsets");
     TensorInfo ti;
-    check(v["dtype"].is_string() && parse_dtype(v["dtype"].get<std::string>(), &ti.dtype),
+    check(v["dtype"].is_string() && parse_dtype(v["dtype"].get<std::string>(), &ti.dtype), ErrorCode::Format,
           where + ": unknown dtype " + brief(v["dtype"]));
-    check(v["shape"].is_array(), where + ": shape must be an array");
+    check(v["shape"].is_array(), ErrorCode::Format, where + ": shape must be an array");
     // Element count folded left to right with overflow checks, as the reference does; every partial
     // product stays within int64 so TensorView::numel() cannot overflow either.
     uint64_t numel = 1;
     for (const auto& s : v["shape"]) {
-      check(s.is_number_unsigned(), where + ": invalid shape " + brief(v["shape"]) + " (dimensions must be non-negative integers)");
+      check(s.is_number_unsigned(), ErrorCode::Format,
+            where + ": invalid shape " + brief(v["shape"]) + " (dimensions must be non-negative integers)");
       const auto dim = s.get<uint64_t>();
       check(!__builtin_mul_overflow(numel, dim, &numel) && numel <= uint64_t(INT64_MAX) && dim <= uint64_t(INT64_MAX),
-            where + ": shape " + brief(v["shape"]) + " has more than 2^63 elements");
+            ErrorCode::Format, where + ": shape " + brief(v["shape"]) + " has more than 2^63 elements");
       ti.shape.push_back(static_cast<int64_t>(dim));
     }
     uint64_t want = 0;
-    check(!__builtin_mul_overflow(numel, uint64_t(dtype_size(ti.dtype)), &want),
+    check(!__builtin_mul_overflow(numel, uint64_t(dtype_size(ti.dtype)), &want), ErrorCode::Format,
           where + ": shape " + brief(v["shape"]) + " of " + dtype_name(ti.dtype) + " needs more than 2^64 bytes");
     const auto& off = v["data_offsets"];
     check(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-          where + ": data_offsets must be two non-negative integers, found " + brief(off));
+          ErrorCode::Format, where + ": data_offsets must be two non-negative integers, found " + brief(off));
     ti.begin = off[0].get<uint64_t>();
     ti.end = off[1].get<uint64_t>();
-    check(ti.begin <= ti.end, where + ": data_offsets " + brief(off) + " are reversed");
-    check(ti.end <= data_size, where + ": data_offsets " + brief(off) + " out of range: the data section has " +
-                                   std::to_string(data_size) + " bytes (file truncated?)");
-    check(ti.end - ti.begin == want, where + ": " + std::to_string(ti.end - ti.begin) + " bytes for shape " +
-                                         shape_str(ti.shape) + " " + dtype_name(ti.dtype) + ", expected " +
-                                         std::to_string(want));
+    check(ti.begin <= ti.end, ErrorCode::Format, where + ": data_offsets " + brief(off) + " are reversed");
+    check(ti.end <= data_size, ErrorCode::Format,
+          where + ": data_offsets " + brief(off) + " out of range: the data section has " + std::to_string(data_size) +
+              " bytes (file truncated?)");
+    check(ti.end - ti.begin == want, ErrorCode::Format,
+          where + ": " + std::to_string(ti.end - ti.begin) + " bytes for shape " + shape_str(ti.shape) + " " +
+              dtype_name(ti.dtype) + ", expected " + std::to_string(want));
     tensors_.emplace(key, std::move(ti));
   }
   // The tensors' data must tile the data section exactly: sorted by offsets, each starts where the
@@ -148,14 +153,16 @@ void SafetensorsFile::parse() {
       const std::string where = path + ": tensor '" + quote_untrusted(*k) + "': data starts at byte " + std::to_string(ti->begin);
       const std::string after = prev ? " but the previous tensor '" + quote_untrusted(*prev) + "' ends at byte " + std::to_string(at)
                                      : " but the first tensor must start at byte 0";
-      throw Error(where + after + (ti->begin < at ? " (overlapping data)" : " (a gap)") +
-                  "; data offsets must tile the data section");
+      throw Error(ErrorCode::Format, where + after + (ti->begin < at ? " (overlapping data)" : " (a gap)") +
+                                         "; data offsets must tile the data section");
     }
     at = ti->end;
     prev = k;
   }
-  check(at == data_size, path + ": " + std::to_string(data_size - at) + " trailing bytes after the last tensor's data (the data section has " +
-                             std::to_string(data_size) + " bytes, the tensors cover " + std::to_string(at) + ")");
+  check(at == data_size, ErrorCode::Format,
+        path + ": " + std::to_string(data_size - at) +
+            " trailing bytes after the last tensor's data (the data section has " + std::to_string(data_size) +
+            " bytes, the tensors cover " + std::to_string(at) + ")");
 }
 
 SafetensorsFile::~SafetensorsFile() = default;
@@ -164,7 +171,7 @@ SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&&) noexcept = defaul
 
 const TensorInfo& SafetensorsFile::info(const std::string& key) const {
   auto it = tensors_.find(key);
-  check(it != tensors_.end(), path_ + ": missing tensor '" + key + "'");
+  check(it != tensors_.end(), ErrorCode::Format, path_ + ": missing tensor '" + key + "'");
   return it->second;
 }
 

@@ -116,16 +116,16 @@ std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const 
     if (std::find(fmts.begin(), fmts.end(), f) != fmts.end()) return;
     std::string offered;
     for (const auto& x : fmts) offered += (offered.empty() ? "" : ", ") + x;
-    throw Error("backend " + info.name + ": unknown " + what + " '" + f + "' (it offers " + offered + ")");
+    throw Error(ErrorCode::Unsupported, "backend " + info.name + ": unknown " + what + " '" + f + "' (it offers " + offered + ")");
   };
   choose(o.weights, info.weight_formats, "weight format");
   choose(o.kv, info.kv_formats, "KV cache format");
   check(o.threads >= 0, "backend " + info.name + ": threads must be >= 0, found " + std::to_string(o.threads));
   parse_weight_format(o);  // checks the bf16 weights list against the format
-  check(o.kernels.empty() || info.kernel_choices,
+  check(o.kernels.empty() || info.kernel_choices, ErrorCode::Unsupported,
         "backend " + info.name + ": kernels \"" + o.kernels + "\" given, but this backend has no kernels to choose");
   if (const std::string why = info.unavailable(); !why.empty())
-    throw Error("backend " + info.name + " cannot run here: " + why);
+    throw Error(ErrorCode::Unsupported, "backend " + info.name + " cannot run here: " + why);
   const StageScope stage("loading the model into the " + info.name + " backend (" + o.weights + " weights, L " +
                          std::to_string(cfg.L) + ", D " + std::to_string(cfg.D) + ", I " + std::to_string(cfg.I) + ")");
   validate_weights(cfg, w);

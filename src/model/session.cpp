@@ -27,7 +27,7 @@ Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
 
 const Context& Session::context() const {
-  check(ctx_.has_value(), "Session: no context bound (call bind first)");
+  check(ctx_.has_value(), ErrorCode::InvalidState, "Session: no context bound (call bind first)");
   return *ctx_;
 }
 
@@ -37,7 +37,7 @@ void check_readable(const Context& ctx, const Model& m) {
   const KVCache& kv = ctx.kv();
   for (const auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
     for (const TensorView& t : *list)
-      check(m.backend().can_read(t.device), t.name + ": lives in " + t.device.str() + " memory, which the " +
+      check(m.backend().can_read(t.device), ErrorCode::Unsupported, t.name + ": lives in " + t.device.str() + " memory, which the " +
                                                 m.backend_name() + " backend cannot read");
 }
 
@@ -50,7 +50,7 @@ void check_features(const Context& ctx, const std::string& backend, const Expert
   for (const BackendInfo& b : registered_backends())
     if (b.name != backend && missing_feature(b.features, c, ctx.kv(), guided).empty())
       others += (others.empty() ? "" : ", ") + b.name;
-  throw Error(ctx.name() + ": the " + backend + " backend does not run " + missing +
+  throw Error(ErrorCode::Unsupported, ctx.name() + ": the " + backend + " backend does not run " + missing +
               (others.empty() ? std::string() : " (backends that do: " + others + ")"));
 }
 
@@ -203,7 +203,7 @@ const Captures& Session::captures() const { return backend_->captures(); }
 size_t Session::buffer_bytes() const { return backend_->buffer_bytes(); }
 
 SampleResult Session::sample(const SampleOptions& o) {
-  check(ctx_.has_value(), "Session::sample: no context bound (call bind first)");
+  check(ctx_.has_value(), ErrorCode::InvalidState, "Session::sample: no context bound (call bind first)");
   const ExpertConfig& c = model_->config();
   SampleResult r;
   r.B = ctx_->batch();
@@ -284,7 +284,7 @@ SampleResult Session::sample(const SampleOptions& o) {
   try {
     backend_->denoise(a);
   } catch (const NonFiniteError& e) {
-    throw Error(e.what() + layer_stage(e) + culprits(e.layer, e.unguided));
+    throw Error(ErrorCode::NonFinite, e.what() + layer_stage(e) + culprits(e.layer, e.unguided));
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (static_cast<int>(r.step_seconds.size()) != r.steps) r.step_seconds.assign(r.steps, r.seconds / r.steps);
@@ -306,7 +306,7 @@ SampleResult Session::sample(const SampleOptions& o) {
     for (size_t i = 0; i < v->size(); ++i)
       if (!std::isfinite((*v)[i])) {
         const int64_t row = int64_t(i) / w, b = row / r.T;
-        throw Error(std::string("trajectory decode: ") + name + " of sample " + std::to_string(b) + " is non-finite at waypoint " +
+        throw Error(ErrorCode::NonFinite, std::string("trajectory decode: ") + name + " of sample " + std::to_string(b) + " is non-finite at waypoint " +
                     std::to_string(row % r.T) + " (the actions are finite; v0 = " + std::to_string(r.v0[b]) + " m/s, dt = " +
                     std::to_string(c.dt) + " s, accel " + std::to_string(c.accel_mean) + " + " + std::to_string(c.accel_std) +
                     " a, curvature " + std::to_string(c.curvature_mean) + " + " + std::to_string(c.curvature_std) + " k)");

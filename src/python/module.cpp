@@ -4,7 +4,8 @@
 // protocol) as views: a row-major tensor is never copied, its owner is kept alive by the Context. A
 // non-contiguous host tensor is copied into a row-major buffer the Context owns (unless copy=False); device
 // memory is viewed as it is, and a backend that cannot read it refuses it at bind. Model loading, binding and
-// sampling release the GIL. alpamayo::Error becomes alpamayo_expert.Error with the engine's message.
+// sampling release the GIL. An alpamayo::Error becomes the class of its code (alpamayo_expert.errors: one
+// subclass of alpamayo_expert.Error per code, as the C API has one status per code) with the engine's message.
 // The pure-Python layer (python/alpamayo_expert/engine.py) normalises arguments and builds the public classes.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -16,10 +17,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,8 +63,9 @@ Device device_of(const AnyArray& a, const std::string& name) {
     case 2: return {DeviceType::CUDA, a.device_id()};
     case 3: return {DeviceType::CUDAHost, a.device_id()};
     default:
-      throw Error(name + ": memory of DLPack device type " + std::to_string(type) +
-                  ", which the engine does not know (it reads cpu, cuda and cuda_host memory)");
+      throw Error(ErrorCode::Unsupported,
+                  name + ": memory of DLPack device type " + std::to_string(type) +
+                      ", which the engine does not know (it reads cpu, cuda and cuda_host memory)");
   }
 }
 
@@ -109,7 +113,7 @@ struct CtxHandle {
   std::vector<std::string> copied;  // names of the tensors that were copied
 
   const Context& get() const {
-    if (!ctx) throw Error("Context: not initialised");
+    if (!ctx) throw Error(ErrorCode::InvalidState, "Context: not initialised");
     return *ctx;
   }
 
@@ -262,11 +266,46 @@ struct SessionHandle {
   std::unique_lock<std::mutex> acquire() {
     std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
     if (!lock.owns_lock())
-      throw Error("Session: in use by another thread (a Session runs one call at a time; give each thread its own "
+      throw Error(ErrorCode::InvalidState,
+                  "Session: in use by another thread (a Session runs one call at a time; give each thread its own "
                   "Session: sessions of one Model run in parallel)");
     return lock;
   }
 };
+
+// alpamayo_expert.errors.ERRORS, indexed by ErrorCode; set once at import and kept for the process.
+PyObject* g_errors[static_cast<int>(ErrorCode::Internal) + 1] = {};
+
+void raise_error(ErrorCode code, const char* msg) { PyErr_SetString(g_errors[static_cast<int>(code)], msg); }
+
+// The classes from the pure-Python module, so that the package and the native module raise the same ones.
+void bind_errors(nb::module_& m) {
+  nb::module_ errors = nb::module_::import_("alpamayo_expert.errors");
+  m.attr("Error") = errors.attr("Error");
+  nb::tuple by_code = nb::borrow<nb::tuple>(errors.attr("ERRORS"));
+  if (by_code.size() != std::size(g_errors)) throw std::runtime_error("alpamayo_expert.errors.ERRORS: wrong length");
+  for (size_t i = 0; i < std::size(g_errors); ++i) {
+    nb::object cls = by_code[i];
+    g_errors[i] = cls.inc_ref().ptr();
+    m.attr(nb::borrow<nb::str>(cls.attr("__name__"))) = cls;
+  }
+  // The same mapping as the C API's (src/capi/alpamayo_c.cpp): the code of an alpamayo::Error, allocation failures
+  // out of memory (naming the stage that ran out, limits.h), file system errors I/O. Other exceptions go on to
+  // nanobind's own translation.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      raise_error(e.code(), e.what());
+    } catch (const std::bad_alloc&) {
+      raise_error(ErrorCode::OutOfMemory, out_of_memory_message().c_str());
+    } catch (const std::length_error& e) {
+      raise_error(ErrorCode::OutOfMemory, (std::string("allocation too large: ") + e.what()).c_str());
+    } catch (const std::filesystem::filesystem_error& e) {
+      raise_error(ErrorCode::IO, e.what());
+    }
+  });
+}
 
 }  // namespace
 }  // namespace alpamayo::python
@@ -276,15 +315,7 @@ using namespace alpamayo::python;
 
 NB_MODULE(_core, m) {
   m.doc() = "The Alpamayo action-expert engine (C++), bound with nanobind. Use the classes of alpamayo_expert.";
-  nb::exception<Error>(m, "Error", PyExc_RuntimeError);
-  // std::bad_alloc: MemoryError naming the stage that ran out (limits.h), not a bare "std::bad_alloc".
-  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
-    try {
-      std::rethrow_exception(p);
-    } catch (const std::bad_alloc&) {
-      PyErr_SetString(PyExc_MemoryError, alpamayo::out_of_memory_message().c_str());
-    }
-  });
+  bind_errors(m);
 
   m.def("backends", [] {
     std::vector<std::tuple<std::string, std::vector<std::string>, std::vector<std::string>, std::string>> out;

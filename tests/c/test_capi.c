@@ -338,6 +338,7 @@ static void test_versions_and_backends(void) {
   EXPECT_STATUS(alpamayo_backend_check("no-such-backend"), ALPAMAYO_UNSUPPORTED, "no-such-backend");
   CHECK(strcmp(alpamayo_status_name(ALPAMAYO_OK), "ok") == 0);
   CHECK(strcmp(alpamayo_status_name((alpamayo_status)99), "unknown status") == 0);
+  CHECK(ALPAMAYO_NON_FINITE == 8 && strcmp(alpamayo_status_name(ALPAMAYO_NON_FINITE), "non-finite value") == 0);
 }
 
 static void test_bad_inputs(void) {
@@ -360,6 +361,13 @@ static void test_bad_inputs(void) {
   run("mkdir -p %s", tmp_path("bad-ck"));
   write_file(tmp_path("bad-ck/config.json"), "{");
   EXPECT_STATUS(alpamayo_checkpoint_open(tmp_path("bad-ck"), NULL, &ck), ALPAMAYO_FORMAT_ERROR, "config.json");
+  /* A checkpoint without weights, or a config.json that is a directory: IO_ERROR (files that cannot be read). */
+  write_file(tmp_path("bad-ck/config.json"), "{\"model_type\": \"alpamayo_r1\", \"diffusion_cfg\": {}, "
+             "\"action_in_proj_cfg\": {}, \"action_space_cfg\": {}}");
+  EXPECT_STATUS(alpamayo_checkpoint_open(tmp_path("bad-ck"), NULL, &ck), ALPAMAYO_IO_ERROR, "no model.safetensors");
+  run("rm -f %s && mkdir -p %s", tmp_path("bad-ck/config.json"), tmp_path("bad-ck/config.json"));
+  EXPECT_STATUS(alpamayo_checkpoint_open(tmp_path("bad-ck"), NULL, &ck), ALPAMAYO_IO_ERROR, "is a directory");
+  EXPECT_STATUS(alpamayo_context_open(tmp_path("bad-ck"), &ctx), ALPAMAYO_IO_ERROR, "is a directory");
 
   /* NULL pointers. */
   EXPECT_STATUS(alpamayo_checkpoint_open(NULL, NULL, &ck), ALPAMAYO_INVALID_ARGUMENT, "dir");
@@ -458,6 +466,17 @@ static void test_sampling(void) {
   bad.threads = -1;
   EXPECT_STATUS(alpamayo_model_load(ck, &bad, &model), ALPAMAYO_INVALID_ARGUMENT, "threads");
   CHECK(model == NULL);
+  bad.threads = 0;
+  REQUIRE(setenv("ALPAMAYO_MEMORY_LIMIT", "1K", 1) == 0);  /* an estimate over the limit: OUT_OF_MEMORY */
+  EXPECT_STATUS(alpamayo_model_load(ck, &bad, &model), ALPAMAYO_OUT_OF_MEMORY, "only 1.00 KiB is available");
+  REQUIRE(unsetenv("ALPAMAYO_MEMORY_LIMIT") == 0);
+  CHECK(model == NULL);
+  /* A checkpoint whose sampler the engine does not implement (Heun instead of Euler): UNSUPPORTED. */
+  const char* heun_dir = tmp_path("heun-ck");
+  run("rm -rf %s && cp -r %s %s && sed -i 's/\"euler\"/\"heun\"/' %s/config.json", heun_dir, ck_dir, heun_dir, heun_dir);
+  alpamayo_checkpoint* heun = NULL;
+  EXPECT_STATUS(alpamayo_checkpoint_open(heun_dir, NULL, &heun), ALPAMAYO_UNSUPPORTED, "integrate with euler only");
+  CHECK(heun == NULL);
 
   for (int64_t b = 0; b < alpamayo_backend_count(); ++b) {
     const char* backend = alpamayo_backend_name(b);
@@ -554,6 +573,13 @@ static void test_sampling(void) {
     EXPECT_STATUS(alpamayo_session_sample(s2, &no, &r2), ALPAMAYO_INVALID_ARGUMENT, "noise: expected 32 values");
     no.noise = NULL;
     EXPECT_STATUS(alpamayo_session_sample(s2, &no, &r2), ALPAMAYO_INVALID_ARGUMENT, "noise is NULL");
+    float nan_noise[32];
+    memcpy(nan_noise, x_steps.data, sizeof nan_noise);
+    nan_noise[5] = NAN;
+    no.noise = nan_noise;
+    no.noise_count = 32;
+    EXPECT_STATUS(alpamayo_session_sample(s2, &no, &r2), ALPAMAYO_NON_FINITE, "noise: non-finite value nan at flat index 5");
+    CHECK(r2 == NULL);
 
     /* v0 override and step count. */
     alpamayo_sample_options vo = {0};
@@ -618,6 +644,11 @@ static void test_sampling(void) {
     w.valid_len[1] = 10;
     EXPECT_STATUS(alpamayo_context_create(&w.desc, &views), ALPAMAYO_INVALID_ARGUMENT, "valid_len[1] = 10");
     w.valid_len[1] = cc.valid_len[1];
+    uint16_t* key1 = (uint16_t*)cc.mem[0][1];
+    const uint16_t kept = key1[3];
+    key1[3] = 0x7fc0; /* a bf16 NaN in a row sample 0 attends to: NON_FINITE naming the tensor and index */
+    EXPECT_STATUS(alpamayo_context_create(&w.desc, &views), ALPAMAYO_NON_FINITE, "caller cache: key.1: non-finite value at [0, 0, 0, 3]");
+    key1[3] = kept;
     w.desc.keys = NULL;
     EXPECT_STATUS(alpamayo_context_create(&w.desc, &views), ALPAMAYO_INVALID_ARGUMENT, "NULL");
     w.desc.keys = w.keys;

@@ -125,11 +125,11 @@ AttnKernel attn_kernel_from_name(const std::string& name, const std::string& wha
   for (AttnKernel k : kAttnKernels)
     if (name == attn_kernel_name(k)) {
       if (const std::string why = attn_kernel_unavailable(k, int8); !why.empty())
-        throw Error(what + ": attention kernel \"" + name + "\" cannot run here: " + why + "; runnable here: " +
+        throw Error(ErrorCode::Unsupported, what + ": attention kernel \"" + name + "\" cannot run here: " + why + "; runnable here: " +
                     runnable);
       return k;
     }
-  throw Error(what + ": unknown attention kernel \"" + name + "\"; the attention kernels are " + all +
+  throw Error(ErrorCode::Unsupported, what + ": unknown attention kernel \"" + name + "\"; the attention kernels are " + all +
               " (runnable here: " + runnable + ")");
 }
 
@@ -313,7 +313,7 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8,
       const AttnData data(d, group, T, keys, int8);
       std::string fail;
       const KernelAccuracy a = check_attention(op, k, data, attention_yardstick(data), &fail);
-      if (!a.ok()) throw Error(src + ": " + op + "=" + forced + " fails the accuracy check: " + fail);
+      if (!a.ok()) throw Error(ErrorCode::Unsupported, src + ": " + op + "=" + forced + " fails the accuracy check: " + fail);
       c.check = accuracy_summary("portable", data.shape(), {{forced, a.ratio}});
       c.gflops = time_attention(k, data, 0.02);
     }

@@ -86,7 +86,7 @@ size_t BlockWeights::panel_offset(int p) const {
 }
 
 void BlockWeights::pack(BlockStore s, const float* W, int K, int n) {
-  check(K > 0 && n > 0, "block weights: empty matrix");
+  check(K > 0 && n > 0, ErrorCode::Internal, "block weights: empty matrix");
   store_ = s;
   K_ = K;
   N_ = n;

@@ -234,7 +234,7 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
         const std::string w = matmul_unrunnable(n, t, kernels, M, K, N, k_model);
         list += (list.empty() ? "" : "; ") + n + (w.empty() ? " (runs here)" : " (not here: " + w + ")");
       }
-      throw Error(kernel_spec_source(spec) + ": " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " +
+      throw Error(ErrorCode::Unsupported, kernel_spec_source(spec) + ": " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " +
                   list);
     }
     const std::string src = kernel_spec_source(spec);
@@ -255,7 +255,7 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
       it = cache.emplace(key, c).first;
     }
     if (it->second.name.empty())
-      throw Error(src + ": " + op + "=" + forced + " fails the accuracy check: " + it->second.check);
+      throw Error(ErrorCode::Unsupported, src + ": " + op + "=" + forced + " fails the accuracy check: " + it->second.check);
     return it->second;
   }
   std::lock_guard<std::mutex> lk(mu);
@@ -715,7 +715,7 @@ void CpuSession::quantise_cache(const KVCache& kv) {
 
 void CpuSession::set_attention_kernel(AttnKernel k) {
   if (const std::string why = attn_kernel_unavailable(k, m_.kv_int8_); !why.empty())
-    throw Error(std::string("cpu backend: attention kernel ") + attn_kernel_name(k) + " cannot run here: " + why);
+    throw Error(ErrorCode::Unsupported, std::string("cpu backend: attention kernel ") + attn_kernel_name(k) + " cannot run here: " + why);
   attn_kernel_ = k;
   if (attn_widest_.d > 0)  // already bound: the scratch of the new kernel
     for (PerThread& pt : per_thread_) pt.attn.resize(attn_widest_, attn_kernel_is_fp32(k), m_.kv_int8_);

@@ -126,9 +126,9 @@ size_t FmaWeights::packed_bytes(FmaKernel k, bool int8, int K, int N) {
 
 template <class T>
 void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* arena) {
-  if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
+  if (K < 1 || N < 0) throw Error(ErrorCode::Internal, "fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
   if (const std::string why = fma_kernel_refuses(k, std::is_same_v<T, int8_t>, K); !why.empty())
-    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " " + why);
+    throw Error(ErrorCode::Unsupported, std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " " + why);
   kernel_ = k;
   K_ = K;
   N_ = N;
@@ -145,7 +145,7 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* aren
     const size_t need = packed_bytes(k, std::is_same_v<T, int8_t>, K, N);
     const size_t left = arena->size - std::min(arena->size, arena->used);
     if (left < need)
-      throw Error("fma_matmul: a packed " + std::to_string(N) + "x" + std::to_string(K) + " matrix needs " +
+      throw Error(ErrorCode::Internal, "fma_matmul: a packed " + std::to_string(N) + "x" + std::to_string(K) + " matrix needs " +
                   std::to_string(need) + " bytes of its arena, which has " + std::to_string(left) + " left");
     buf = arena->buf;
     off_ = arena->used;
@@ -294,7 +294,7 @@ void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int
 void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch, bool x_ready) {
   if (M <= 0 || w.N() == 0) return;
   if (!fma_kernel_runnable(w.kernel()))
-    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(w.kernel()) + " cannot run on this CPU (" +
+    throw Error(ErrorCode::Unsupported, std::string("fma_matmul: kernel ") + fma_kernel_name(w.kernel()) + " cannot run on this CPU (" +
                 isa().describe() + ")");
   auto* s = static_cast<float*>(scratch);
   if (w.type() == FmaType::INT8) {

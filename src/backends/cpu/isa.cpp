@@ -146,7 +146,7 @@ std::string forced_kernel(const std::string& op, const std::string& spec) {
     for (const char* o : kKernelOps) s += std::string(s.empty() ? "" : ", ") + o;
     return s;
   }();
-  if (!known) throw Error("cpu backend: no kernel choice for op \"" + op + "\" (ops: " + ops + ")");
+  if (!known) throw Error(ErrorCode::Unsupported, "cpu backend: no kernel choice for op \"" + op + "\" (ops: " + ops + ")");
   if (!value || !*value) return "";
   std::string found, seen = ",";  // the ops named so far, comma-delimited
   const std::string v = value;
@@ -160,7 +160,7 @@ std::string forced_kernel(const std::string& op, const std::string& spec) {
     const std::string o = item.substr(0, eq);
     bool ok = false;
     for (const char* k : kKernelOps) ok = ok || o == k;
-    if (!ok) throw Error(src + "=\"" + v + "\": unknown op \"" + o + "\" (ops: " + ops + ")");
+    if (!ok) throw Error(ErrorCode::Unsupported, src + "=\"" + v + "\": unknown op \"" + o + "\" (ops: " + ops + ")");
     if (seen.find("," + o + ",") != std::string::npos)
       throw Error(src + "=\"" + v + "\": op \"" + o + "\" given twice");
     seen += o + ",";

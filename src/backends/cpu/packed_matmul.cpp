@@ -45,7 +45,7 @@ std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int 
     cache_[key] = k;
     return k;
   } catch (const dnnl::error& e) {
-    throw Error(std::string("cpu backend: oneDNN matmul ") + std::to_string(M) + "x" + std::to_string(K) +
+    throw Error(ErrorCode::Unsupported, std::string("cpu backend: oneDNN matmul ") + std::to_string(M) + "x" + std::to_string(K) +
                 "x" + std::to_string(N) + " unavailable: " + e.what());
   }
 }

@@ -48,13 +48,13 @@ std::unique_ptr<BackendModel> load_backend(const ExpertConfig& cfg, const ModelW
 CudaModel::CudaModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
     : cfg_(cfg), fp8_(opts.weights == "fp8") {
   const int D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d, I = cfg.I;
-  check(d % 8 == 0 && d <= kAttnMaxHeadDim, "cuda backend: the head dim must be a multiple of 8 and at most " +
+  check(d % 8 == 0 && d <= kAttnMaxHeadDim, ErrorCode::Unsupported, "cuda backend: the head dim must be a multiple of 8 and at most " +
                                                 std::to_string(kAttnMaxHeadDim) + ", found " + std::to_string(d));
   const int align = fp8_ ? 16 : 8;  // matmul K dimensions: 16-byte rows
   for (const auto& [name, k] : {std::pair<const char*, int>{"hidden size D", D}, {"MLP width I", I}})
-    check(k % align == 0, std::string("cuda backend: the ") + name + " must be a multiple of " + std::to_string(align) +
+    check(k % align == 0, ErrorCode::Unsupported, std::string("cuda backend: the ") + name + " must be a multiple of " + std::to_string(align) +
                               " for " + (fp8_ ? "fp8" : "bf16") + " matmuls, found " + std::to_string(k));
-  check(Hq * d % align == 0,
+  check(Hq * d % align == 0, ErrorCode::Unsupported,
         "cuda backend: Hq * d must be a multiple of " + std::to_string(align) + ", found " + std::to_string(Hq * d));
   if (const char* g = std::getenv("ALPAMAYO_CUDA_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
   // bf16 through cuBLASLt; fp8 through our W8A16 kernel, which keeps the activations in bf16 (cuBLASLt's

@@ -170,7 +170,7 @@ void CudaSession::bind_cache(const KVCache& kv) {
       if (found[i] == ~0ull) continue;
       const unsigned long long f = found[i];
       const unsigned long long bh = f / plane, row = (f % plane) / d, col = f % d;
-      throw Error(on_device[i]->name + ": non-finite value at [" + std::to_string(bh / H) + ", " +
+      throw Error(ErrorCode::NonFinite, on_device[i]->name + ": non-finite value at [" + std::to_string(bh / H) + ", " +
                   std::to_string(bh % H) + ", " + std::to_string(row) + ", " + std::to_string(col) + "]");
     }
   }
@@ -308,7 +308,7 @@ CudaSession::Run& CudaSession::run_for(int steps) {
 }
 
 void CudaSession::denoise(const DenoiseArgs& a) {
-  check(bound_, "cuda backend: denoise before bind");
+  check(bound_, ErrorCode::InvalidState, "cuda backend: denoise before bind");
   DeviceGuard g(m_.device());
   Run& r = run_for(a.steps);
   const int N = a.steps;
@@ -347,7 +347,7 @@ void CudaSession::denoise(const DenoiseArgs& a) {
   const float* v = r.h_v_hist.as<float>();
   for (int k = 0; k < N; ++k)
     for (size_t i = 0; i < n; ++i)
-      check(std::isfinite(v[k * n + i]), "velocity at Euler step " + std::to_string(k) + ": non-finite value " +
+      check(std::isfinite(v[k * n + i]), ErrorCode::NonFinite, "velocity at Euler step " + std::to_string(k) + ": non-finite value " +
                                              std::to_string(v[k * n + i]) + " at flat index " + std::to_string(i));
   std::memcpy(a.x, r.h_x.get(), n * sizeof(float));
   if (a.v_steps) std::memcpy(a.v_steps, v, N * n * sizeof(float));

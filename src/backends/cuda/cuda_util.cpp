@@ -6,7 +6,7 @@ namespace alpamayo::ALP_CUDA_NS {
 
 void check_cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
-  throw Error(std::string("cuda backend: ") + what + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  throw Error(e == cudaErrorMemoryAllocation ? ErrorCode::OutOfMemory : ErrorCode::Internal, std::string("cuda backend: ") + what + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : n_(bytes) {
@@ -15,7 +15,7 @@ DeviceBuffer::DeviceBuffer(size_t bytes) : n_(bytes) {
   if (e != cudaSuccess) {
     p_ = nullptr;
     (void)cudaGetLastError();  // an allocation failure is not sticky; clear it for later calls
-    throw Error("cuda backend: cannot allocate " + std::to_string(bytes) +
+    throw Error(ErrorCode::OutOfMemory, "cuda backend: cannot allocate " + std::to_string(bytes) +
                 " bytes of device memory: " + cudaGetErrorString(e));
   }
 }
@@ -41,7 +41,7 @@ PinnedBuffer::PinnedBuffer(size_t bytes) : n_(bytes) {
   if (e != cudaSuccess) {
     p_ = nullptr;
     (void)cudaGetLastError();
-    throw Error("cuda backend: cannot allocate " + std::to_string(bytes) +
+    throw Error(ErrorCode::OutOfMemory, "cuda backend: cannot allocate " + std::to_string(bytes) +
                 " bytes of pinned host memory: " + cudaGetErrorString(e));
   }
 }

@@ -7,7 +7,7 @@ namespace alpamayo::ALP_CUDA_NS {
 
 void check_cublas(cublasStatus_t s, const std::string& what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
-  throw Error("cuda backend: " + what + " failed: cuBLASLt status " + std::to_string(static_cast<int>(s)) + " (" +
+  throw Error(ErrorCode::Internal, "cuda backend: " + what + " failed: cuBLASLt status " + std::to_string(static_cast<int>(s)) + " (" +
               cublasLtGetStatusName(s) + ": " + cublasLtGetStatusString(s) + ")");
 }
 
@@ -48,7 +48,7 @@ void LtMatmul::plan(cublasLtHandle_t lt, bool fp8, int N, int K, int M, size_t w
   for (int i = 0; i < found && pick < 0; ++i)
     if (res[i].state == CUBLAS_STATUS_SUCCESS) pick = i;
   if (pick < 0)
-    throw Error("cuda backend: cuBLASLt has no " + std::string(fp8 ? "fp8 e4m3" : "bf16") + " algorithm for " + name +
+    throw Error(ErrorCode::Unsupported, "cuda backend: cuBLASLt has no " + std::string(fp8 ? "fp8 e4m3" : "bf16") + " algorithm for " + name +
                 " (N=" + std::to_string(N) + ", K=" + std::to_string(K) + ", M=" + std::to_string(M) + ") on this GPU");
   algo_ = res[pick].algo;
 }
