@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "backends/cpu/huge_buf.h"
+#include "backends/cpu/runtime/huge_buf.h"
 
 namespace alpamayo::cpu {
 

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/huge_buf.h"
+#include "backends/cpu/runtime/huge_buf.h"
 
 namespace alpamayo::cpu {
 
