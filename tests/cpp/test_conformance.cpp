@@ -499,7 +499,7 @@ TEST_P(CpuAttentionKernels, MatchTheReference) {
 // The cpu backend's bf16 and int8 weights on every matmul kernel this machine runs (forced with
 // ALPAMAYO_CPU_KERNELS=matmul_bf16=... / matmul_int8=...), against the reference under the format's error model;
 // kernels that cannot run here are printed as skipped. The fp32-FMA kernels compute the same FMA chain
-// (fma_matmul.h), so their whole runs are bitwise identical; so is avx512_vnni's exact int32 sum with int8
+// (matmul_kernels.h), so their whole runs are bitwise identical; so is avx512_vnni's exact int32 sum with int8
 // weights here, where every partial sum stays below 2^24. avx512_bf16 (vdpbf16ps) and oneDNN only meet the bounds.
 TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
   for (const std::string format : {"bf16", "int8"}) {
@@ -515,10 +515,10 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
           m = p.model("cpu", format);
         } catch (const Error& e) {
           // A kernel of ours must load wherever its instruction set is usable, for each weight type it takes.
-          cpu::FmaKernel k;
-          if (cpu::fma_kernel_from_name(kernel, &k) &&
-              (format == "int8" ? cpu::fma_kernel_takes_int8(k) : cpu::fma_kernel_takes_bf16(k))) {
-            EXPECT_FALSE(cpu::fma_kernel_runnable(k)) << kernel << ": " << e.what();
+          cpu::MatmulKernel k;
+          if (cpu::matmul_kernel_from_name(kernel, &k) &&
+              (format == "int8" ? cpu::matmul_kernel_takes_int8(k) : cpu::matmul_kernel_takes_bf16(k))) {
+            EXPECT_FALSE(cpu::matmul_kernel_runnable(k)) << kernel << ": " << e.what();
           }
           EXPECT_NE(kernel, "portable_fma") << e.what();
           EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();
@@ -566,9 +566,9 @@ std::vector<CpuKernelTarget> cpu_kernel_targets() {
   for (const std::string format : {"bf16", "int8"}) {
     const bool int8 = format == "int8";
     v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", "onednn"});
-    for (cpu::FmaKernel k : cpu::kFmaKernels)
-      if (int8 ? cpu::fma_kernel_takes_int8(k) : cpu::fma_kernel_takes_bf16(k))
-        v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", cpu::fma_kernel_name(k)});
+    for (cpu::MatmulKernel k : cpu::kMatmulKernels)
+      if (int8 ? cpu::matmul_kernel_takes_int8(k) : cpu::matmul_kernel_takes_bf16(k))
+        v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", cpu::matmul_kernel_name(k)});
   }
   return v;
 }
@@ -583,7 +583,7 @@ std::string cpu_kernel_unavailable(const CpuKernelTarget& t) {
     if (t.format == "int8" && !cpu::onednn_int8_refused().empty()) return cpu::onednn_int8_refused();
     cpu::isa();  // the ISA cap reaches oneDNN before its first primitive
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    cpu::MatmulKernels kernels(eng);
+    cpu::OnednnPrimitives kernels(eng);
     try {  // e.g. no bf16 matmul in oneDNN below AVX-512
       kernels.get(t.format == "int8" ? cpu::WeightType::INT8 : cpu::WeightType::BF16, 64, 1536, 1024, 1024);
     } catch (const Error& e) {
@@ -591,8 +591,8 @@ std::string cpu_kernel_unavailable(const CpuKernelTarget& t) {
     }
     return "";
   }
-  cpu::FmaKernel k;
-  return cpu::fma_kernel_from_name(t.kernel, &k) ? cpu::fma_kernel_unavailable(k) : "unknown matmul kernel";
+  cpu::MatmulKernel k;
+  return cpu::matmul_kernel_from_name(t.kernel, &k) ? cpu::matmul_kernel_unavailable(k) : "unknown matmul kernel";
 }
 
 class CpuKernelConformance : public ::testing::TestWithParam<std::tuple<CpuKernelTarget, int>> {};
