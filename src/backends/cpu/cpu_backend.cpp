@@ -213,9 +213,9 @@ KernelAccuracy check_matmul(const std::string& op, const std::string& name, Matm
 
 MatmulChoice choose_matmul(const std::string& op, WeightType t, OnednnPrimitives& kernels, int M, int K, int N,
                            int k_model, const std::string& spec) {
-  // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a
-  // full-size step they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5),
-  // which the warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as with AMX.
+  // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN: inside a
+  // full-size step they ran faster than oneDNN, with less peak memory (docs/PERFORMANCE.md), which the warm timing
+  // shape barely shows; oneDNN must be kChoiceMargin times faster there to be taken instead, as with AMX.
   std::vector<std::string> names;
   for (MatmulKernel k : kMatmulKernels) {
     if (k == MatmulKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones
@@ -761,7 +761,7 @@ void CpuSession::plan_attention() {
   for (int p = 0; p < kv_.G; ++p)
     if (members_[p].size() > 1)
       total += int64_t(Hkv) * members_[p].size() * (kv_.valid_len[p] - kv_.pad(p));
-  constexpr int64_t kAttnItems = 32;  // 4 chunks per head at the seed's size: +2% attention time (docs/CPU_BACKEND.md)
+  constexpr int64_t kAttnItems = 32;  // 4 chunks per head at the seed's size (docs/CPU_BACKEND.md, docs/PERFORMANCE.md)
   const int64_t target = (total + kAttnItems - 1) / kAttnItems;
   const int64_t chunk = std::max<int64_t>(4 * kKeyBlock, (target + kKeyBlock - 1) / kKeyBlock * kKeyBlock);
   // The parts of one key range shrink linearly (weights parts, parts-1, ..., 1) and are claimed largest first,

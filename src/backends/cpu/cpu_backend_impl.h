@@ -177,8 +177,8 @@ class CpuSession final : public HostLoopSession {
     HugeArray<int8_t> v;
     AlignedBuf<float> ks, vs;
     // Room for `rows` rows of d, kept from an earlier bind where it fits: a new context of the same sizes (the
-    // next camera frame's) then costs only the quantisation, not 600 MB of fresh pages (seconds on our VMs at
-    // the seed's size, against 0.07 s for the quantisation).
+    // next camera frame's) then costs only the quantisation, not 600 MB of fresh pages, which cost far more than
+    // the quantisation (docs/PERFORMANCE.md).
     void ensure(size_t rows, int d) {
       if (k.size() < rows * d) {
         k.resize(rows * d);

@@ -107,7 +107,7 @@ void CpuSession::layer_phases(int tid, int l) {
                 i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm1);
 
-  // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
+  // Into a private buffer (oneDNN runs slower with a strided destination here: docs/PERFORMANCE.md), then copied.
   linear(kLinQkv, w.fqkv, w.qkv[tid], plan.qkv, w.bqkv, m_.qkv_slices_[tid], x_in, D,
          [&](Slice c, const float* corr, const float* cs) {
            copy_rows(qkv_.data() + c.n0, Nqkv, pt.tmp.data(), M, c.n1 - c.n0, i8 ? x_scale_.data() : nullptr, corr, cs);
@@ -205,8 +205,8 @@ void CpuSession::attention_phase(int tid, int l) {
   uint16_t* out_bf16 = i8 ? nullptr : y_bf16_.data();
   auto out_off = [&](int b) { return int64_t(b) * T_ * ld; };
   // The items also pull this thread's o_proj weights into L2, each its share by work, so that the
-  // thread's items cover them about once. (The whole slice per item cost 14% of attention at the seed's
-  // size: 16 items per thread re-read 3 MB each from L3.)
+  // thread's items cover them about once. (The whole slice per item cost a visible share of attention at the
+  // seed's size: 16 items per thread re-read 3 MB each from L3; docs/PERFORMANCE.md.)
   const char* pf_base = nullptr;
   size_t pf_total = 0, pf_done = 0;
   {

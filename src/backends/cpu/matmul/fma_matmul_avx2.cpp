@@ -23,8 +23,8 @@ constexpr int kKB = 256;  // rows of K per widened block: 256 x 16 fp32 = 16 KB
 static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit matmul_scratch_bytes()");
 static_assert(kFmaKSpan % kKB == 0, "K blocks must not straddle spans");
 
-// Weights are prefetched into L2 this far ahead of the block being widened (measured on cold weights,
-// bench_matmul --fma: one block ahead left the down slice at 40% of its hot speed; 256 KB ahead, 85-90%).
+// Weights are prefetched into L2 this far ahead of the block being widened: one block ahead left cold weights
+// far below their hot speed (docs/PERFORMANCE.md, "Measurements behind design choices").
 constexpr int kAhead = 256 << 10;
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }

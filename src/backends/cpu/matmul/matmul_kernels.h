@@ -70,14 +70,15 @@ const char* matmul_kernel_instruction(MatmulKernel k);
 // The kernel named `name` (matmul_kernel_name); false for any other name.
 bool matmul_kernel_from_name(const std::string& name, MatmulKernel* k);
 // Every kernel, our dot-product kernels first (the order the cpu backend tries them in).
-inline constexpr MatmulKernel kMatmulKernels[] = {MatmulKernel::Avx512Vnni, MatmulKernel::Avx512Bf16, MatmulKernel::Avx2Int8,
-                                            MatmulKernel::Avx512,     MatmulKernel::Avx2,       MatmulKernel::Portable};
+inline constexpr MatmulKernel kMatmulKernels[] = {MatmulKernel::Avx512Vnni, MatmulKernel::Avx512Bf16,
+                                                  MatmulKernel::Avx2Int8,   MatmulKernel::Avx512,
+                                                  MatmulKernel::Avx2,       MatmulKernel::Portable};
 // Output columns per packed panel.
 int matmul_panel_width(MatmulKernel k);
 // Where column j (< matmul_panel_width(k)) of a panel sits within a packed row (a k-group's row for the dot-product
 // kernels): j itself, except for avx512_fma's bf16 weights, whose 32-column halves are interleaved (columns c and
 // c + 16 side by side in one 32-bit word), so that one shift and one mask widen a 32-weight load to two zmm of
-// fp32 where a zero-extension and a shift widened 16 (on Intel both take the FMA ports' issue slots).
+// fp32 where a zero-extension and a shift widened 16 (on CPUs where both take the FMA ports' issue slots).
 int matmul_packed_slot(MatmulKernel k, bool int8, int j);
 
 // The weights' element type: bf16 (x bf16), or int8 (x u8 = q + 128, the cpu backend's int8 activations).
@@ -177,7 +178,7 @@ inline constexpr int kFmaKBlock = 128;
 inline constexpr int kFmaKSpan = 1024;
 // The same for the dot-product kernels (avx512_vnni, avx512_bf16, avx2_int8), which keep x as it is (no fp32 copy
 // per span): one span covers the seed's K (1536, 2048, 6144), so a panel's partial sums never go back to memory
-// between spans. With six samples (M = 384) those round trips were 15% of the int8 gate_up phase
+// between spans: with six samples (M = 384) those round trips were a large share of the int8 gate_up phase
 // (docs/PERFORMANCE.md). A multiple of kFmaKSpan, so the kernels' K blocks, and with them every sum, are the same.
 inline constexpr int kDotKSpan = 8 * kFmaKSpan;
 // K rows per widened (int16) weight block of avx2_int8; its scratch holds one such block of 16 columns.

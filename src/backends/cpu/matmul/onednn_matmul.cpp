@@ -113,8 +113,8 @@ OnednnPlan OnednnLinear::plan(OnednnPrimitives& kernels, int M, int ldy) const {
   return p;
 }
 
-// bf16 weights on transparent huge pages: their matmuls ran ~1.5% faster (cold weights, fewer TLB
-// misses). int8 weights stay on oneDNN's allocation: huge pages measured slower there (bench_step).
+// bf16 weights on transparent huge pages: their matmuls ran faster (cold weights, fewer TLB misses). int8
+// weights stay on oneDNN's allocation: huge pages measured slower there (docs/PERFORMANCE.md).
 memory OnednnLinear::new_weights(const memory::desc& md, const dnnl::engine& eng) {
   if (type_ != WeightType::BF16) {
     buf_.reset();

@@ -3,7 +3,7 @@
 // int8 activations are symmetric s8 values stored as u8 = q + 128 (vpdpbusd's native u8 x s8 form); the
 // caller's epilogue subtracts col_correction()[n] = 128 * sum_k w_q[n][k] and multiplies by
 // col_scale()[n] and the activation row scale. No oneDNN output scales: oneDNN 2.6 drops from brgemm to
-// a 30% slower gemm for int8 matmuls with runtime scales.
+// a slower gemm for int8 matmuls with runtime scales (docs/PERFORMANCE.md).
 // Each OnednnLinear is one column slice run by one pool thread with single-threaded oneDNN.
 #pragma once
 #include <dnnl.hpp>
