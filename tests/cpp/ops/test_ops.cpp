@@ -420,15 +420,15 @@ struct OpCase {
   std::shared_ptr<const OpKernel> k;
   OpShape shape;
 };
-void PrintTo(const OpCase& c, std::ostream* os) {
+[[maybe_unused]] void PrintTo(const OpCase& c, std::ostream* os) {
   *os << c.k->backend << " " << ops::op_name(c.k->op) << " " << c.k->format << " " << c.k->kernel << " "
       << c.shape.name;
 }
-std::string case_name(const ::testing::TestParamInfo<OpCase>& info) {
+[[maybe_unused]] std::string case_name(const ::testing::TestParamInfo<OpCase>& info) {
   const OpCase& c = info.param;
   return std::string(ops::op_name(c.k->op)) + "_" + c.k->format + "_" + c.k->kernel + "_" + c.shape.name;
 }
-std::vector<OpCase> cases(const BackendOps& b) {
+[[maybe_unused]] std::vector<OpCase> cases(const BackendOps& b) {
   std::vector<OpCase> v;
   for (const OpKernel& k : b.kernels) {
     const auto kp = std::make_shared<const OpKernel>(k);
@@ -474,7 +474,7 @@ TEST_P(Ops, MatchesTheReference) {
 
 // Every op of the contract and every weight and KV cache format a backend registers has kernels in the suite, or
 // the backend says why not (printed).
-void expect_covers_the_contract(const BackendOps& b) {
+[[maybe_unused]] void expect_covers_the_contract(const BackendOps& b) {
   const BackendInfo& info = find_backend(b.backend);
   auto covered = [&](Op op, const std::string& format) {
     for (const OpKernel& k : b.kernels)
