@@ -23,8 +23,8 @@
 #include "alpamayo/engine.h"
 #include "alpamayo/tensor.h"
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-#include "backends/cpu/isa.h"
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/profile/peaks.h"
 #endif
 
 namespace {

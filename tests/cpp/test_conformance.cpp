@@ -29,7 +29,7 @@
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_backend_impl.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 #endif
 
 namespace alpamayo {
@@ -427,9 +427,9 @@ std::vector<CpuKernelTarget> cpu_kernel_targets() {
   for (const std::string format : {"bf16", "int8"}) {
     const bool int8 = format == "int8";
     v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", "onednn"});
-    for (cpu::FmaKernel k : cpu::kFmaKernels)
-      if (int8 ? cpu::fma_kernel_takes_int8(k) : cpu::fma_kernel_takes_bf16(k))
-        v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", cpu::fma_kernel_name(k)});
+    for (cpu::MatmulKernel k : cpu::kMatmulKernels)
+      if (int8 ? cpu::matmul_kernel_takes_int8(k) : cpu::matmul_kernel_takes_bf16(k))
+        v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", cpu::matmul_kernel_name(k)});
   }
   return v;
 }
@@ -444,7 +444,7 @@ std::string cpu_kernel_unavailable(const CpuKernelTarget& t) {
     if (t.format == "int8" && !cpu::onednn_int8_refused().empty()) return cpu::onednn_int8_refused();
     cpu::isa();  // the ISA cap reaches oneDNN before its first primitive
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    cpu::MatmulKernels kernels(eng);
+    cpu::OnednnPrimitives kernels(eng);
     try {  // e.g. no bf16 matmul in oneDNN below AVX-512
       kernels.get(t.format == "int8" ? cpu::WeightType::INT8 : cpu::WeightType::BF16, 64, 1536, 1024, 1024);
     } catch (const Error& e) {
@@ -452,8 +452,8 @@ std::string cpu_kernel_unavailable(const CpuKernelTarget& t) {
     }
     return "";
   }
-  cpu::FmaKernel k;
-  return cpu::fma_kernel_from_name(t.kernel, &k) ? cpu::fma_kernel_unavailable(k) : "unknown matmul kernel";
+  cpu::MatmulKernel k;
+  return cpu::matmul_kernel_from_name(t.kernel, &k) ? cpu::matmul_kernel_unavailable(k) : "unknown matmul kernel";
 }
 
 class CpuKernelConformance : public ::testing::TestWithParam<std::tuple<CpuKernelTarget, int>> {};

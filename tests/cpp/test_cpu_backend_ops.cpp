@@ -15,10 +15,10 @@
 #include "alpamayo/tensor.h"
 #include "backends/kv_int8.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/kv_quant.h"
-#include "backends/cpu/packed_matmul.h"
-#include "backends/cpu/thread_pool.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/attention/kv_quant.h"
+#include "backends/cpu/matmul/onednn_matmul.h"
+#include "backends/cpu/runtime/thread_pool.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -29,7 +29,7 @@ namespace {
 TEST(Matmul, OnednnUsesAmxExactlyWhereUsable) {
   const IsaInfo& info = isa();  // first: it caps oneDNN (ALPAMAYO_CPU_ISA) before any primitive exists
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   ScopedOmpThreads one(1);
   const std::tuple<WeightType, uint32_t, const char*> cases[] = {{WeightType::BF16, kAmxBf16, "amx_bf16"},
                                                                    {WeightType::INT8, kAmxInt8, "amx_int8"}};

@@ -15,10 +15,10 @@
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
-#include "backends/cpu/kv_quant.h"
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/attention/kv_quant.h"
+#include "backends/cpu/profile/peaks.h"
 
 namespace alpamayo {
 
@@ -51,7 +51,7 @@ std::vector<Slice> split_cols(int N, int parts) {
 
 
 // The kernel for the weights' matmuls, op "matmul_bf16" (bf16 weights) or "matmul_int8" (int8 weights): oneDNN
-// (PackedLinear) or the fp32-FMA kernels (fma_matmul.h). Forced by ALPAMAYO_CPU_KERNELS, else the fastest runnable
+// (OnednnLinear) or the fp32-FMA kernels (matmul_kernels.h). Forced by ALPAMAYO_CPU_KERNELS, else the fastest runnable
 // one on an M x K x N slice (timed once per process, op and shape) of those that pass the accuracy check on it
 // (kernel_check.h); a forced one must pass it too.
 struct MatmulChoice {
@@ -64,7 +64,7 @@ constexpr const char* kOnednn = "onednn";
 
 // Empty when the candidate runs here, else why not.
 // k_model: the model's largest K (avx512_vnni's int32 sums must not overflow).
-std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N,
+std::string matmul_unrunnable(const std::string& name, WeightType t, OnednnPrimitives& kernels, int M, int K, int N,
                               int k_model) {
   if (name == kOnednn) {
     try {
@@ -74,10 +74,10 @@ std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKerne
     }
     return t == WeightType::INT8 ? onednn_int8_refused() : "";
   }
-  FmaKernel k;
-  if (!fma_kernel_from_name(name, &k)) return "unknown kernel";
-  if (std::string why = fma_kernel_refuses(k, t == WeightType::INT8, k_model); !why.empty()) return why;
-  return fma_kernel_unavailable(k);
+  MatmulKernel k;
+  if (!matmul_kernel_from_name(name, &k)) return "unknown kernel";
+  if (std::string why = matmul_kernel_refuses(k, t == WeightType::INT8, k_model); !why.empty()) return why;
+  return matmul_kernel_unavailable(k);
 }
 
 // The timing shape's random data, which the timing and the accuracy check share: W [N][K] and activations x [M][K]
@@ -111,23 +111,23 @@ struct MatmulData {
 // result after the step's epilogue (int8: (y - corr) * (cs * rs), copy_rows), what the accuracy check compares.
 class MatmulRun {
  public:
-  MatmulRun(const std::string& name, const MatmulData& d, MatmulKernels& kernels)
+  MatmulRun(const std::string& name, const MatmulData& d, OnednnPrimitives& kernels)
       : d_(d), onednn_(name == kOnednn), st_(kernels.engine()), y_(size_t(d.M) * d.N) {
     if (onednn_) {
       lin_.pack(kernels, d.t, d.K, d.N, d.W.data(), d.M, d.N);
       plan_ = lin_.plan(kernels, d.M, d.N);
       scratch_.resize(plan_.scratch_bytes() + 1);
     } else {
-      FmaKernel k = FmaKernel::Portable;
-      fma_kernel_from_name(name, &k);
+      MatmulKernel k = MatmulKernel::Portable;
+      matmul_kernel_from_name(name, &k);
       if (d.t == WeightType::INT8) fw_.pack_int8(k, d.W.data(), d.K, d.N);
       else fw_.pack(k, d.W.data(), d.K, d.N);
-      scratch_.resize(fma_scratch_bytes(k, d.M, d.K));
+      scratch_.resize(matmul_scratch_bytes(k, d.M, d.K));
     }
   }
   void run() {
     if (onednn_) lin_.run(st_, plan_, d_.x(), y_.data(), scratch_.data());
-    else fma_matmul(fw_, d_.x(), d_.M, d_.K, y_.data(), d_.N, scratch_.data());
+    else run_matmul(fw_, d_.x(), d_.M, d_.K, y_.data(), d_.N, scratch_.data());
   }
   std::vector<float> output() {
     st_.wait();
@@ -143,9 +143,9 @@ class MatmulRun {
   bool onednn_;
   dnnl::stream st_;
   AlignedBuf<float> y_;
-  PackedLinear lin_;
-  MatmulPlan plan_;
-  FmaWeights fw_;
+  OnednnLinear lin_;
+  OnednnPlan plan_;
+  MatmulWeights fw_;
   AlignedBuf<uint8_t> scratch_;
 };
 
@@ -172,7 +172,7 @@ struct MatmulYardstick {
   std::vector<float> ws;
 };
 
-MatmulYardstick matmul_yardstick(const MatmulData& d, MatmulKernels& kernels) {
+MatmulYardstick matmul_yardstick(const MatmulData& d, OnednnPrimitives& kernels) {
   MatmulYardstick ys;
   ys.shape = std::to_string(d.M) + " x " + std::to_string(d.K) + " x " + std::to_string(d.N);
   MatmulRun p("portable_fma", d, kernels);
@@ -211,15 +211,15 @@ KernelAccuracy check_matmul(const std::string& op, const std::string& name, Matm
   return a;
 }
 
-MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
+MatmulChoice choose_matmul(const std::string& op, WeightType t, OnednnPrimitives& kernels, int M, int K, int N,
                            int k_model, const std::string& spec) {
   // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a
   // full-size step they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5),
   // which the warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as with AMX.
   std::vector<std::string> names;
-  for (FmaKernel k : kFmaKernels) {
-    if (k == FmaKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones
-    names.push_back(fma_kernel_name(k));
+  for (MatmulKernel k : kMatmulKernels) {
+    if (k == MatmulKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones
+    names.push_back(matmul_kernel_name(k));
   }
   static std::mutex mu;
   // The ISA cap is fixed per process; the test-only perturbations get choices of their own (kernel_check.h).
@@ -313,14 +313,14 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
 
 }  // namespace
 
-std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const std::string& spec) {
+std::string select_matmul_kernel(WeightType t, OnednnPrimitives& kernels, int k_model, const std::string& spec) {
   ScopedOmpThreads one(1);  // timed as it runs: single-threaded on one pool thread
   const std::string op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
   // 64 x 1536 x 1024: the seed's M and K, 1024 of its gate/up columns.
   const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model, spec);
   // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands ("").
-  FmaKernel k;
-  const std::string instr = fma_kernel_from_name(c.name, &k) ? fma_kernel_instruction(k) : "";
+  MatmulKernel k;
+  const std::string instr = matmul_kernel_from_name(c.name, &k) ? matmul_kernel_instruction(k) : "";
   record_kernel_choice({op, c.name, c.why, c.gflops, instr, t == WeightType::INT8 ? "GOP/s" : "GFLOP/s", c.check});
   return c.name;
 }
@@ -328,7 +328,7 @@ std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_mod
 std::string select_matmul_kernel(WeightType t, int k_model) {
   isa();  // the ISA cap must reach oneDNN before its first primitive
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   return select_matmul_kernel(t, kernels, k_model);
 }
 
@@ -364,7 +364,7 @@ const char* FmaLinear::thread_data(int t) const {
 
 size_t FmaLinear::thread_bytes(int t) const {
   if (first[t] >= first[t + 1]) return 0;
-  const FmaWeights& last = chunks[first[t + 1] - 1];
+  const MatmulWeights& last = chunks[first[t + 1] - 1];
   return size_t(reinterpret_cast<const char*>(last.data()) - thread_data(t)) + last.bytes();
 }
 
@@ -392,7 +392,7 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc
   // One thread's slice in oneDNN's layout, or its chunks in our kernel's panels (only the chosen kernel's copy).
   // rows(s) gives the rows of columns s, [n, K]; gated (gate_up): a slice or chunk holds gate rows [n0, n1) then
   // up rows [n0, n1), so that SiLU*up stays with the thread that computed them.
-  auto pack = [&](std::vector<PackedLinear>& lin, FmaLinear& fl, const std::vector<Slice>& slices, int K,
+  auto pack = [&](std::vector<OnednnLinear>& lin, FmaLinear& fl, const std::vector<Slice>& slices, int K,
                   const std::function<const float*(Slice)>& rows, bool gated) {
     const int f = gated ? 2 : 1;
     if (!use_fma_) {
@@ -407,12 +407,12 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc
     const int chunks = nthreads_ > 1 ? kChunksPerThread : 1;  // one thread has nobody to take chunks from
     fl.first.assign(1, 0);
     for (int t = 0; t < nthreads_; ++t) {
-      const std::vector<Slice> cs = chunk_slice(slices[t], fma_panel_width(fma_kernel_), chunks);
+      const std::vector<Slice> cs = chunk_slice(slices[t], matmul_panel_width(fma_kernel_), chunks);
       size_t bytes = 0;
-      for (const Slice c : cs) bytes += FmaWeights::packed_bytes(fma_kernel_, i8, K, f * (c.n1 - c.n0));
-      FmaArena arena(bytes);
+      for (const Slice c : cs) bytes += MatmulWeights::packed_bytes(fma_kernel_, i8, K, f * (c.n1 - c.n0));
+      MatmulArena arena(bytes);
       for (const Slice c : cs) {
-        FmaWeights& w = fl.chunks.emplace_back();
+        MatmulWeights& w = fl.chunks.emplace_back();
         if (i8) w.pack_int8(fma_kernel_, rows(c), K, f * (c.n1 - c.n0), &arena);
         else w.pack(fma_kernel_, rows(c), K, f * (c.n1 - c.n0), &arena);
         fl.cols.push_back(c);
@@ -469,7 +469,7 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
       nthreads_(resolve_threads(opts.threads)),
       cfg_(cfg),
       eng_(dnnl::engine::kind::cpu, 0),
-      kernels_(std::make_unique<MatmulKernels>(eng_)),
+      kernels_(std::make_unique<OnednnPrimitives>(eng_)),
       proj_(cfg, w, opts.exact_freqs) {
   const int D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d, I = cfg.I;
   qkv_slices_ = split_cols((Hq + 2 * Hkv) * d, nthreads_);
@@ -490,7 +490,7 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
   if (!wf_.is_block()) {
     matmul_kernel_ = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}), opts.kernels);
-    use_fma_ = fma_kernel_from_name(matmul_kernel_, &fma_kernel_);  // else onednn
+    use_fma_ = matmul_kernel_from_name(matmul_kernel_, &fma_kernel_);  // else onednn
   }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);
@@ -511,11 +511,11 @@ size_t CpuModel::weight_bytes() const {
   for (const CpuLayer& layer : layers_) {
     n += (layer.input_norm.size() + layer.post_norm.size() + layer.q_norm.size() + layer.k_norm.size()) * sizeof(float);
     for (const auto* list : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-      for (const PackedLinear& p : *list) n += p.packed_bytes() + (p.col_scale() ? 2 * sizeof(float) * p.N() : 0);
+      for (const OnednnLinear& p : *list) n += p.packed_bytes() + (p.col_scale() ? 2 * sizeof(float) * p.N() : 0);
     for (const auto* list : {&layer.bqkv, &layer.bo, &layer.bgate_up, &layer.bdown})
       for (const BlockLinear& b : *list) n += b.bytes();
     for (const auto* list : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
-      for (const FmaWeights& f : list->chunks) n += f.bytes() + (f.col_scale() ? 2 * sizeof(float) * f.N() : 0);
+      for (const MatmulWeights& f : list->chunks) n += f.bytes() + (f.col_scale() ? 2 * sizeof(float) * f.N() : 0);
   }
   return n;
 }
@@ -580,7 +580,7 @@ void CpuSession::bind_step(const Binding& bnd) {
   plans_.assign(L, std::vector<LayerPlans>(nthreads_));
   {
     ScopedOmpThreads one(1);
-    MatmulKernels& kernels = *m_.kernels_;
+    OnednnPrimitives& kernels = *m_.kernels_;
     for (int l = 0; l < L; ++l)
       for (int t = 0; t < nthreads_; ++t) {
         const CpuLayer& layer = m_.layers_[l];
@@ -631,15 +631,15 @@ void CpuSession::bind_step(const Binding& bnd) {
     for (int l = 0; l < L; ++l) {
       const CpuLayer& layer = m_.layers_[l];
       const LayerPlans& p = plans_[l][t];
-      for (const PackedLinear* lin : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]})
+      for (const OnednnLinear* lin : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]})
         tmp = std::max(tmp, size_t(M_) * lin->N());
-      for (const MatmulPlan* mp : {&p.qkv, &p.o, &p.gate_up, &p.down}) scratch = std::max(scratch, mp->scratch_bytes());
+      for (const OnednnPlan* mp : {&p.qkv, &p.o, &p.gate_up, &p.down}) scratch = std::max(scratch, mp->scratch_bytes());
       if (m_.use_fma_) {  // any thread may run any chunk
         for (const FmaLinear* fl : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
-          for (const FmaWeights& fw : fl->chunks)
+          for (const MatmulWeights& fw : fl->chunks)
             if (fw.N()) {
               tmp = std::max(tmp, size_t(M_) * fw.N());
-              scratch = std::max(scratch, fma_scratch_bytes(fw.kernel(), M_, fw.K()));
+              scratch = std::max(scratch, matmul_scratch_bytes(fw.kernel(), M_, fw.K()));
             }
       }
       if (m_.wf_.is_block()) {

@@ -8,8 +8,8 @@
 #include "alpamayo/error.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/profile/peaks.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -30,8 +30,8 @@ void CpuSession::run_chunks(int tid, Lin kind, const FmaLinear& f, const void* x
   PerThread& pt = per_thread_[tid];
   bool x_ready = false;  // the first chunk this thread runs prepares x in its scratch, the others reuse it
   auto run = [&](int c) {
-    const FmaWeights& w = f.chunks[c];
-    fma_matmul(w, x, M_, K, pt.tmp.data(), w.N(), pt.scratch.data(), x_ready);
+    const MatmulWeights& w = f.chunks[c];
+    run_matmul(w, x, M_, K, pt.tmp.data(), w.N(), pt.scratch.data(), x_ready);
     x_ready = true;
     epi(f.cols[c], w.col_correction(), w.col_scale());
   };
@@ -96,7 +96,7 @@ void CpuSession::layer_phases(int tid, int l) {
   // A linear layer on x [M, K]: on our kernels as chunks taken from the queues (run_chunks), else this thread's
   // slice s on oneDNN or the block kernels. epi(cols, corr, cscale) takes each part's output, [M, cols] in
   // pt.tmp, with its int8 column correction and weight scales (nullptr for bf16).
-  auto linear = [&](Lin kind, const FmaLinear& f, const PackedLinear& lin, const MatmulPlan& mp,
+  auto linear = [&](Lin kind, const FmaLinear& f, const OnednnLinear& lin, const OnednnPlan& mp,
                     const std::vector<BlockLinear>& blk, Slice s, const void* x, int K, auto&& epi) {
     if (m_.use_fma_) return run_chunks(tid, kind, f, x, K, epi);
     if (s.n1 <= s.n0) return;
@@ -189,7 +189,7 @@ void CpuSession::barrier(int tid, Phase p) {
   pt.left = now;
 }
 
-void CpuSession::run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk,
+void CpuSession::run_linear(int tid, const OnednnLinear& lin, const OnednnPlan& plan, const BlockLinear& blk,
                             const void* x, int K) {
   PerThread& pt = per_thread_[tid];
   if (m_.wf_.is_block())
@@ -211,8 +211,8 @@ void CpuSession::attention_phase(int tid, int l) {
   const char* pf_base = nullptr;
   size_t pf_total = 0, pf_done = 0;
   {
-    const PackedLinear& o = m_.layers_[l].o[tid];
-    const MatmulPlan& op = plans_[l][tid].o;
+    const OnednnLinear& o = m_.layers_[l].o[tid];
+    const OnednnPlan& op = plans_[l][tid].o;
     pf_base = op.own_weights ? static_cast<const char*>(op.own_weights.get_data_handle()) : o.packed_data();
     pf_total = op.own_weights ? op.own_bytes() : o.packed_bytes();
     if (m_.use_fma_) {  // this thread's own o_proj chunks (others take some only when it falls behind)

@@ -1,6 +1,6 @@
 // The cpu backend's kernels in the op suite (op_suite.h), listed from its own kernel lists: the matmul candidates
-// (kFmaKernels and oneDNN, cpu_backend.cpp's choose_matmul), the block-format kernels (kBlockKernels), the attention
-// kernels (kAttnKernels) for each KV cache format they read, and the row kernels of cpu_ops.h.
+// (kMatmulKernels and oneDNN, cpu_backend.cpp's choose_matmul), the block-format kernels (kBlockKernels), the
+// attention kernels (kAttnKernels) for each KV cache format they read, and the row kernels of cpu_ops.h.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -9,16 +9,16 @@
 #include <vector>
 
 #include "alpamayo/error.h"
-#include "backends/cpu/aligned.h"
-#include "backends/cpu/attention.h"
-#include "backends/cpu/bfp_matmul.h"
+#include "backends/cpu/runtime/aligned.h"
+#include "backends/cpu/attention/attention.h"
+#include "backends/cpu/matmul/bfp_matmul.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/fma_matmul.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/packed_matmul.h"
-#include "backends/cpu/thread_pool.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/matmul/onednn_matmul.h"
+#include "backends/cpu/runtime/thread_pool.h"
 #include "backends/kv_int8.h"
-#include "model/action_proj.h"
+#include "backends/cpu/action_proj.h"
 #include "ops/op_suite.h"
 
 namespace alpamayo::opsuite::cpu_kernels {
@@ -79,7 +79,7 @@ inline std::string onednn_unavailable(WeightType wt) {
   if (wt == WeightType::INT8 && !onednn_int8_refused().empty()) return onednn_int8_refused();
   isa();  // the ISA cap reaches oneDNN before its first primitive
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   try {  // e.g. no bf16 matmul in oneDNN below AVX-512
     kernels.get(wt, 64, 1536, 1024, 1024);
   } catch (const Error& e) {
@@ -92,11 +92,11 @@ inline std::vector<float> run_onednn(const OpShape& s, const OpData& d, WeightTy
   const int ldy = s.N + 3;
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream st(eng);
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   ScopedOmpThreads one(1);
-  PackedLinear lin;
+  OnednnLinear lin;
   lin.pack(kernels, wt, s.K, s.N, d.W.data(), 7, ldy);  // packed for another M, planned for M below
-  const MatmulPlan plan = lin.plan(kernels, s.M, ldy);
+  const OnednnPlan plan = lin.plan(kernels, s.M, ldy);
   AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
   std::vector<float> y(size_t(s.M) * ldy, NAN);
   if (wt == WeightType::BF16) {
@@ -112,19 +112,19 @@ inline std::vector<float> run_onednn(const OpShape& s, const OpData& d, WeightTy
 // x with a row stride past K, as the backend's activation rows may have.
 inline int strided(int K) { return K + 3; }
 
-inline std::vector<float> run_fma(const OpShape& s, const OpData& d, FmaKernel k, bool int8) {
+inline std::vector<float> run_matmul_kernel(const OpShape& s, const OpData& d, MatmulKernel k, bool int8) {
   const int ldy = s.N + 3, ldx = strided(s.K);
-  FmaWeights w;
+  MatmulWeights w;
   if (int8) w.pack_int8(k, d.W.data(), s.K, s.N);
   else w.pack(k, d.W.data(), s.K, s.N);
-  AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, s.M, s.K));
+  AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, s.M, s.K));
   std::vector<float> y(size_t(s.M) * ldy, NAN);
   if (!int8) {
-    fma_matmul(w, bf16_x(s, d, ldx).data(), s.M, ldx, y.data(), ldy, scratch.data());
+    run_matmul(w, bf16_x(s, d, ldx).data(), s.M, ldx, y.data(), ldy, scratch.data());
     return linear_epilogue(s, d, y, ldy, nullptr, nullptr, nullptr);
   }
   const Int8Rows xq = quantize_x(s, d, ldx);
-  fma_matmul(w, xq.q.data(), s.M, ldx, y.data(), ldy, scratch.data());
+  run_matmul(w, xq.q.data(), s.M, ldx, y.data(), ldy, scratch.data());
   return linear_epilogue(s, d, y, ldy, xq.scale.data(), w.col_correction(), w.col_scale());
 }
 
@@ -144,10 +144,11 @@ inline void add_linear(std::vector<OpKernel>& v) {
     const WeightType wt = int8 ? WeightType::INT8 : WeightType::BF16;
     v.push_back(op_kernel("cpu", Op::Linear, format, "onednn", [wt] { return onednn_unavailable(wt); },
                  [wt](const OpShape& s, const OpData& d) { return run_onednn(s, d, wt); }));
-    for (FmaKernel k : kFmaKernels)
-      if (int8 ? fma_kernel_takes_int8(k) : fma_kernel_takes_bf16(k))
-        v.push_back(op_kernel("cpu", Op::Linear, format, fma_kernel_name(k), [k] { return fma_kernel_unavailable(k); },
-                     [k, int8](const OpShape& s, const OpData& d) { return run_fma(s, d, k, int8); }));
+    for (MatmulKernel k : kMatmulKernels)
+      if (int8 ? matmul_kernel_takes_int8(k) : matmul_kernel_takes_bf16(k))
+        v.push_back(op_kernel("cpu", Op::Linear, format, matmul_kernel_name(k),
+                              [k] { return matmul_kernel_unavailable(k); },
+                     [k, int8](const OpShape& s, const OpData& d) { return run_matmul_kernel(s, d, k, int8); }));
   }
   // The block formats' kernels, also on the matrices a block-format model keeps in bf16.
   const std::pair<const char*, BlockStore> stores[] = {
@@ -333,7 +334,7 @@ inline void add_rows_ops(std::vector<OpKernel>& v) {
     if (f32) e.reference_inputs = apply_silu_epilogue;
     v.push_back(std::move(e));
   }
-  // The host-loop backends' action_in_proj (src/model/action_proj.h).
+  // The host-loop backends' action_in_proj (src/backends/cpu/action_proj.h).
   v.push_back(op_kernel("cpu", Op::ActionInProj, "f32", "host", runs, [](const OpShape& s, const OpData& d) {
                  std::vector<float> emb(size_t(s.B) * d.cfg.T * d.cfg.D);
                  HostProjections(d.cfg, d.mw, false).in(d.x.data(), d.t.data(), s.B, emb.data());

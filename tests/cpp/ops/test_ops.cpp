@@ -47,7 +47,8 @@ OpShape attention_shape(int T, int Hq, int Hkv, int d, int P, int S, int S2, int
   s.T = T, s.Hq = Hq, s.Hkv = Hkv, s.d = d, s.P = P, s.S = S, s.S2 = S2, s.chunks = chunks, s.spike = spike;
   char b[96], mid[16] = "";
   if (S2) std::snprintf(mid, sizeof mid, "_mid%d", S2);
-  std::snprintf(b, sizeof b, "T%d_Hq%d_Hkv%d_d%d_S%d%s_chunks%d%s", T, Hq, Hkv, d, S, mid, chunks, spike ? "_spike" : "");
+  std::snprintf(b, sizeof b, "T%d_Hq%d_Hkv%d_d%d_S%d%s_chunks%d%s", T, Hq, Hkv, d, S, mid, chunks,
+                spike ? "_spike" : "");
   s.name = b;
   return s;
 }

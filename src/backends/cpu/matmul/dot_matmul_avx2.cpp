@@ -1,4 +1,4 @@
-// The int8 dot-product kernel of fma_matmul.h for CPUs without VNNI, "avx2_int8" (compiled with the AVX2 baseline
+// The int8 dot-product kernel of matmul_kernels.h for CPUs without VNNI, "avx2_int8" (compiled with the AVX2 baseline
 // flags, CMakeLists.txt; called only where isa().has(kAvx2Fma)). The exact int32 sum of q_x * w, rounded once to
 // fp32: the same bits as avx512_vnni.
 //
@@ -9,7 +9,7 @@
 // (|q|, |w| <= 128): two instructions per 16 multiply-adds, nothing to fix up, and weights of -128 need no
 // exclusion.
 //
-// Layout (FmaWeights::pack_s8 for this kernel): panels of 16 columns, K in spans of kFmaKSpan rows, and within a
+// Layout (MatmulWeights::pack_s8 for this kernel): panels of 16 columns, K in spans of kFmaKSpan rows, and within a
 // span-panel the rows go in pairs of k, [ceil(ks/2)][16][2] bytes zero-padded. x is copied once per call to int16
 // q = u8 - 128, rows of K rounded up to the pair. Per span and panel, block by block of kKB rows: the block's first
 // register tile (up to 6 rows x 16 columns: 12 int32 accumulators, 2 weight vectors, one broadcast pair of q) widens
@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/aligned.h"
+#include "backends/cpu/runtime/aligned.h"
 
 namespace alpamayo::cpu {
 

@@ -1,9 +1,9 @@
-// The dot-product kernels of fma_matmul.h (compiled with the AVX-512 flags, CMakeLists.txt; each called only where
+// The dot-product kernels of matmul_kernels.h (compiled with the AVX-512 flags, CMakeLists.txt; each called only where
 // isa() allows it): "avx512_vnni" for int8 weights (vpdpbusd: u8 x s8 in groups of 4 k, summed in int32, minus 128
 // x the column sum of w kept at packing, rounded once to fp32: the exact sum) and "avx512_bf16" for bf16 weights
 // (vdpbf16ps: bf16 x bf16 in groups of 2 k, summed in fp32).
 //
-// Layout (FmaWeights::pack* for these kernels): panels of 64 columns, K in spans of kDotKSpan rows (kFmaKSpan for
+// Layout (MatmulWeights::pack* for these kernels): panels of 64 columns, K in spans of kDotKSpan rows (kFmaKSpan for
 // the FMA kernels), and within a span-panel the rows go in groups of G = 4 (int8) or 2 (bf16) k, [ceil(ks/G)][64][G]
 // elements zero-padded: one zmm holds a group of 16 columns, the operand order of the dot instructions. Per span,
 // panel and block of 256 groups (a 64 KB slice of the packed weights, read in place: the first row tile brings
@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 
 namespace alpamayo::cpu {
 namespace {
