@@ -64,13 +64,14 @@ OpShape rows_shape(int M, int N) {
 std::vector<OpShape> shape_table(Op op) {
   switch (op) {
     case Op::Linear:
-      // M below, at and above the kernels' register tiles; odd K, K across the block kernels' 256-row blocks and
-      // the FMA kernels' 1024-row spans, K of the model's alignment (multiples of 16) with split-K; N with 16- and
-      // 32-column tails; with and without a residual.
+      // M below, at and above the kernels' register tiles; odd K (down to 1), K across the block kernels' 256-row
+      // blocks and the FMA kernels' 1024-row spans, K of the model's alignment (multiples of 16) with split-K; N
+      // from 1, with 16- and 32-column tails; with and without a residual.
       return {linear_shape(1, 32, 16, false),  linear_shape(5, 64, 64, true),   linear_shape(5, 77, 100, false),
               linear_shape(7, 300, 64, true),  linear_shape(13, 33, 200, false), linear_shape(64, 200, 96, true),
               linear_shape(64, 520, 96, false), linear_shape(17, 2100, 33, true), linear_shape(70, 320, 200, true),
-              linear_shape(64, 1536, 96, false)};
+              linear_shape(64, 1536, 96, false), linear_shape(1, 1, 1, false),   linear_shape(3, 7, 15, true),
+              linear_shape(130, 1000, 300, false), linear_shape(64, 1, 33, true)};
     case Op::Attention:
       // One and several chunks per head, no cache, GQA groups 1-3, odd head dims, a suffix segment, and a key far
       // above the running max (the kernels' fallback from the fused path).
