@@ -126,6 +126,7 @@ class CpuSession final : public HostLoopSession {
   void step(const float* emb, float* hidden, float* const* layers) override;
   size_t step_buffer_bytes() const override;
   std::unique_ptr<HostLoopSession> new_sibling() const override { return std::make_unique<CpuSession>(m_); }
+  const StepProfile* step_profile() const override { return m_.opts_.profile ? &profile_ : nullptr; }
 
  private:
   // The plans of one layer's four matmuls for one thread.
@@ -149,7 +150,8 @@ class CpuSession final : public HostLoopSession {
   // output [M, cols] is left in pt.tmp for epi(cols, corr, cscale).
   template <class Epi>
   void run_chunks(int tid, Lin kind, const FmaLinear& f, const void* x, int K, Epi&& epi);
-  void print_profile(double step_ms) const;
+  // The last step's profile (profile_) from the phase times, the kernel choices and the measured peaks.
+  void record_profile(double step_ms);
 
   const CpuModel& m_;
   const int nthreads_;
@@ -235,6 +237,7 @@ class CpuSession final : public HostLoopSession {
   using Clock = std::chrono::steady_clock;
   double phase_s_[kPhases] = {};
   Clock::time_point mark_;
+  StepProfile profile_;
 };
 
 }  // namespace alpamayo::cpu

@@ -2,7 +2,6 @@
 // (matmuls by the column slices packed at load, row-wise ops by rows, attention by work items) and
 // ends in a barrier; thread 0 timestamps the barriers for the profile table.
 #include <algorithm>
-#include <cstdio>
 #include <iterator>
 
 #include "alpamayo/error.h"
@@ -51,7 +50,7 @@ void CpuSession::step(const float* emb, float* hidden, float* const* layers) {
   const auto t0 = Clock::now();
   reset_chunk_queues();
   pool_.run([&](int tid) { run_step(tid, emb, hidden, layers); });
-  if (m_.opts_.profile) print_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  if (m_.opts_.profile) record_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
 void CpuSession::run_step(int tid, const float* emb, float* hidden, float* const* layers) {
@@ -308,44 +307,42 @@ void CpuSession::attention_phase(int tid, int l) {
   }
 }
 
-void CpuSession::print_profile(double step_ms) const {
+void CpuSession::record_profile(double step_ms) {
   static const char* names[kPhases] = {"rms_norm",          "qkv matmul",         "q/k norm + rope",
                                        "attention",         "o_proj + residual",  "rms_norm2",
                                        "gate_up + silu*mul", "down + residual"};
-  double sum = 0;
-  for (double s : phase_s_) sum += s;
-  const int L = cfg_.L > 0 ? cfg_.L : 1;
-  int64_t s_max = 0;
-  for (int b = 0; b < B_; ++b) s_max = std::max(s_max, kv_.attended(b));
-  std::fprintf(stderr, "cpu backend profile (%s weights, %d threads, B=%d T=%d S_max=%lld, L=%d)\n",
-               m_.opts_.weights.c_str(), nthreads_, B_, T_, static_cast<long long>(s_max), cfg_.L);
-  // idle: the share of the phase the threads spent waiting at its barriers, their mean (uneven work, or a
-  // thread the OS or the hypervisor held back).
-  std::fprintf(stderr, "  %-20s %12s %12s %7s %7s\n", "op", "ms/layer", "ms/step", "%", "idle");
+  StepProfile& pr = profile_;
+  pr = StepProfile{};
+  pr.weights = m_.opts_.weights;
+  pr.threads = nthreads_;
+  pr.B = B_;
+  pr.T = T_;
+  pr.L = cfg_.L;
+  for (int b = 0; b < B_; ++b) pr.s_max = std::max(pr.s_max, kv_.attended(b));
   for (int p = 0; p < kPhases; ++p) {
+    // idle: the threads' mean share of the phase spent waiting at its barriers (uneven work, or a thread the OS
+    // or the hypervisor held back).
     double idle = 0;
     for (const PerThread& pt : per_thread_) idle += pt.busy_s[p] > 0 ? pt.wait_s[p] / pt.busy_s[p] : 0.0;
     idle /= per_thread_.empty() ? 1.0 : double(per_thread_.size());
-    std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%% %6.1f%%\n", names[p], 1e3 * phase_s_[p] / L,
-                 1e3 * phase_s_[p], sum > 0 ? 100.0 * phase_s_[p] / sum : 0.0, 100.0 * idle);
+    pr.phases.push_back({names[p], phase_s_[p], idle});
   }
-  std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", "total (layers)", 1e3 * sum / L, 1e3 * sum, 100.0);
-  std::fprintf(stderr, "  %-20s %12s %12.2f\n", "step (wall)", "", step_ms);
-  // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per
-  // process, ~0.3 s, on this session's thread count) against the phases above.
-  std::fprintf(stderr, "  isa: %s\n", isa().describe().c_str());
-  for (const KernelChoice& c : kernel_choices()) {
-    std::fprintf(stderr, "  kernel %s\n", format_kernel_choice(c).c_str());
-    if (!c.check.empty()) std::fprintf(stderr, "  check  %s\n", format_kernel_check(c).c_str());
-  }
-  std::fprintf(stderr, "  pin these: ALPAMAYO_CPU_KERNELS=%s\n", kernel_pin().c_str());
+  pr.wall_seconds = 1e-3 * step_ms;
+  // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per process,
+  // at bind, on this session's thread count) against the phases above.
+  pr.isa = isa().describe();
+  for (const KernelChoice& c : kernel_choices())
+    pr.kernels.push_back({c.op, c.kernel, c.why, c.gflops, c.unit, c.instruction, c.check});
+  pr.kernel_pin = kernel_pin();
   std::vector<long long> keys(B_);
   for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
   const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);
   std::vector<OpFloor> floors = step_floors(work, m_.opts_.weights, nthreads_, m_.kv_int8_);
   floors[0].actual_ms = 1e3 * (phase_s_[kQkv] + phase_s_[kOproj] + phase_s_[kGateUp] + phase_s_[kDown]);
   floors[1].actual_ms = 1e3 * phase_s_[kAttn];
-  std::fprintf(stderr, "%s", format_floors(floors, nthreads_, "  ").c_str());
+  for (const OpFloor& f : floors)
+    pr.ops.push_back({f.op, f.kernel, f.instruction, f.gflop, f.peak, f.floor_ms, f.actual_ms});
+  pr.peak_threads = nthreads_;
 }
 
 }  // namespace alpamayo::cpu
