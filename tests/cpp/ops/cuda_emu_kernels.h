@@ -270,8 +270,9 @@ inline BackendOps backend_ops() {
   OpKernel out = op_kernel("cuda", Op::ActionOutProjEuler, "f32", "out_proj_euler", runs, run_action_out);
   out.max_rel = 1e-5;
   b.kernels.push_back(std::move(out));
-  b.not_covered.push_back({Op::Linear, "bf16 (cuBLASLt)",
-                           "the bf16 weights' matmul runs on cuBLASLt, on the GPU only: the conformance suite on cuda"});
+  b.not_covered.push_back({Op::Linear, "bf16",
+                           "kernel cublaslt (the bf16 weights' default matmul) runs on a GPU only: the conformance "
+                           "suite on cuda"});
   return b;
 }
 

@@ -136,25 +136,20 @@ inline void expect_covers_the_contract(const BackendOps& b) {
   for (const BackendInfo& r : registered_backends()) registered |= r.name == b.backend;
   if (!registered) GTEST_SKIP() << b.backend << " is not built into this library: no formats to check";
   const BackendInfo& info = find_backend(b.backend);
+  for (const NotCovered& n : b.not_covered)
+    std::printf("  %s %s %s: not in the op suite: %s\n", b.backend.c_str(), ops::op_name(n.op), n.format.c_str(),
+                n.why.c_str());
   auto covered = [&](Op op, const std::string& format) {
     for (const OpKernel& k : b.kernels)
       if (k.op == op && (format.empty() || k.format == format)) return true;
     for (const NotCovered& n : b.not_covered)
-      if (n.op == op && (format.empty() || n.format == format)) {
-        std::printf("  %s %s %s: not in the op suite: %s\n", b.backend.c_str(), ops::op_name(op), n.format.c_str(),
-                    n.why.c_str());
-        return true;
-      }
+      if (n.op == op && (format.empty() || n.format == format)) return true;
     return false;
   };
   for (const ops::OpContract& c : ops::kOps) EXPECT_TRUE(covered(c.op, "")) << b.backend << ": " << c.name;
-  for (const std::string& f : info.weight_formats)
-    if (f != "f32") {
-      EXPECT_TRUE(covered(Op::Linear, f)) << b.backend << ": linear " << f;
-    }
+  for (const std::string& f : info.weight_formats) EXPECT_TRUE(covered(Op::Linear, f)) << b.backend << ": linear " << f;
   for (const std::string& f : info.kv_formats) EXPECT_TRUE(covered(Op::Attention, f)) << b.backend << ": kv " << f;
 }
-
 
 // Values exactly representable in bf16, so a kernel reading bf16 sees the reference's operands.
 inline std::vector<float> rand_bf16(size_t n, float sd, std::mt19937& rng, float mean = 0.f) {
