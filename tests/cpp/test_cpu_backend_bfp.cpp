@@ -1,5 +1,6 @@
 // The cpu backend's block-format weights (bfp_matmul.h): stored bytes and values against alpamayo::bfp and the
-// reference backend's quantisation (weight_formats.h), and both matmul kernels against exact products.
+// reference backend's quantisation (weight_formats.h), and both matmul kernels' decoding bit for bit (their products
+// against the reference are the op suite's, tests/cpp/ops/).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -99,46 +100,6 @@ struct MmCase {
 };
 
 class BlockMatmul : public ::testing::TestWithParam<std::tuple<int, MmCase, bool>> {};
-
-std::vector<uint16_t> rand_x(int M, int ldx, uint64_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<uint16_t> x(size_t(M) * ldx);
-  for (auto& v : x) v = f32_to_bf16(nd(rng));
-  return x;
-}
-
-// y = x W^T against exact (double) sums of the same bf16 activations and dequantised weights: the kernels
-// differ from them only by fp32 accumulation.
-TEST_P(BlockMatmul, MatchesExactProducts) {
-  const auto [s, c, avx] = GetParam();
-  if (avx && !block_kernel_avx512_available()) GTEST_SKIP() << "no AVX512-BF16";
-  const BlockStore st = static_cast<BlockStore>(s);
-  const int ldx = c.K + 3, ldy = c.N + 5;
-  const std::vector<float> w = weights(c.N, c.K, 3 + s);
-  BlockWeights bw;
-  bw.pack(st, w.data(), c.K, c.N);
-  const std::vector<float> wq = bw.dequantize();
-  const std::vector<uint16_t> x = rand_x(c.M, ldx, 5);
-  std::vector<float> y(size_t(c.M) * ldy, -7.f);
-  AlignedBuf<uint8_t> scratch(block_scratch_bytes());
-  block_matmul(avx ? BlockKernel::Avx512Bf16 : BlockKernel::Portable, bw, x.data(), c.M, ldx, y.data(), ldy,
-               scratch.data());
-  for (int m = 0; m < c.M; ++m)
-    for (int n = 0; n < ldy; ++n) {
-      if (n >= c.N) {
-        ASSERT_EQ(y[size_t(m) * ldy + n], -7.f) << "wrote past the columns at " << m << "," << n;
-        continue;
-      }
-      double exact = 0, mag = 0;
-      for (int k = 0; k < c.K; ++k) {
-        const double p = double(bf16_to_f32(x[size_t(m) * ldx + k])) * wq[size_t(n) * c.K + k];
-        exact += p;
-        mag += std::fabs(p);
-      }
-      ASSERT_NEAR(y[size_t(m) * ldy + n], exact, 2.0 * c.K * 0x1p-24 * mag + 1e-30) << m << "," << n;
-    }
-}
 
 // With x = I the output is the dequantised weight itself (every sum has one non-zero term), so the kernel's
 // decoding is checked bit for bit against alpamayo::bfp's.

@@ -60,6 +60,11 @@ struct BlockLinear {
 };
 
 enum class BlockKernel { Avx512Bf16, Portable };
+// Every kernel, in the order default_block_kernel() prefers them.
+inline constexpr BlockKernel kBlockKernels[] = {BlockKernel::Avx512Bf16, BlockKernel::Portable};
+inline constexpr const char* block_kernel_name(BlockKernel k) {
+  return k == BlockKernel::Avx512Bf16 ? "avx512_bf16" : "portable";
+}
 bool block_kernel_avx512_available();
 // The kernel to use by default on this machine.
 inline BlockKernel default_block_kernel() {

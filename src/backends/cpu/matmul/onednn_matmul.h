@@ -23,7 +23,7 @@ enum class WeightType { BF16, INT8 };
 // Why the cpu backend never runs oneDNN's int8 matmul here ("" where it may): without VNNI (AVX512-VNNI or
 // AVX-VNNI, as isa() allows) oneDNN 2.6 multiplies u8 x s8 with vpmaddubsw, whose int16 pair sums saturate
 // (gemm:jit, under ALPAMAYO_CPU_ISA=avx2 and on AVX2-only CPUs: errors of 11% of the largest output in
-// Matmul.MatchesReference, and conformance PCC 0.99 instead of >= 0.999).
+// the op suite's int8 linear on oneDNN, and conformance PCC 0.99 instead of >= 0.999).
 std::string onednn_int8_refused();
 
 // One compiled matmul shape, shared by every slice with the same sizes.
