@@ -45,6 +45,70 @@ std::string describe_start(const uint8_t* p, size_t n) {
          quote_untrusted(std::string(reinterpret_cast<const char*>(p), std::min<size_t>(n, 16)), 40) + "')";
 }
 
+// One tensor's header entry: dtype, shape (element count without overflow) and data offsets within the data section.
+TensorInfo parse_entry(const std::string& where, const nlohmann::json& v, uint64_t data_size) {
+  check(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"), ErrorCode::Format,
+        where + ": header entry needs dtype, shape and data_offsets");
+  TensorInfo ti;
+  check(v["dtype"].is_string() && parse_dtype(v["dtype"].get<std::string>(), &ti.dtype), ErrorCode::Format,
+        where + ": unknown dtype " + brief(v["dtype"]));
+  check(v["shape"].is_array(), ErrorCode::Format, where + ": shape must be an array");
+  // Element count folded left to right with overflow checks, as the reference does; every partial
+  // product stays within int64 so TensorView::numel() cannot overflow either.
+  uint64_t numel = 1;
+  for (const auto& s : v["shape"]) {
+    check(s.is_number_unsigned(), ErrorCode::Format,
+          where + ": invalid shape " + brief(v["shape"]) + " (dimensions must be non-negative integers)");
+    const auto dim = s.get<uint64_t>();
+    check(!__builtin_mul_overflow(numel, dim, &numel) && numel <= uint64_t(INT64_MAX) && dim <= uint64_t(INT64_MAX),
+          ErrorCode::Format, where + ": shape " + brief(v["shape"]) + " has more than 2^63 elements");
+    ti.shape.push_back(static_cast<int64_t>(dim));
+  }
+  uint64_t want = 0;
+  check(!__builtin_mul_overflow(numel, uint64_t(dtype_size(ti.dtype)), &want), ErrorCode::Format,
+        where + ": shape " + brief(v["shape"]) + " of " + dtype_name(ti.dtype) + " needs more than 2^64 bytes");
+  const auto& off = v["data_offsets"];
+  check(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+        ErrorCode::Format, where + ": data_offsets must be two non-negative integers, found " + brief(off));
+  ti.begin = off[0].get<uint64_t>();
+  ti.end = off[1].get<uint64_t>();
+  check(ti.begin <= ti.end, ErrorCode::Format, where + ": data_offsets " + brief(off) + " are reversed");
+  check(ti.end <= data_size, ErrorCode::Format,
+        where + ": data_offsets " + brief(off) + " out of range: the data section has " + std::to_string(data_size) +
+            " bytes (file truncated?)");
+  check(ti.end - ti.begin == want, ErrorCode::Format,
+        where + ": " + std::to_string(ti.end - ti.begin) + " bytes for shape " + shape_str(ti.shape) + " " +
+            dtype_name(ti.dtype) + ", expected " + std::to_string(want));
+  return ti;
+}
+
+// The tensors' data must tile the data section exactly: sorted by offsets, each starts where the previous ends,
+// and the last ends at the end of the file (no gaps, overlaps or trailing bytes).
+void check_tiling(const std::string& path, const std::map<std::string, TensorInfo>& tensors, uint64_t data_size) {
+  std::vector<std::pair<const std::string*, const TensorInfo*>> order;
+  for (const auto& [k, ti] : tensors) order.push_back({&k, &ti});
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.second->begin, a.second->end) < std::tie(b.second->begin, b.second->end);
+  });
+  uint64_t at = 0;
+  const std::string* prev = nullptr;
+  for (const auto& [k, ti] : order) {
+    if (ti->begin != at) {
+      const std::string where = path + ": tensor '" + quote_untrusted(*k) + "': data starts at byte " + std::to_string(ti->begin);
+      const std::string after = prev ? " but the previous tensor '" + quote_untrusted(*prev) + "' ends at byte " + std::to_string(at)
+                                     : " but the first tensor must start at byte 0";
+      throw Error(ErrorCode::Format, where + after + (ti->begin < at ? " (overlapping data)" : " (a gap)") +
+                                         "; data offsets must tile the data section");
+    }
+    at = ti->end;
+    prev = k;
+  }
+  check(at == data_size, ErrorCode::Format,
+        path + ": " + std::to_string(data_size - at) +
+            " trailing bytes after the last tensor's data (the data section has " + std::to_string(data_size) +
+            " bytes, the tensors cover " + std::to_string(at) + ")");
+}
+
 }  // namespace
 
 struct SafetensorsFile::AlignedCopies {
@@ -105,64 +169,9 @@ void SafetensorsFile::parse() {
       continue;
     }
     const std::string where = path + ": tensor '" + quote_untrusted(key) + "'";
-    check(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"), ErrorCode::Format,
-          where + ": header entry needs dtype, shape and data_offsets");
-    TensorInfo ti;
-    check(v["dtype"].is_string() && parse_dtype(v["dtype"].get<std::string>(), &ti.dtype), ErrorCode::Format,
-          where + ": unknown dtype " + brief(v["dtype"]));
-    check(v["shape"].is_array(), ErrorCode::Format, where + ": shape must be an array");
-    // Element count folded left to right with overflow checks, as the reference does; every partial
-    // product stays within int64 so TensorView::numel() cannot overflow either.
-    uint64_t numel = 1;
-    for (const auto& s : v["shape"]) {
-      check(s.is_number_unsigned(), ErrorCode::Format,
-            where + ": invalid shape " + brief(v["shape"]) + " (dimensions must be non-negative integers)");
-      const auto dim = s.get<uint64_t>();
-      check(!__builtin_mul_overflow(numel, dim, &numel) && numel <= uint64_t(INT64_MAX) && dim <= uint64_t(INT64_MAX),
-            ErrorCode::Format, where + ": shape " + brief(v["shape"]) + " has more than 2^63 elements");
-      ti.shape.push_back(static_cast<int64_t>(dim));
-    }
-    uint64_t want = 0;
-    check(!__builtin_mul_overflow(numel, uint64_t(dtype_size(ti.dtype)), &want), ErrorCode::Format,
-          where + ": shape " + brief(v["shape"]) + " of " + dtype_name(ti.dtype) + " needs more than 2^64 bytes");
-    const auto& off = v["data_offsets"];
-    check(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-          ErrorCode::Format, where + ": data_offsets must be two non-negative integers, found " + brief(off));
-    ti.begin = off[0].get<uint64_t>();
-    ti.end = off[1].get<uint64_t>();
-    check(ti.begin <= ti.end, ErrorCode::Format, where + ": data_offsets " + brief(off) + " are reversed");
-    check(ti.end <= data_size, ErrorCode::Format,
-          where + ": data_offsets " + brief(off) + " out of range: the data section has " + std::to_string(data_size) +
-              " bytes (file truncated?)");
-    check(ti.end - ti.begin == want, ErrorCode::Format,
-          where + ": " + std::to_string(ti.end - ti.begin) + " bytes for shape " + shape_str(ti.shape) + " " +
-              dtype_name(ti.dtype) + ", expected " + std::to_string(want));
-    tensors_.emplace(key, std::move(ti));
+    tensors_.emplace(key, parse_entry(where, v, data_size));
   }
-  // The tensors' data must tile the data section exactly: sorted by offsets, each starts where the
-  // previous ends, and the last ends at the end of the file (no gaps, overlaps or trailing bytes).
-  std::vector<std::pair<const std::string*, const TensorInfo*>> order;
-  for (const auto& [k, ti] : tensors_) order.push_back({&k, &ti});
-  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.second->begin, a.second->end) < std::tie(b.second->begin, b.second->end);
-  });
-  uint64_t at = 0;
-  const std::string* prev = nullptr;
-  for (const auto& [k, ti] : order) {
-    if (ti->begin != at) {
-      const std::string where = path + ": tensor '" + quote_untrusted(*k) + "': data starts at byte " + std::to_string(ti->begin);
-      const std::string after = prev ? " but the previous tensor '" + quote_untrusted(*prev) + "' ends at byte " + std::to_string(at)
-                                     : " but the first tensor must start at byte 0";
-      throw Error(ErrorCode::Format, where + after + (ti->begin < at ? " (overlapping data)" : " (a gap)") +
-                                         "; data offsets must tile the data section");
-    }
-    at = ti->end;
-    prev = k;
-  }
-  check(at == data_size, ErrorCode::Format,
-        path + ": " + std::to_string(data_size - at) +
-            " trailing bytes after the last tensor's data (the data section has " + std::to_string(data_size) +
-            " bytes, the tensors cover " + std::to_string(at) + ")");
+  check_tiling(path, tensors_, data_size);
 }
 
 SafetensorsFile::~SafetensorsFile() = default;

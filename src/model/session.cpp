@@ -204,20 +204,12 @@ const std::vector<StepProfile>& Session::profiles() const { return backend_->pro
 
 size_t Session::buffer_bytes() const { return backend_->buffer_bytes(); }
 
-SampleResult Session::sample(const SampleOptions& o) {
-  check(ctx_.has_value(), ErrorCode::InvalidState, "Session::sample: no context bound (call bind first)");
-  const ExpertConfig& c = model_->config();
-  SampleResult r;
-  r.B = ctx_->batch();
-  r.T = c.T;
-  r.A = c.A;
-  check(o.steps >= 0 && o.steps <= 100000, "steps must be in [1, 100000], found " + std::to_string(o.steps));
-  r.steps = o.steps > 0 ? o.steps : c.num_steps;
-  check(r.steps >= 1 && r.steps <= 100000, "steps must be in [1, 100000], found " + std::to_string(r.steps));
+namespace {
+
+// The initial noise x_0 [B, T, A] (SampleOptions: the caller's noise, one seed per sample, or one seed), scaled by
+// the temperature.
+std::vector<float> initial_noise(const SampleOptions& o, const SampleResult& r) {
   const int64_t n = int64_t(r.B) * r.T * r.A;
-  check_range(o.temperature, 0, limits::kMaxTemperature, "temperature");
-  const StageScope stage("sampling B " + std::to_string(r.B) + " x T " + std::to_string(r.T) + " over " +
-                         std::to_string(r.steps) + " Euler steps on the " + model_->backend_name() + " backend");
   std::vector<float> x;
   if (!o.noise.empty()) {
     check(static_cast<int64_t>(o.noise.size()) == n, "noise: expected " + std::to_string(n) + " values [B=" +
@@ -239,33 +231,80 @@ SampleResult Session::sample(const SampleOptions& o) {
     const float temp = static_cast<float>(o.temperature);
     for (float& e : x) e = e * temp;
   }
+  return x;
+}
 
-  // v0 first, so that a bad history fails before the expensive sampling.
+// Each sample's v0: given, from the context, or estimated from its ego history (in that order).
+void resolve_v0(const SampleOptions& o, const Context& ctx, const ExpertConfig& c, SampleResult& r) {
   r.v0.resize(r.B);
   if (o.v0) {
     check_range(*o.v0, -limits::kMaxSpeed, limits::kMaxSpeed, "v0", " m/s");
     std::fill(r.v0.begin(), r.v0.end(), static_cast<float>(*o.v0));
     r.v0_source = "given";
-  } else if (ctx_->v0()) {
-    r.v0 = *ctx_->v0();
+  } else if (ctx.v0()) {
+    r.v0 = *ctx.v0();
     r.v0_source = "context v0";
     for (int b = 0; b < r.B; ++b)
-      check_range(r.v0[b], -limits::kMaxSpeed, limits::kMaxSpeed, ctx_->name() + ": v0[" + std::to_string(b) + "]",
+      check_range(r.v0[b], -limits::kMaxSpeed, limits::kMaxSpeed, ctx.name() + ": v0[" + std::to_string(b) + "]",
                   " m/s");
-  } else if (ctx_->history()) {
-    const EgoHistory& h = *ctx_->history();
+  } else if (ctx.history()) {
+    const EgoHistory& h = *ctx.history();
     for (int b = 0; b < r.B; ++b) {
       const double v = estimate_v0(h.xyz.data() + int64_t(b) * h.H * 3, h.rot.data() + int64_t(b) * h.H * 9, h.H, c);
       check_range(v, -limits::kMaxSpeed, limits::kMaxSpeed,
-                  ctx_->name() + ": v0 of sample " + std::to_string(b) + " estimated from ego_history_xyz/rot (" +
+                  ctx.name() + ": v0 of sample " + std::to_string(b) + " estimated from ego_history_xyz/rot (" +
                       std::to_string(h.H) + " poses, dt " + std::to_string(c.dt) + " s)",
                   " m/s");
       r.v0[b] = static_cast<float>(v);
     }
     r.v0_source = "ego history";
   } else {
-    throw Error(ctx_->name() + ": the context has neither v0 nor ego_history_xyz/ego_history_rot; give v0 explicitly");
+    throw Error(ctx.name() + ": the context has neither v0 nor ego_history_xyz/ego_history_rot; give v0 explicitly");
   }
+}
+
+// The unicycle decode of every sample's action x into r's waypoints; refuses a non-finite waypoint.
+void decode_trajectories(const std::vector<float>& x, const Context& ctx, const ExpertConfig& c, SampleResult& r) {
+  r.xyz.reserve(int64_t(r.B) * r.T * 3);
+  for (int b = 0; b < r.B; ++b) {
+    double z = 0.0;
+    if (ctx.history()) z = ctx.history()->xyz[(int64_t(b) * ctx.history()->H + ctx.history()->H - 1) * 3 + 2];
+    const Trajectory tr = decode_action(x.data() + int64_t(b) * r.T * r.A, r.T, r.v0[b], z, c);
+    r.xyz.insert(r.xyz.end(), tr.xyz.begin(), tr.xyz.end());
+    r.yaw.insert(r.yaw.end(), tr.yaw.begin(), tr.yaw.end());
+    r.rot.insert(r.rot.end(), tr.rot.begin(), tr.rot.end());
+  }
+  // The unicycle decode: finite actions may still overflow with a large v0, dt or action statistics.
+  for (const auto& [name, v, w] : {std::tuple<const char*, const std::vector<float>*, int>{"xyz", &r.xyz, 3},
+                                   {"yaw", &r.yaw, 1}, {"rot", &r.rot, 9}})
+    for (size_t i = 0; i < v->size(); ++i)
+      if (!std::isfinite((*v)[i])) {
+        const int64_t row = int64_t(i) / w, b = row / r.T;
+        throw Error(ErrorCode::NonFinite, std::string("trajectory decode: ") + name + " of sample " + std::to_string(b) + " is non-finite at waypoint " +
+                    std::to_string(row % r.T) + " (the actions are finite; v0 = " + std::to_string(r.v0[b]) + " m/s, dt = " +
+                    std::to_string(c.dt) + " s, accel " + std::to_string(c.accel_mean) + " + " + std::to_string(c.accel_std) +
+                    " a, curvature " + std::to_string(c.curvature_mean) + " + " + std::to_string(c.curvature_std) + " k)");
+      }
+}
+
+}  // namespace
+
+SampleResult Session::sample(const SampleOptions& o) {
+  check(ctx_.has_value(), ErrorCode::InvalidState, "Session::sample: no context bound (call bind first)");
+  const ExpertConfig& c = model_->config();
+  SampleResult r;
+  r.B = ctx_->batch();
+  r.T = c.T;
+  r.A = c.A;
+  check(o.steps >= 0 && o.steps <= 100000, "steps must be in [1, 100000], found " + std::to_string(o.steps));
+  r.steps = o.steps > 0 ? o.steps : c.num_steps;
+  check(r.steps >= 1 && r.steps <= 100000, "steps must be in [1, 100000], found " + std::to_string(r.steps));
+  const int64_t n = int64_t(r.B) * r.T * r.A;
+  check_range(o.temperature, 0, limits::kMaxTemperature, "temperature");
+  const StageScope stage("sampling B " + std::to_string(r.B) + " x T " + std::to_string(r.T) + " over " +
+                         std::to_string(r.steps) + " Euler steps on the " + model_->backend_name() + " backend");
+  std::vector<float> x = initial_noise(o, r);
+  resolve_v0(o, *ctx_, c, r);  // before the expensive sampling, so that a bad history fails first
 
   const std::vector<float> times = euler_time_grid(r.steps);
   if (o.all_steps) {  // every x_k and v_k: (2 N + 1) B T A floats, checked before allocating
@@ -293,26 +332,7 @@ SampleResult Session::sample(const SampleOptions& o) {
   check_finite(x.data(), n, "action x_N after " + std::to_string(r.steps) + " Euler steps");
   r.action = x;
 
-  r.xyz.reserve(int64_t(r.B) * r.T * 3);
-  for (int b = 0; b < r.B; ++b) {
-    double z = 0.0;
-    if (ctx_->history()) z = ctx_->history()->xyz[(int64_t(b) * ctx_->history()->H + ctx_->history()->H - 1) * 3 + 2];
-    const Trajectory tr = decode_action(x.data() + int64_t(b) * r.T * r.A, r.T, r.v0[b], z, c);
-    r.xyz.insert(r.xyz.end(), tr.xyz.begin(), tr.xyz.end());
-    r.yaw.insert(r.yaw.end(), tr.yaw.begin(), tr.yaw.end());
-    r.rot.insert(r.rot.end(), tr.rot.begin(), tr.rot.end());
-  }
-  // The unicycle decode: finite actions may still overflow with a large v0, dt or action statistics.
-  for (const auto& [name, v, w] : {std::tuple<const char*, const std::vector<float>*, int>{"xyz", &r.xyz, 3},
-                                   {"yaw", &r.yaw, 1}, {"rot", &r.rot, 9}})
-    for (size_t i = 0; i < v->size(); ++i)
-      if (!std::isfinite((*v)[i])) {
-        const int64_t row = int64_t(i) / w, b = row / r.T;
-        throw Error(ErrorCode::NonFinite, std::string("trajectory decode: ") + name + " of sample " + std::to_string(b) + " is non-finite at waypoint " +
-                    std::to_string(row % r.T) + " (the actions are finite; v0 = " + std::to_string(r.v0[b]) + " m/s, dt = " +
-                    std::to_string(c.dt) + " s, accel " + std::to_string(c.accel_mean) + " + " + std::to_string(c.accel_std) +
-                    " a, curvature " + std::to_string(c.curvature_mean) + " + " + std::to_string(c.curvature_std) + " k)");
-      }
+  decode_trajectories(x, *ctx_, c, r);
   return r;
 }
 
