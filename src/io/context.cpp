@@ -74,6 +74,40 @@ std::vector<TensorView> layer_tensors(const SafetensorsFile& f, const std::strin
   return out;
 }
 
+// Device-resident caches are scanned by the backend that can read them (Session::bind refuses a cache no backend
+// of the session can read); host caches here, once: the rows some sample attends to.
+void check_rows_finite(const KVCache& kv) {
+  std::vector<int64_t> lo(kv.G), hi(kv.valid_len);
+  for (int g = 0; g < kv.G; ++g) lo[g] = kv.pad(g);
+  for (size_t l = 0; l < kv.key.size(); ++l)
+    for (const TensorView* t : {&kv.key[l], &kv.value[l]})
+      if (t->device.host_accessible()) check_cache_finite(*t, lo, hi);
+  if (!kv.suffix_key.empty()) {
+    const std::vector<int64_t> zero(kv.B, 0);
+    for (size_t l = 0; l < kv.suffix_key.size(); ++l)
+      for (const TensorView* t : {&kv.suffix_key[l], &kv.suffix_value[l]})
+        if (t->device.host_accessible()) check_cache_finite(*t, zero, kv.suffix_len);
+  }
+}
+
+// The ego history of B samples: at least 2 poses, [B, H, 3] positions and [B, H, 3, 3] rotations, finite, in range.
+void check_history(const EgoHistory& h, int64_t B, const std::string& n, ErrorCode bad) {
+  const int64_t H = h.H;
+  check(H >= 2, bad, n + ": ego_history_xyz needs at least 2 poses to estimate v0, found " + std::to_string(H));
+  check(static_cast<int64_t>(h.xyz.size()) == B * H * 3, bad,
+        n + ": ego_history_xyz has " + std::to_string(h.xyz.size()) + " values, expected [B=" +
+            std::to_string(B) + ", H=" + std::to_string(H) + ", 3] = " + std::to_string(B * H * 3));
+  check(static_cast<int64_t>(h.rot.size()) == B * H * 9, bad,
+        n + ": ego_history_rot has " + std::to_string(h.rot.size()) + " values, expected [B=" +
+            std::to_string(B) + ", H=" + std::to_string(H) + ", 3, 3] = " + std::to_string(B * H * 9));
+  check_finite(h.xyz.data(), h.xyz.size(), n + ": ego_history_xyz");
+  check_finite(h.rot.data(), h.rot.size(), n + ": ego_history_rot");
+  for (size_t i = 0; i < h.xyz.size(); ++i)
+    check(std::fabs(h.xyz[i]) <= limits::kMaxPosition, bad,
+          n + ": ego_history_xyz" + index_str({B, H, 3}, static_cast<int64_t>(i)) + " = " +
+              std::to_string(h.xyz[i]) + " m is beyond 1e7 m (positions are in the ego frame at t0)");
+}
+
 }  // namespace
 
 Context Context::open(const std::string& path) {
@@ -233,35 +267,8 @@ void Context::validate(ErrorCode bad) {
           n + ": rope_delta[" + std::to_string(b) + "] = " + std::to_string(rope_delta_[b]) +
               " is out of range (|rope_delta| < 2^40)");
   }
-  // Device-resident caches are scanned by the backend that can read them (Session::bind refuses a cache
-  // no backend of the session can read); host caches here, once: the rows some sample attends to.
-  std::vector<int64_t> lo(kv.G), hi(kv.valid_len);
-  for (int g = 0; g < kv.G; ++g) lo[g] = kv.pad(g);
-  for (size_t l = 0; l < kv.key.size(); ++l)
-    for (const TensorView* t : {&kv.key[l], &kv.value[l]})
-      if (t->device.host_accessible()) check_cache_finite(*t, lo, hi);
-  if (suffix) {
-    const std::vector<int64_t> zero(kv.B, 0);
-    for (size_t l = 0; l < kv.suffix_key.size(); ++l)
-      for (const TensorView* t : {&kv.suffix_key[l], &kv.suffix_value[l]})
-        if (t->device.host_accessible()) check_cache_finite(*t, zero, kv.suffix_len);
-  }
-  if (history_) {
-    const int64_t H = history_->H;
-    check(H >= 2, bad, n + ": ego_history_xyz needs at least 2 poses to estimate v0, found " + std::to_string(H));
-    check(static_cast<int64_t>(history_->xyz.size()) == kv.B * H * 3, bad,
-          n + ": ego_history_xyz has " + std::to_string(history_->xyz.size()) + " values, expected [B=" +
-              std::to_string(kv.B) + ", H=" + std::to_string(H) + ", 3] = " + std::to_string(kv.B * H * 3));
-    check(static_cast<int64_t>(history_->rot.size()) == kv.B * H * 9, bad,
-          n + ": ego_history_rot has " + std::to_string(history_->rot.size()) + " values, expected [B=" +
-              std::to_string(kv.B) + ", H=" + std::to_string(H) + ", 3, 3] = " + std::to_string(kv.B * H * 9));
-    check_finite(history_->xyz.data(), history_->xyz.size(), n + ": ego_history_xyz");
-    check_finite(history_->rot.data(), history_->rot.size(), n + ": ego_history_rot");
-    for (size_t i = 0; i < history_->xyz.size(); ++i)
-      check(std::fabs(history_->xyz[i]) <= limits::kMaxPosition, bad,
-            n + ": ego_history_xyz" + index_str({kv.B, H, 3}, static_cast<int64_t>(i)) + " = " +
-                std::to_string(history_->xyz[i]) + " m is beyond 1e7 m (positions are in the ego frame at t0)");
-  }
+  check_rows_finite(kv);
+  if (history_) check_history(*history_, kv.B, n, bad);
   if (v0_) {
     check(static_cast<int>(v0_->size()) == kv.B, bad,
           n + ": v0 has " + std::to_string(v0_->size()) + " values, the context has B = " + std::to_string(kv.B) +
