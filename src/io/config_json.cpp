@@ -247,6 +247,64 @@ std::vector<Section> ReleaseConfig::text_chain() const {
   return c;
 }
 
+namespace {
+
+// Every bound is documented in limits.h / docs/SECURITY.md; a value outside is a format error naming its key.
+void in_range(double v, double lo, double hi, const Section& s, const char* key, const std::string& why = "") {
+  check_range(v, lo, hi, key_in(s, key), why, ErrorCode::Format);
+}
+
+// action_in_proj_cfg: the Fourier features and the MLP trunk's sizes, within limits.h's bounds.
+void read_action_in(const Section& ain, const Recorder& rec, ExpertConfig* cfg) {
+  rec.read(ain, "hidden_size", "action_in_proj_cfg.hidden_size", &cfg->ain_hidden);
+  rec.read(ain, "num_enc_layers", "action_in_proj_cfg.num_enc_layers", &cfg->ain_layers);
+  rec.read(ain, "num_fourier_feats", "action_in_proj_cfg.num_fourier_feats", &cfg->n_fourier);
+  rec.read(ain, "max_freq", "action_in_proj_cfg.max_freq", &cfg->max_freq);
+  in_range(cfg->ain_hidden, 1, limits::kMaxHidden, ain, "hidden_size");
+  in_range(cfg->ain_layers, 1, limits::kMaxEncLayers, ain, "num_enc_layers");
+  in_range(cfg->n_fourier, 4, limits::kMaxFourier, ain, "num_fourier_feats");
+  check(cfg->n_fourier % 2 == 0, ErrorCode::Format,
+        key_in(ain, "num_fourier_feats") + " must be even, found " + fmt(cfg->n_fourier));
+  check(cfg->max_freq > 0, ErrorCode::Format,
+        key_in(ain, "max_freq") + " must be positive, found " + fmt(cfg->max_freq));
+  in_range(cfg->max_freq, 0, limits::kMaxFreq, ain, "max_freq");
+}
+
+// action_space_cfg: the unicycle's waypoints, time step, action statistics and bounds, within limits.h's bounds.
+void read_action_space(const Section& aspace, const Recorder& rec, ExpertConfig* cfg) {
+  rec.read(aspace, "n_waypoints", "action_space_cfg.n_waypoints", &cfg->T);
+  rec.read(aspace, "dt", "action_space_cfg.dt", &cfg->dt);
+  rec.read(aspace, "accel_mean", "action_space_cfg.accel_mean", &cfg->accel_mean);
+  rec.read(aspace, "accel_std", "action_space_cfg.accel_std", &cfg->accel_std);
+  rec.read(aspace, "curvature_mean", "action_space_cfg.curvature_mean", &cfg->curvature_mean);
+  rec.read(aspace, "curvature_std", "action_space_cfg.curvature_std", &cfg->curvature_std);
+  rec.read(aspace, "accel_bounds", "action_space_cfg.accel_bounds", &cfg->accel_bounds);
+  rec.read(aspace, "curvature_bounds", "action_space_cfg.curvature_bounds", &cfg->curvature_bounds);
+  rec.read(aspace, "v_lambda", "action_space_cfg.v_lambda", &cfg->v_lambda);
+  rec.read(aspace, "v_ridge", "action_space_cfg.v_ridge", &cfg->v_ridge);
+  in_range(cfg->T, 1, limits::kMaxWaypoints, aspace, "n_waypoints");
+  in_range(cfg->dt, limits::kMinDt, limits::kMaxDt, aspace, "dt", " seconds");
+  in_range(cfg->accel_mean, -limits::kMaxActionStat, limits::kMaxActionStat, aspace, "accel_mean");
+  in_range(cfg->curvature_mean, -limits::kMaxActionStat, limits::kMaxActionStat, aspace, "curvature_mean");
+  for (const char* k : {"accel_std", "curvature_std"}) {
+    const double v = std::string(k) == "accel_std" ? cfg->accel_std : cfg->curvature_std;
+    check(v > 0, ErrorCode::Format, key_in(aspace, k) + " must be positive, found " + fmt(v));
+    in_range(v, 0, limits::kMaxActionStat, aspace, k);
+  }
+  for (const char* k : {"accel_bounds", "curvature_bounds"}) {
+    const double* b = std::string(k) == "accel_bounds" ? cfg->accel_bounds : cfg->curvature_bounds;
+    check(b[0] <= b[1], ErrorCode::Format,
+          key_in(aspace, k) + " = " +
+              fmt(std::string(k) == "accel_bounds" ? cfg->accel_bounds : cfg->curvature_bounds) +
+              ": the minimum exceeds the maximum");
+    for (int i = 0; i < 2; ++i) in_range(b[i], -limits::kMaxBound, limits::kMaxBound, aspace, k);
+  }
+  in_range(cfg->v_lambda, 0, limits::kMaxFitWeight, aspace, "v_lambda");
+  in_range(cfg->v_ridge, 0, limits::kMaxFitWeight, aspace, "v_ridge");
+}
+
+}  // namespace
+
 void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) const {
   cfg->release = release_;
   const std::string name = release_name(release_);
@@ -258,59 +316,15 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
   check_target(diffusion_, "FlowMatching");
   check_target(aout, "Linear");
 
-  rec.read(ain_, "hidden_size", "action_in_proj_cfg.hidden_size", &cfg->ain_hidden);
-  rec.read(ain_, "num_enc_layers", "action_in_proj_cfg.num_enc_layers", &cfg->ain_layers);
-  rec.read(ain_, "num_fourier_feats", "action_in_proj_cfg.num_fourier_feats", &cfg->n_fourier);
-  rec.read(ain_, "max_freq", "action_in_proj_cfg.max_freq", &cfg->max_freq);
-  // Every bound below is documented in limits.h / docs/SECURITY.md.
-  auto in = [&](double v, double lo, double hi, const Section& s, const char* key, const std::string& why = "") {
-    check_range(v, lo, hi, key_in(s, key), why, ErrorCode::Format);
-  };
-  in(cfg->ain_hidden, 1, limits::kMaxHidden, ain_, "hidden_size");
-  in(cfg->ain_layers, 1, limits::kMaxEncLayers, ain_, "num_enc_layers");
-  in(cfg->n_fourier, 4, limits::kMaxFourier, ain_, "num_fourier_feats");
-  check(cfg->n_fourier % 2 == 0, ErrorCode::Format,
-        key_in(ain_, "num_fourier_feats") + " must be even, found " + fmt(cfg->n_fourier));
-  check(cfg->max_freq > 0, ErrorCode::Format,
-        key_in(ain_, "max_freq") + " must be positive, found " + fmt(cfg->max_freq));
-  in(cfg->max_freq, 0, limits::kMaxFreq, ain_, "max_freq");
-
-  rec.read(aspace_, "n_waypoints", "action_space_cfg.n_waypoints", &cfg->T);
-  rec.read(aspace_, "dt", "action_space_cfg.dt", &cfg->dt);
-  rec.read(aspace_, "accel_mean", "action_space_cfg.accel_mean", &cfg->accel_mean);
-  rec.read(aspace_, "accel_std", "action_space_cfg.accel_std", &cfg->accel_std);
-  rec.read(aspace_, "curvature_mean", "action_space_cfg.curvature_mean", &cfg->curvature_mean);
-  rec.read(aspace_, "curvature_std", "action_space_cfg.curvature_std", &cfg->curvature_std);
-  rec.read(aspace_, "accel_bounds", "action_space_cfg.accel_bounds", &cfg->accel_bounds);
-  rec.read(aspace_, "curvature_bounds", "action_space_cfg.curvature_bounds", &cfg->curvature_bounds);
-  rec.read(aspace_, "v_lambda", "action_space_cfg.v_lambda", &cfg->v_lambda);
-  rec.read(aspace_, "v_ridge", "action_space_cfg.v_ridge", &cfg->v_ridge);
-  in(cfg->T, 1, limits::kMaxWaypoints, aspace_, "n_waypoints");
-  in(cfg->dt, limits::kMinDt, limits::kMaxDt, aspace_, "dt", " seconds");
-  in(cfg->accel_mean, -limits::kMaxActionStat, limits::kMaxActionStat, aspace_, "accel_mean");
-  in(cfg->curvature_mean, -limits::kMaxActionStat, limits::kMaxActionStat, aspace_, "curvature_mean");
-  for (const char* k : {"accel_std", "curvature_std"}) {
-    const double v = std::string(k) == "accel_std" ? cfg->accel_std : cfg->curvature_std;
-    check(v > 0, ErrorCode::Format, key_in(aspace_, k) + " must be positive, found " + fmt(v));
-    in(v, 0, limits::kMaxActionStat, aspace_, k);
-  }
-  for (const char* k : {"accel_bounds", "curvature_bounds"}) {
-    const double* b = std::string(k) == "accel_bounds" ? cfg->accel_bounds : cfg->curvature_bounds;
-    check(b[0] <= b[1], ErrorCode::Format,
-          key_in(aspace_, k) + " = " +
-              fmt(std::string(k) == "accel_bounds" ? cfg->accel_bounds : cfg->curvature_bounds) +
-              ": the minimum exceeds the maximum");
-    for (int i = 0; i < 2; ++i) in(b[i], -limits::kMaxBound, limits::kMaxBound, aspace_, k);
-  }
-  in(cfg->v_lambda, 0, limits::kMaxFitWeight, aspace_, "v_lambda");
-  in(cfg->v_ridge, 0, limits::kMaxFitWeight, aspace_, "v_ridge");
+  read_action_in(ain_, rec, cfg);
+  read_action_space(aspace_, rec, cfg);
 
   rec.read(diffusion_, "num_inference_steps", "diffusion_cfg.num_inference_steps", &cfg->num_steps);
   rec.read(diffusion_, "int_method", "diffusion_cfg.int_method", &cfg->int_method);
   check(cfg->int_method == "euler", ErrorCode::Unsupported,
         key_in(diffusion_, "int_method") + " is '" + cfg->int_method +
             "'; the releases' FlowMatching (and the engine) integrate with euler only");
-  in(cfg->num_steps, 1, limits::kMaxSteps, diffusion_, "num_inference_steps");
+  in_range(cfg->num_steps, 1, limits::kMaxSteps, diffusion_, "num_inference_steps");
   if (release_ == Release::R1) {  // Alpamayo-R1's FlowMatching has no guidance switch: it never guides
     cfg->use_cfg = false;
     values->push_back({"diffusion_cfg.use_classifier_free_guidance", "false",
@@ -321,7 +335,7 @@ void ReleaseConfig::apply(ExpertConfig* cfg, std::vector<ConfigValue>* values) c
     rec.read(diffusion_, "use_classifier_free_guidance", "diffusion_cfg.use_classifier_free_guidance", &cfg->use_cfg);
   }
   rec.read(diffusion_, "inference_guidance_weight", "diffusion_cfg.inference_guidance_weight", &cfg->guidance_weight);
-  in(cfg->guidance_weight, -limits::kMaxGuidanceWeight, limits::kMaxGuidanceWeight, diffusion_, "inference_guidance_weight");
+  in_range(cfg->guidance_weight, -limits::kMaxGuidanceWeight, limits::kMaxGuidanceWeight, diffusion_, "inference_guidance_weight");
 
   rec.read(base_, "expert_non_causal_attention", "expert_non_causal_attention", &cfg->non_causal);
   check(cfg->non_causal, ErrorCode::Unsupported,
