@@ -192,12 +192,9 @@ Release synthetic_release(const SyntheticCheckpointSpec& s) {
   return r;
 }
 
-void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointSpec& s) {
-  check(s.L > 0 && s.D > 0 && s.Hq > 0 && s.Hkv > 0 && s.Hq % s.Hkv == 0 && s.d > 0 && s.d % 2 == 0 && s.I > 0,
-        "make-checkpoint: invalid sizes (need L, D, I > 0, even d, Hq a multiple of Hkv)");
-  check(s.ain_layers >= 1 && s.n_fourier >= 4 && s.n_fourier % 2 == 0 && s.T >= 1 && s.shards >= 1,
-        "make-checkpoint: invalid action_in_proj sizes, waypoints or shard count");
-  const Release release = synthetic_release(s);
+// The expert's tensors in the release's layout and names: layers, final norm, action_in_proj, action_out_proj, and
+// the buffers Alpamayo-R1 checkpoints carry.
+std::vector<Entry> expert_entries(const SyntheticCheckpointSpec& s, Release release) {
   const bool a2 = s.layout == Layout::A2;
   const std::string ep = a2 ? "expert.expert." : "expert.", hp = a2 ? "expert." : "";
   const int64_t D = s.D, d = s.d, I = s.I, h = s.ain_hidden, A = 2, F = s.n_fourier;
@@ -259,21 +256,34 @@ void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpoin
     add("action_space.curvature_mean", {}, {0, 0, {float(R::curvature_mean)}}, DType::F32);
     add("action_space.curvature_std", {}, {0, 0, {float(R::curvature_std)}}, DType::F32);
   }
+  return ex;
+}
+
+// Shard assignment: expert entries split evenly over s.shards files, vlm tensors in a shard of their own when
+// sharded (so a correct reader never opens it), else in the single file.
+std::vector<std::vector<Entry>> shard_entries(const std::vector<Entry>& ex, DType w, int shards) {
   std::vector<Entry> vlm = {{"vlm.model.language_model.embed_tokens.weight", {32, 16}, linear_init(16), w},
                             {"vlm.model.language_model.norm.weight", {16}, norm_init(), w},
                             {"vlm.lm_head.weight", {32, 16}, linear_init(16), w}};
-
-  // Shard assignment: expert entries split evenly over s.shards files, vlm tensors in a shard of their own
-  // when sharded (so a correct reader never opens it), else in the single file.
   std::vector<std::vector<Entry>> files;
-  if (s.shards == 1) {
+  if (shards == 1) {
     files.push_back(ex);
     files[0].insert(files[0].end(), vlm.begin(), vlm.end());
   } else {
-    files.resize(s.shards + 1);
-    for (size_t i = 0; i < ex.size(); ++i) files[i * s.shards / ex.size()].push_back(ex[i]);
-    files[s.shards] = vlm;
+    files.resize(shards + 1);
+    for (size_t i = 0; i < ex.size(); ++i) files[i * shards / ex.size()].push_back(ex[i]);
+    files[shards] = vlm;
   }
+  return files;
+}
+
+void write_synthetic_checkpoint(const std::string& dir, const SyntheticCheckpointSpec& s) {
+  check(s.L > 0 && s.D > 0 && s.Hq > 0 && s.Hkv > 0 && s.Hq % s.Hkv == 0 && s.d > 0 && s.d % 2 == 0 && s.I > 0,
+        "make-checkpoint: invalid sizes (need L, D, I > 0, even d, Hq a multiple of Hkv)");
+  check(s.ain_layers >= 1 && s.n_fourier >= 4 && s.n_fourier % 2 == 0 && s.T >= 1 && s.shards >= 1,
+        "make-checkpoint: invalid action_in_proj sizes, waypoints or shard count");
+  const Release release = synthetic_release(s);
+  const std::vector<std::vector<Entry>> files = shard_entries(expert_entries(s, release), s.dtype, s.shards);
   nlohmann::json weight_map = nlohmann::json::object();
   const int nf = static_cast<int>(files.size());
   std::vector<std::string> names(nf);
