@@ -361,6 +361,24 @@ void write_synthetic_context(const std::string& path, const ExpertConfig& c, con
   outs.commit();
 }
 
+// Ego history of B samples over H poses: constant speed on a gentle arc ending at the origin with heading 0.
+void ego_history_arcs(Rng& rng, int64_t B, int H, double dt, std::vector<float>* xyz, std::vector<float>* rot) {
+  xyz->reserve(size_t(B) * H * 3);
+  rot->reserve(size_t(B) * H * 9);
+  for (int64_t b = 0; b < B; ++b) {
+    const double speed = 8.0 + 4.0 * rng.uniform(), kappa = 0.01 * rng.uniform();
+    for (int i = 0; i < H; ++i) {
+      const double sarc = -speed * dt * (H - 1 - i);  // arc length before t0 (negative)
+      const double th = kappa * sarc;
+      const double x = std::abs(kappa) > 1e-9 ? std::sin(th) / kappa : sarc;
+      const double y = std::abs(kappa) > 1e-9 ? (1 - std::cos(th)) / kappa : 0.0;
+      xyz->insert(xyz->end(), {float(x), float(y), 0.f});
+      rot->insert(rot->end(), {float(std::cos(th)), float(-std::sin(th)), 0.f, float(std::sin(th)), float(std::cos(th)),
+                               0.f, 0.f, 0.f, 1.f});
+    }
+  }
+}
+
 void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const SyntheticContextSpec& s,
                              const std::function<void(double, const std::string&)>& check_disk) {
   const int64_t B = s.B, P = s.P, H = c.Hkv, d = c.d, G = s.G > 0 ? s.G : s.B, Q = s.Q;
@@ -440,19 +458,7 @@ void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const S
   StageScope stage(sizes + ": generating the context");
   Rng rng(s.seed ^ 0x5eedull);
   if (Hh > 0) {
-    xyz.reserve(size_t(B) * Hh * 3);
-    rot.reserve(size_t(B) * Hh * 9);
-    for (int64_t b = 0; b < B; ++b) {
-      const double speed = 8.0 + 4.0 * rng.uniform(), kappa = 0.01 * rng.uniform();
-      for (int i = 0; i < Hh; ++i) {
-        const double sarc = -speed * c.dt * (Hh - 1 - i);  // arc length before t0 (negative)
-        const double th = kappa * sarc;
-        const double x = std::abs(kappa) > 1e-9 ? std::sin(th) / kappa : sarc;
-        const double y = std::abs(kappa) > 1e-9 ? (1 - std::cos(th)) / kappa : 0.0;
-        xyz.insert(xyz.end(), {float(x), float(y), 0.f});
-        rot.insert(rot.end(), {float(std::cos(th)), float(-std::sin(th)), 0.f, float(std::sin(th)), float(std::cos(th)), 0.f, 0.f, 0.f, 1.f});
-      }
-    }
+    ego_history_arcs(rng, B, Hh, c.dt, &xyz, &rot);
     specs[first_history].tensor.data = xyz.data();
     specs[first_history + 1].tensor.data = rot.data();
   } else {
