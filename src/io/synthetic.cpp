@@ -361,6 +361,40 @@ void write_synthetic_context(const std::string& path, const ExpertConfig& c, con
   outs.commit();
 }
 
+// Each prompt's and sample's lengths, paddings, rope deltas and prompt, from make-context's options (defaults where
+// absent), checked against G, B, P and Q.
+struct ContextLayout {
+  std::vector<int64_t> valid, pad, delta, sfx, prompt;
+};
+ContextLayout context_layout(const SyntheticContextSpec& s, int64_t B, int64_t G, int64_t P, int64_t Q) {
+  auto per = [&](const std::vector<int64_t>& v, int64_t n, int64_t dflt, const char* opt) {
+    check(v.empty() || static_cast<int64_t>(v.size()) == n,
+          std::string("make-context: ") + opt + " needs " + std::to_string(n) + " values, found " + std::to_string(v.size()));
+    return v.empty() ? std::vector<int64_t>(n, dflt) : v;
+  };
+  ContextLayout lay{per(s.valid_len, G, P, "--valid-len"), per(s.prefix_pad, G, 0, "--prefix-pad"),
+                    per(s.rope_delta, B, 0, "--rope-delta"), per(s.suffix_len, B, Q, "--suffix-len"), s.prompt_index};
+  const std::vector<int64_t>& valid = lay.valid;
+  const std::vector<int64_t>& pad = lay.pad;
+  const std::vector<int64_t>& sfx = lay.sfx;
+  std::vector<int64_t>& prompt = lay.prompt;
+  if (prompt.empty()) {
+    check(G == B || G == 1, "make-context: " + std::to_string(G) + " prompts for " + std::to_string(B) +
+                                " samples: give --prompt-index");
+    for (int64_t b = 0; b < B; ++b) prompt.push_back(G == 1 ? 0 : b);
+  }
+  prompt = per(prompt, B, 0, "--prompt-index");
+  for (int64_t g = 0; g < G; ++g) {
+    check(valid[g] >= 0 && valid[g] <= P, "make-context: valid length " + std::to_string(valid[g]) + " outside [0, P]");
+    check(pad[g] >= 0 && pad[g] <= valid[g], "make-context: prefix pad " + std::to_string(pad[g]) + " outside [0, valid length]");
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    check(prompt[b] >= 0 && prompt[b] < G, "make-context: prompt index " + std::to_string(prompt[b]) + " outside [0, G)");
+    check(sfx[b] >= 0 && sfx[b] <= Q, "make-context: suffix length " + std::to_string(sfx[b]) + " outside [0, Q]");
+  }
+  return lay;
+}
+
 // Ego history of B samples over H poses: constant speed on a gentle arc ending at the origin with heading 0.
 void ego_history_arcs(Rng& rng, int64_t B, int H, double dt, std::vector<float>* xyz, std::vector<float>* rot) {
   xyz->reserve(size_t(B) * H * 3);
@@ -383,30 +417,12 @@ void write_synthetic_context(const ByteSink& out, const ExpertConfig& c, const S
                              const std::function<void(double, const std::string&)>& check_disk) {
   const int64_t B = s.B, P = s.P, H = c.Hkv, d = c.d, G = s.G > 0 ? s.G : s.B, Q = s.Q;
   check(B >= 1 && P >= 1 && G >= 1 && Q >= 0, "make-context: batch, prompts and rows must be >= 1");
-  auto per = [&](const std::vector<int64_t>& v, int64_t n, int64_t dflt, const char* opt) {
-    check(v.empty() || static_cast<int64_t>(v.size()) == n,
-          std::string("make-context: ") + opt + " needs " + std::to_string(n) + " values, found " + std::to_string(v.size()));
-    return v.empty() ? std::vector<int64_t>(n, dflt) : v;
-  };
-  const std::vector<int64_t> valid = per(s.valid_len, G, P, "--valid-len");
-  const std::vector<int64_t> pad = per(s.prefix_pad, G, 0, "--prefix-pad");
-  const std::vector<int64_t> delta = per(s.rope_delta, B, 0, "--rope-delta");
-  const std::vector<int64_t> sfx = per(s.suffix_len, B, Q, "--suffix-len");
-  std::vector<int64_t> prompt = s.prompt_index;
-  if (prompt.empty()) {
-    check(G == B || G == 1, "make-context: " + std::to_string(G) + " prompts for " + std::to_string(B) +
-                                " samples: give --prompt-index");
-    for (int64_t b = 0; b < B; ++b) prompt.push_back(G == 1 ? 0 : b);
-  }
-  prompt = per(prompt, B, 0, "--prompt-index");
-  for (int64_t g = 0; g < G; ++g) {
-    check(valid[g] >= 0 && valid[g] <= P, "make-context: valid length " + std::to_string(valid[g]) + " outside [0, P]");
-    check(pad[g] >= 0 && pad[g] <= valid[g], "make-context: prefix pad " + std::to_string(pad[g]) + " outside [0, valid length]");
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    check(prompt[b] >= 0 && prompt[b] < G, "make-context: prompt index " + std::to_string(prompt[b]) + " outside [0, G)");
-    check(sfx[b] >= 0 && sfx[b] <= Q, "make-context: suffix length " + std::to_string(sfx[b]) + " outside [0, Q]");
-  }
+  const ContextLayout lay = context_layout(s, B, G, P, Q);
+  const std::vector<int64_t>& valid = lay.valid;
+  const std::vector<int64_t>& pad = lay.pad;
+  const std::vector<int64_t>& delta = lay.delta;
+  const std::vector<int64_t>& sfx = lay.sfx;
+  const std::vector<int64_t>& prompt = lay.prompt;
   std::vector<NamedTensor> specs;
   for (int l = 0; l < c.L; ++l)
     for (const char* kind : {"key.", "value."})
