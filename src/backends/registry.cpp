@@ -1,6 +1,6 @@
-// The backends compiled into this build. Adding a backend: implement BackendModel/BackendSession (or a
-// HostLoopSession), add its entry here; the conformance suite (tests/cpp/test_conformance.cpp) then
-// runs it against the reference backend for every weight format it lists.
+// The backends compiled into this build. Adding a backend (docs/ARCHITECTURE.md): its folder under src/backends
+// with its CMake target, and its entry here; the conformance suite (tests/cpp/test_conformance.cpp) then runs it
+// against the reference backend for every weight format it lists.
 #include <algorithm>
 
 #include "alpamayo/backend.h"
@@ -44,7 +44,7 @@ const std::vector<BackendInfo>& registered_backends() {
     backends_frozen() = true;
     std::vector<BackendInfo> v = {
 #ifdef ALPAMAYO_WITH_CUDA_BACKEND
-        {"cuda", {"bf16", "fp8"}, {"bf16"}, load_cuda_backend, cuda_unavailable},
+        cuda::backend_info(),
 #endif
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
         {"cpu", {"bf16", "int8", "bfp8_b", "bfp4_b"}, {"bf16", "int8"}, load_cpu_backend, [] { return std::string(); },

@@ -25,14 +25,14 @@
 #include <mutex>
 #include <vector>
 
-// The CUDA keywords as host code: kernels become plain functions, __shared__ arrays statics shared by the
-// threads of the (one) running block.
+// The CUDA keywords as host code: kernels become inline functions (their headers are compiled into several
+// objects of one program), __shared__ arrays statics shared by the threads of the (one) running block.
 #undef __global__
 #undef __device__
 #undef __forceinline__
 #undef __shared__
 #undef __launch_bounds__
-#define __global__
+#define __global__ inline
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static

@@ -1,11 +1,8 @@
-// The cuda backend's kernels, run from their own source on the host by the SIMT emulator
-// (src/backends/cuda/simt_emu.h), against CPU references: split-KV attention with its merge, the skinny
-// W8A16 / bf16 matmul with split-K, the layer row kernels, the action projections and the Euler update,
-// and the cache scan / conversion. These run on every machine (no GPU needed); they check indexing,
+// The cuda backend's kernels, run from their own source on the host by the SIMT emulator (simt_emu.h, through
+// this folder's include/backends/cuda/device_api.h), against CPU references: split-KV attention with its merge,
+// the skinny W8A16 / bf16 matmul with split-K, the layer row kernels, the action projections and the Euler
+// update, and the cache scan / conversion. These run on every machine (no GPU needed); they check indexing,
 // fragment layouts, masking and pipelines. The GPU itself is checked by the conformance suite.
-#define ALPAMAYO_SIMT_EMU
-#define ALP_ROW_THREADS 64  // fewer emulated threads; the kernels loop over any block width
-#define ALP_KERNEL_NS emu
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,7 +19,7 @@
 #include "model/action_proj.h"
 #include "model/fourier.h"
 
-namespace alpamayo::cuda {
+namespace alpamayo::ALP_CUDA_NS {
 namespace {
 
 std::mt19937 rng(7);
@@ -117,10 +114,10 @@ TEST(CudaKernels, SplitKvAttentionMatchesTheReference) {
     p.R = R;
     p.Rp = Rp;
     const float scale_log2 = 1.4426950408889634f / std::sqrt(float(c.d));
-    simt::launch(emu::attention_partial_k, dim3(p.n_items, c.Hkv, tiles), dim3(emu::kAttnThreads), emu::kAttnSmemBytes,
+    simt::launch(kern::attention_partial_k, dim3(p.n_items, c.Hkv, tiles), dim3(kern::kAttnThreads), kern::kAttnSmemBytes,
                  p, scale_log2);
     const int threads = c.B * c.Hkv * R * 32;
-    simt::launch(emu::attention_merge_k, dim3((threads + 255) / 256), dim3(256), 0, p, Act::F32,
+    simt::launch(kern::attention_merge_k, dim3((threads + 255) / 256), dim3(256), 0, p, Act::F32,
                  static_cast<void*>(out.data()));
 
     // Reference: per sample, q [T, Hq, d] token-major as ref::attention takes it.
@@ -155,7 +152,7 @@ TEST(CudaKernels, SkinnyMatmulMatchesNaiveProducts) {
     std::vector<uint8_t> wbytes(size_t(N) * K * (fp8 ? 1 : 2));
     for (size_t i = 0; i < w.size(); ++i) {
       if (fp8) {
-        wbytes[i] = emu::to_e4m3(w[i] * 8.f);
+        wbytes[i] = kern::to_e4m3(w[i] * 8.f);
         w[i] = e4m3_value(wbytes[i]);
       } else {
         const uint16_t h = f32_to_bf16(w[i]);
@@ -169,18 +166,18 @@ TEST(CudaKernels, SkinnyMatmulMatchesNaiveProducts) {
       p.K = K;
       p.M = M;
       p.fp8 = fp8;
-      const int chunks = (K + emu::kKC - 1) / emu::kKC;
+      const int chunks = (K + kern::kKC - 1) / kern::kKC;
       p.chunks_per_split = (chunks + splits_wanted - 1) / splits_wanted;
       p.splits = (chunks + p.chunks_per_split - 1) / p.chunks_per_split;
       const int Mp = 80;
       const size_t stride = size_t(Mp) * N;
       std::vector<float> y(p.splits * stride, NAN);
-      const dim3 grid((N + emu::kCh - 1) / emu::kCh, (M + emu::kTok - 1) / emu::kTok, p.splits);
+      const dim3 grid((N + kern::kCh - 1) / kern::kCh, (M + kern::kTok - 1) / kern::kTok, p.splits);
       if (fp8)
-        simt::launch(emu::skinny_gemm_k<true>, grid, dim3(emu::kGemmThreads), emu::GemmCfg<true>::kSmem, xb.data(),
+        simt::launch(kern::skinny_gemm_k<true>, grid, dim3(kern::kGemmThreads), kern::GemmCfg<true>::kSmem, xb.data(),
                      wbytes.data(), y.data(), M, N, K, p.chunks_per_split, stride);
       else
-        simt::launch(emu::skinny_gemm_k<false>, grid, dim3(emu::kGemmThreads), emu::GemmCfg<false>::kSmem, xb.data(),
+        simt::launch(kern::skinny_gemm_k<false>, grid, dim3(kern::kGemmThreads), kern::GemmCfg<false>::kSmem, xb.data(),
                      wbytes.data(), y.data(), M, N, K, p.chunks_per_split, stride);
       std::vector<float> got(size_t(M) * N), want(size_t(M) * N);
       for (int m = 0; m < M; ++m)
@@ -229,7 +226,7 @@ TEST(CudaKernels, ResidualRmsNormInAllOutputModes) {
     std::vector<uint8_t> out(size_t(M) * D * 4);
     std::vector<float> out_rs(M);
     float* rs_out = mode == Act::FP8 ? y.rs.data() : out_rs.data();  // fp8: in place over the input's scales
-    simt::launch(emu::residual_rmsnorm_k, dim3(M), dim3(emu::kRowThreads), 0, h.data(), y.view, w.data(), D, 1e-6f,
+    simt::launch(kern::residual_rmsnorm_k, dim3(M), dim3(kern::kRowThreads), 0, h.data(), y.view, w.data(), D, 1e-6f,
                  mode, static_cast<void*>(out.data()), rs_out);
     EXPECT_LT(rel_err(h, want_h), 1e-6);
     std::vector<float> got(h.size());
@@ -248,8 +245,8 @@ TEST(CudaKernels, QkNormRopeWritesHeadsInAttentionLayouts) {
   const std::vector<float> qn = randn(d, 0.1f, 1.f), kn = randn(d, 0.1f, 1.f);
   const std::vector<float> cs = randn(size_t(M) * d), sn = randn(size_t(M) * d);
   std::vector<uint16_t> q(size_t(M) * Hq * d), k(size_t(M) * Hkv * d), v(size_t(M) * Hkv * d);
-  const int blocks = (M * heads + emu::kHeadWarps - 1) / emu::kHeadWarps;
-  simt::launch(emu::qk_norm_rope_k, dim3(blocks), dim3(emu::kHeadWarps * 32), emu::kHeadWarps * d * sizeof(float),
+  const int blocks = (M * heads + kern::kHeadWarps - 1) / kern::kHeadWarps;
+  simt::launch(kern::qk_norm_rope_k, dim3(blocks), dim3(kern::kHeadWarps * 32), kern::kHeadWarps * d * sizeof(float),
                qkv.view, qn.data(), kn.data(), cs.data(), sn.data(), M, T, Hq, Hkv, d, 1e-6f, q.data(), k.data(),
                v.data());
   std::vector<float> got, want;
@@ -281,7 +278,7 @@ TEST(CudaKernels, SiluMulAndFp8RowQuantization) {
     std::vector<uint8_t> out(size_t(M) * I * 2);
     std::vector<float> rs(M);
     float* rs_out = mode == Act::FP8 ? gu.rs.data() : rs.data();
-    simt::launch(emu::silu_mul_k, dim3(M), dim3(emu::kRowThreads), 0, gu.view, I, mode, static_cast<void*>(out.data()),
+    simt::launch(kern::silu_mul_k, dim3(M), dim3(kern::kRowThreads), 0, gu.view, I, mode, static_cast<void*>(out.data()),
                  rs_out);
     std::vector<float> got, want;
     for (int m = 0; m < M; ++m)
@@ -298,7 +295,7 @@ TEST(CudaKernels, SiluMulAndFp8RowQuantization) {
   const std::vector<float> w = randn(size_t(N) * K);
   std::vector<uint8_t> q(w.size());
   std::vector<float> scale(N);
-  simt::launch(emu::quantize_rows_k, dim3(N), dim3(emu::kRowThreads), 0, w.data(), K, q.data(), scale.data());
+  simt::launch(kern::quantize_rows_k, dim3(N), dim3(kern::kRowThreads), 0, w.data(), K, q.data(), scale.data());
   for (int n = 0; n < N; ++n) {
     float amax = 0;
     for (int k = 0; k < K; ++k) amax = std::max(amax, std::fabs(w[size_t(n) * K + k]));
@@ -347,28 +344,28 @@ TEST(CudaKernels, ActionProjectionsAndEulerUpdateMatchTheHost) {
     freqs.insert(freqs.end(), f.begin(), f.end());
   }
   std::vector<float> a(size_t(M) * 64), b(size_t(M) * 64), got(size_t(M) * D);
-  simt::launch(emu::fourier_k, dim3((M * W0 + 255) / 256), dim3(256), 0, x.data(), times.data(), k, freqs.data(), M, A,
+  simt::launch(kern::fourier_k, dim3((M * W0 + 255) / 256), dim3(256), 0, x.data(), times.data(), k, freqs.data(), M, A,
                F, a.data());
   int width = W0;
   for (int i = 0; i < 3; ++i) {
     if (i > 0)
-      simt::launch(emu::rms_norm_k, dim3(M), dim3(emu::kRowThreads), 0, a.data(), store[6 + i - 1].data(), width, 1e-5f,
+      simt::launch(kern::rms_norm_k, dim3(M), dim3(kern::kRowThreads), 0, a.data(), store[6 + i - 1].data(), width, 1e-5f,
                    a.data());
     const int out = i < 2 ? h : D;
-    const dim3 grid((out + emu::kTile - 1) / emu::kTile, (M + emu::kTile - 1) / emu::kTile);
-    simt::launch(emu::linear_f32_k, grid, dim3(emu::kTile, emu::kTile), 0, a.data(), M, width, store[i].data(),
+    const dim3 grid((out + kern::kTile - 1) / kern::kTile, (M + kern::kTile - 1) / kern::kTile);
+    simt::launch(kern::linear_f32_k, grid, dim3(kern::kTile, kern::kTile), 0, a.data(), M, width, store[i].data(),
                  store[3 + i].data(), out, i < 2, b.data());
     std::swap(a, b);
     width = out;
   }
-  simt::launch(emu::layer_norm_k, dim3(M), dim3(emu::kRowThreads), 0, a.data(), store[8].data(), store[9].data(), D,
+  simt::launch(kern::layer_norm_k, dim3(M), dim3(kern::kRowThreads), 0, a.data(), store[8].data(), store[9].data(), D,
                1e-5f, got.data());
   EXPECT_LT(rel_err(got, want), 1e-5);
 
   // action_out_proj and the Euler update, against the host loop's arithmetic.
   std::vector<float> xs = x, v(size_t(M) * A), xo(v.size()), vh(v.size());
   host.out(got.data(), M, vh.data());
-  simt::launch(emu::out_proj_euler_k, dim3((M * A * 32 + 255) / 256), dim3(256), 0, got.data(), store[10].data(),
+  simt::launch(kern::out_proj_euler_k, dim3((M * A * 32 + 255) / 256), dim3(256), 0, got.data(), store[10].data(),
                store[11].data(), M, D, A, times.data(), k, xs.data(), v.data(), xo.data());
   EXPECT_LT(rel_err(v, vh), 1e-5);
   for (size_t i = 0; i < xs.size(); ++i) {
@@ -393,12 +390,12 @@ TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
       if (t != CacheType::F32) std::memcpy(&bytes[2 * i], &h16, 2);
     }
     unsigned long long first = ~0ull;
-    simt::launch(emu::scan_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
+    simt::launch(kern::scan_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
                  S.data(), &first);
     EXPECT_EQ(first, ((size_t(1) * H + 2) * P + 2) * d + 0);
     std::vector<uint16_t> conv(v.size(), 0);
     at(1, 2, 3, 7) = at(1, 2, 2, 0) = 0.f;
-    simt::launch(emu::convert_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
+    simt::launch(kern::convert_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
                  S.data(), conv.data());
     for (int b = 0; b < B; ++b)
       for (int hh = 0; hh < H; ++hh)
@@ -415,4 +412,4 @@ TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
 }
 
 }  // namespace
-}  // namespace alpamayo::cuda
+}  // namespace alpamayo::ALP_CUDA_NS
