@@ -195,12 +195,18 @@ inline void yield() {
   swapcontext(&s.fibers[s.current].ctx, &s.main);
 }
 
+// One launch at a time per process, whichever kernel: the scheduler, gridDim, blockDim and the __shared__
+// statics are process-wide (sessions in several threads launch concurrently).
+inline std::mutex& launch_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 // Runs kernel(args...) over the grid: blocks one after another, the threads of a block as coroutines that
-// take turns at barriers. One launch at a time per process.
+// take turns at barriers. One launch at a time per process (launch_mutex).
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
-  static std::mutex one_at_a_time;
-  std::lock_guard<std::mutex> g(one_at_a_time);
+  std::lock_guard<std::mutex> g(launch_mutex());
   gridDim = grid;
   blockDim = block;
   const int n = static_cast<int>(block.x * block.y * block.z);
