@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "alpamayo/engine.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "alpamayo/synthetic.h"
 
@@ -256,6 +257,7 @@ class Models {
     if (it != m_.end()) return it->second;
     BackendOptions o;
     o.weights = fmt;
+    options_from_environment(o, "cuda");  // ALPAMAYO_CUDA_GEMM, ALPAMAYO_CUDA_GRAPHS, ALPAMAYO_CUBLASLT
     const auto t0 = Clock::now();
     auto m = Model::load(ck_, "cuda", o);
     load_s_[fmt] = since(t0);
@@ -363,12 +365,12 @@ std::string bench(const Args& a, const Context& host_ctx, Models& models) {
   std::ostringstream js;
   js << "{\"copy_gbps\": " << num(bw / 1e9) << ", \"runs\": [";
   bool first = true;
-  const char* gemm = std::getenv("ALPAMAYO_CUDA_GEMM");
   for (const std::string& fs : a.formats) {
     const char* fmt = fs.c_str();
     for (int copies : a.batches) {
       try {
         auto m = models.get(fs);
+        const std::string gemm = m->kernels().substr(m->kernels().find('=') + 1);  // "gemm=NAME"
         DeviceCache dev(host_ctx, copies);
         Session s(m);
         s.bind(dev.context());
@@ -388,9 +390,9 @@ std::string bench(const Args& a, const Context& host_ctx, Models& models) {
         const double step = median(step_s), sample = median(dev_sample_s), wall = median(wall_s);
         const double bytes = double(m->backend().weight_bytes()) + double(dev.valid_cache_bytes());
         const double gbps = bytes / step / 1e9;
-        std::printf("| %s | %s | %d | %.3f | %.2f | %.2f | %.2f | %.0f | %.0f%% |\n", fmt, gemm ? gemm : "default",
+        std::printf("| %s | %s | %d | %.3f | %.2f | %.2f | %.2f | %.0f | %.0f%% |\n", fmt, gemm.c_str(),
                     copies, step * 1e3, sample * 1e3, wall * 1e3, bytes / 1e9, gbps, 100.0 * gbps * 1e9 / bw);
-        js << (first ? "" : ", ") << "{\"weights\": \"" << fmt << "\", \"gemm\": \"" << (gemm ? gemm : "default")
+        js << (first ? "" : ", ") << "{\"weights\": \"" << fmt << "\", \"gemm\": \"" << gemm
            << "\", \"samples\": " << copies << ", \"ms_per_step\": " << num(step * 1e3)
            << ", \"ms_per_sample_device\": " << num(sample * 1e3) << ", \"ms_per_sample_wall\": " << num(wall * 1e3)
            << ", \"bytes_per_step\": " << num(bytes) << ", \"gbps\": " << num(gbps)

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "alpamayo/engine.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "alpamayo/output.h"
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
@@ -99,6 +100,7 @@ void run_sample(const SampleArgs& a) {
   bo.bf16_weights = a.bf16_weights;
   bo.profile = a.profile;
   bo.exact_freqs = a.exact_freqs;
+  options_from_environment(bo, a.backend);
   Session session(Model::load(ck, a.backend, bo));
   Context ctx = Context::open(a.context);
   const int B = ctx.batch();

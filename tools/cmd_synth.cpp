@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "alpamayo/engine.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "alpamayo/output.h"
 #include "alpamayo/synthetic.h"
@@ -167,6 +168,7 @@ Run add_demo(CLI::App& app) {
     bo.threads = a->threads;
     bo.weights = a->weights;
     bo.kv = a->kv;
+    options_from_environment(bo, a->backend);
     const auto t0 = std::chrono::steady_clock::now();
     Session session(Model::load(ck, a->backend, bo));
     Context ctx = Context::open(ctx_path.string());

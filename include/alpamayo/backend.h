@@ -101,11 +101,17 @@ struct BackendOptions {
   std::string kv;           // KV cache format (BackendInfo::kv_formats); empty: the backend's default (its first)
   bool profile = false;     // record a per-op profile of every step (backends that support it; Session::profiles)
   bool exact_freqs = false; // unrounded Fourier frequencies when the checkpoint has no buffers
-  // Backends that choose kernels at load (BackendInfo::kernel_choices: the cpu backend): the kernels to use,
-  // "op=kernel,..." as BackendModel::kernels() reports them, instead of timing (and instead of the
-  // ALPAMAYO_CPU_KERNELS variable); docs/CPU_BACKEND.md. Empty: timed, or the variable. Results match bit for bit
-  // across processes and runs only where the kernels do. An error for other backends.
+  // Backends that choose kernels at load (BackendInfo::kernel_choices): the kernels to use, "op=kernel,..." as
+  // BackendModel::kernels() reports them. The cpu backend: instead of timing (and instead of the
+  // ALPAMAYO_CPU_KERNELS variable); docs/CPU_BACKEND.md. The cuda backend: its weight matmuls, "gemm=cublaslt" or
+  // "gemm=own" (default: cublaslt for bf16, own for fp8); docs/CUDA_BACKEND.md. Empty: each backend's default.
+  // Results match bit for bit across processes and runs only where the kernels do. An error for other backends.
   std::string kernels;
+  // The cuda backend: run each sample as one captured CUDA graph (false: the same launches, eagerly).
+  bool graphs = true;
+  // The cuda backend: the cuBLASLt library to load (a path, or a file name the dynamic loader searches for);
+  // empty: the one already loaded, else libcublasLt.so.<major> (docs/CUDA_BACKEND.md). One per process.
+  std::string cublaslt_path;
   // Block weight formats (bfp8_b, bfp4_b) only: weight matrices kept in bf16 instead, any of "qkv", "o", "gate",
   // "up", "down" (the device tensors wqkv, wo, w1, w3, w2). Default (empty): every matrix in the block format, as
   // the seed's Blackhole port holds them. Norms and the host action projections are never block-quantised.

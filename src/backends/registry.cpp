@@ -1,7 +1,7 @@
-// The backends compiled into this build. Adding a backend: implement BackendModel/BackendSession (or a
-// HostLoopSession) in its folder with a function returning its BackendInfo (formats, features, memory), and list
-// that function here; the conformance suite (tests/cpp/test_conformance.cpp) then runs it against the reference
-// backend for every weight format and every case its features allow.
+// The backends compiled into this build. Adding a backend (docs/ARCHITECTURE.md): its folder under src/backends
+// with its CMake target and a function returning its BackendInfo (formats, features, memory), and that function
+// listed here; the conformance suite (tests/cpp/test_conformance.cpp) then runs it against the reference backend
+// for every weight format and every case its features allow.
 #include <algorithm>
 
 #include "alpamayo/backend.h"
@@ -74,7 +74,7 @@ const std::vector<BackendInfo>& registered_backends() {
     backends_frozen() = true;
     std::vector<BackendInfo> v = {
 #ifdef ALPAMAYO_WITH_CUDA_BACKEND
-        cuda_backend_info(),
+        cuda::backend_info(),
 #endif
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
         cpu_backend_info(),

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "alpamayo/engine.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 
 struct alpamayo_checkpoint {
@@ -151,6 +152,7 @@ alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const
         "threads must be in [0, 65536] (0: all cores), found " + std::to_string(opts.threads));
   bo.threads = static_cast<int>(opts.threads);
   bo.kernels = opts.kernels ? opts.kernels : "";
+  alpamayo::options_from_environment(bo, info.name);
   auto h = std::make_unique<alpamayo_model>();
   h->m = alpamayo::Model::load(std::move(ck), info.name, bo);
   h->backend = h->m->backend_name();

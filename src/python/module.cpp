@@ -32,6 +32,7 @@
 #include "backends/cpu/profile/profile_table.h"
 #endif
 #include "alpamayo/engine.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 
 namespace nb = nanobind;
@@ -403,6 +404,7 @@ NB_MODULE(_core, m) {
                bo.kernels = kernels;
                bo.exact_freqs = exact_freqs;
                bo.profile = profile;
+               options_from_environment(bo, backend);
                model = Model::load(ck, backend, bo);
              }
              new (self) ModelHandle{std::move(ck), std::move(model)};

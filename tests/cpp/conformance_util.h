@@ -1,7 +1,7 @@
 // What the conformance suite compares and how (tests/cpp/test_conformance.cpp): the table of shapes, random
 // problems held in memory, the targets (every registered backend x weight format), the comparison statistics
-// and the bounds of the error model (error_model.h). Shared with the cuda backend's emulated run
-// (tests/cpp/test_cuda_emulated.cpp).
+// and the bounds of the error model (error_model.h). Shared with the cuda_emu backend's own tests
+// (tests/cuda_emu/test_cuda_emulated.cpp).
 #pragma once
 #include <gtest/gtest.h>
 
@@ -125,6 +125,9 @@ class Problem {
     o.kernels = kernels;
     o.threads = threads;
     o.bf16_weights = bf16_weights;
+    return model(backend, o);
+  }
+  std::shared_ptr<const Model> model(const std::string& backend, const BackendOptions& o) const {
     return Model::from_weights(cfg, w, store_, backend, o);
   }
 

@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "alpamayo/engine.h"
-#include "backends/cuda/cuda_backend.h"
 #include "test_util.h"
 
 namespace alpamayo {
@@ -17,7 +16,7 @@ namespace {
 using test::TempDir;
 
 #define SKIP_WITHOUT_GPU() \
-  if (const std::string why = cuda_unavailable(); !why.empty()) GTEST_SKIP() << "cuda: " << why
+  if (const std::string why = find_backend("cuda").unavailable(); !why.empty()) GTEST_SKIP() << "cuda: " << why
 
 void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
@@ -131,9 +130,9 @@ TEST(CudaBackend, GraphReplayEqualsEagerLaunches) {
   SKIP_WITHOUT_GPU();
   Fixture f;
   for (const char* format : {"bf16", "fp8"}) {
-    setenv("ALPAMAYO_CUDA_GRAPHS", "0", 1);
-    auto eager_model = Model::load(f.ck, "cuda", weights_opt(format));
-    unsetenv("ALPAMAYO_CUDA_GRAPHS");
+    BackendOptions eager_opts = weights_opt(format);
+    eager_opts.graphs = false;
+    auto eager_model = Model::load(f.ck, "cuda", eager_opts);
     auto graph_model = Model::load(f.ck, "cuda", weights_opt(format));
     Session eager(eager_model), graph(graph_model);
     eager.bind(f.host(), {.capture = {.step = 1, .layers = true}});

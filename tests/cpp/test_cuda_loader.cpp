@@ -14,7 +14,7 @@ namespace alpamayo {
 namespace {
 
 TEST(CublasLtLoader, ForwardsToTheInstalledLibrary) {
-  if (!cuda_lt::unavailable().empty()) GTEST_SKIP() << cuda_lt::unavailable();
+  if (const std::string why = cuda::lt::load(""); !why.empty()) GTEST_SKIP() << why;
   EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
   EXPECT_STREQ(cublasLtGetStatusName(CUBLAS_STATUS_INVALID_VALUE), "CUBLAS_STATUS_INVALID_VALUE");
   cublasLtMatmulDesc_t desc = nullptr;
@@ -35,13 +35,12 @@ TEST(CublasLtLoader, ForwardsToTheInstalledLibrary) {
   EXPECT_EQ(cublasLtMatmulPreferenceDestroy(pref), CUBLAS_STATUS_SUCCESS);
 }
 
-// In a fresh process (the library is loaded once per process): ALPAMAYO_CUBLASLT names a file that is not there.
+// In a fresh process (the library is loaded once per process): the path given names a file that is not there.
 TEST(CublasLtLoader, AMissingLibraryIsNamedAndEveryCallFails) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        setenv("ALPAMAYO_CUBLASLT", "/nonexistent/libcublasLt.so.99", 1);
-        std::fprintf(stderr, "unavailable: %s\n", cuda_lt::unavailable().c_str());
+        std::fprintf(stderr, "unavailable: %s\n", cuda::lt::load("/nonexistent/libcublasLt.so.99").c_str());
         std::fprintf(stderr, "status string: %s\n", cublasLtGetStatusString(CUBLAS_STATUS_NOT_INITIALIZED));
         cublasLtHandle_t h = nullptr;
         cublasLtMatmulDesc_t d = nullptr;
@@ -57,21 +56,30 @@ TEST(CublasLtLoader, AMissingLibraryIsNamedAndEveryCallFails) {
       },
       ::testing::ExitedWithCode(3),
       "unavailable: cuBLASLt \\(/nonexistent/libcublasLt.so.99\\) could not be loaded: /nonexistent/libcublasLt.so.99.*"
-      "ALPAMAYO_CUBLASLT.*\nstatus string: cuBLASLt \\(/nonexistent");
+      "cublaslt_path.*\nstatus string: cuBLASLt \\(/nonexistent");
 }
 
-// Which library: ALPAMAYO_CUBLASLT when set and not empty, else the soname of the headers' major version.
-TEST(CublasLtLoader, LibraryNameFollowsTheVariable) {
-  const char* was = std::getenv("ALPAMAYO_CUBLASLT");
-  const std::string saved = was ? was : "";
-  unsetenv("ALPAMAYO_CUBLASLT");
-  EXPECT_EQ(cuda_lt::library_name(), "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
-  setenv("ALPAMAYO_CUBLASLT", "", 1);
-  EXPECT_EQ(cuda_lt::library_name(), "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
-  setenv("ALPAMAYO_CUBLASLT", "/opt/cuda/lib64/libcublasLt.so.13", 1);
-  EXPECT_EQ(cuda_lt::library_name(), "/opt/cuda/lib64/libcublasLt.so.13");
-  if (was) setenv("ALPAMAYO_CUBLASLT", saved.c_str(), 1);
-  else unsetenv("ALPAMAYO_CUBLASLT");
+// Which library: the path given when not empty, else the soname of the headers' major version.
+TEST(CublasLtLoader, LibraryNameFollowsThePath) {
+  EXPECT_EQ(cuda::lt::library_name(""), "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR));
+  EXPECT_EQ(cuda::lt::library_name("/opt/cuda/lib64/libcublasLt.so.13"), "/opt/cuda/lib64/libcublasLt.so.13");
+}
+
+// One cuBLASLt per process: once one is loaded (or failed), an empty path takes it, another path is refused.
+TEST(CublasLtLoader, OneLibraryPerProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const std::string first = cuda::lt::load("/nonexistent/a/libcublasLt.so.99");
+        const std::string again = cuda::lt::load("");
+        const std::string same = cuda::lt::load("/nonexistent/a/libcublasLt.so.99");
+        const std::string other = cuda::lt::load("/nonexistent/b/libcublasLt.so.99");
+        std::fprintf(stderr, "other: %s\n", other.c_str());
+        std::exit(!first.empty() && again == first && same == first ? 3 : 4);
+      },
+      ::testing::ExitedWithCode(3),
+      "other: cuBLASLt \\(/nonexistent/b/libcublasLt.so.99\\) cannot be loaded: this process already loaded "
+      "/nonexistent/a/libcublasLt.so.99 \\(which failed\\)");
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 #pragma once
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
+namespace alpamayo::ALP_CUDA_NS::kern {
 
 // One thread per feature: out[m][i*F + j], i <= A (A action dims, then time), j < F.
 __global__ void fourier_k(const float* x, const float* times, int k, const float* freqs, int M, int A, int F,
@@ -88,4 +88,4 @@ __global__ void out_proj_euler_k(const float* hidden, const float* W, const floa
   }
 }
 
-}  // namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS
+}  // namespace alpamayo::ALP_CUDA_NS::kern

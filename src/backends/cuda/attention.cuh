@@ -10,7 +10,7 @@
 #pragma once
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
+namespace alpamayo::ALP_CUDA_NS::kern {
 
 constexpr int kAttnWarps = kAttnRowsPerCta / 16;
 constexpr int kAttnThreads = kAttnWarps * 32;
@@ -220,4 +220,4 @@ __global__ void attention_merge_k(AttnParams p, Act mode, void* out) {
   }
 }
 
-}  // namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS
+}  // namespace alpamayo::ALP_CUDA_NS::kern

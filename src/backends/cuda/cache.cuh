@@ -6,7 +6,7 @@
 
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
+namespace alpamayo::ALP_CUDA_NS::kern {
 
 __device__ __forceinline__ bool non_finite(const void* p, CacheType t, size_t i) {
   if (t == CacheType::F32) return (static_cast<const uint32_t*>(p)[i] & 0x7f800000u) == 0x7f800000u;
@@ -40,4 +40,4 @@ __global__ void convert_k(const void* src, CacheType t, int H, int P, int d, con
 
 inline dim3 plane_grid(int B, int H) { return dim3(64, B * H); }
 
-}  // namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS
+}  // namespace alpamayo::ALP_CUDA_NS::kern

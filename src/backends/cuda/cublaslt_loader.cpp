@@ -5,61 +5,85 @@
 #include <cublasLt.h>
 #include <dlfcn.h>
 
-#include <cstdlib>
+#include <mutex>
 #include <vector>
 
-namespace alpamayo::cuda_lt {
+namespace alpamayo::ALP_CUDA_NS::lt {
 namespace {
 
 struct Library {
+  bool tried = false;
+  std::string name;   // the library loaded or tried
   void* handle = nullptr;
   std::string error;  // why handle is null
 };
 
-const Library& library() {
-  static const Library lib = [] {
-    Library l;
-    std::vector<std::string> tries{library_name()};
-#ifdef ALPAMAYO_CUDA_LIBRARY_DIR
-    // Where the toolkit the build found keeps it, for machines whose loader path does not list that folder
-    // (what an RPATH to it did when the library was linked).
-    if (tries[0].find('/') == std::string::npos) tries.push_back(std::string(ALPAMAYO_CUDA_LIBRARY_DIR) + "/" + tries[0]);
-#endif
-    std::string errors;
-    for (const std::string& name : tries) {
-      dlerror();
-      if ((l.handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL))) return l;
-      const char* e = dlerror();
-      errors += std::string(errors.empty() ? "" : "; ") + (e ? e : name + ": not loaded");
-    }
-    l.error = "cuBLASLt (" + tries[0] + ") could not be loaded: " + errors +
-              " (install the CUDA toolkit's cuBLAS, or set ALPAMAYO_CUBLASLT to the library's path)";
-    return l;
-  }();
+std::mutex& library_mutex() {
+  static std::mutex m;
+  return m;
+}
+Library& library() {
+  static Library lib;
   return lib;
+}
+
+// Opens `name`, then (a bare file name) the toolkit's copy; l.handle or l.error.
+void open_library(Library& l, const std::string& name) {
+  l.tried = true;
+  l.name = name;
+  std::vector<std::string> tries{name};
+#ifdef ALPAMAYO_CUDA_LIBRARY_DIR
+  // Where the toolkit the build found keeps it, for machines whose loader path does not list that folder
+  // (what an RPATH to it did when the library was linked).
+  if (name.find('/') == std::string::npos) tries.push_back(std::string(ALPAMAYO_CUDA_LIBRARY_DIR) + "/" + name);
+#endif
+  std::string errors;
+  for (const std::string& n : tries) {
+    dlerror();
+    if ((l.handle = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) return;
+    const char* e = dlerror();
+    errors += std::string(errors.empty() ? "" : "; ") + (e ? e : n + ": not loaded");
+  }
+  l.error = "cuBLASLt (" + name + ") could not be loaded: " + errors +
+            " (install the CUDA toolkit's cuBLAS, or name the library's path: BackendOptions::cublaslt_path, "
+            "ALPAMAYO_CUBLASLT)";
 }
 
 // The library's function `name`, with the type of our declaration of it; null where the library is missing or
 // lacks it (an older cuBLASLt).
 template <class F>
 F* resolve(const char* name) {
+  load("");
   const Library& l = library();
   return l.handle ? reinterpret_cast<F*>(dlsym(l.handle, name)) : nullptr;
 }
 
 }  // namespace
 
-std::string library_name() {
-  const char* env = std::getenv("ALPAMAYO_CUBLASLT");
-  if (env && *env) return env;
+std::string library_name(const std::string& path) {
+  if (!path.empty()) return path;
   return "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
 }
 
-const std::string& unavailable() { return library().error; }
+std::string load(const std::string& path) {
+  std::lock_guard<std::mutex> g(library_mutex());
+  Library& l = library();
+  if (!l.tried) open_library(l, library_name(path));
+  else if (!path.empty() && path != l.name)
+    return "cuBLASLt (" + path + ") cannot be loaded: this process already loaded " + l.name +
+           (l.handle ? "" : " (which failed)") + ", and holds one cuBLASLt";
+  return l.error;
+}
 
-}  // namespace alpamayo::cuda_lt
+// The reason the forwarding functions fail, for cublasLtGetStatusString: kept alive with the library state.
+const char* load_error() {
+  load("");
+  return library().error.c_str();
+}
 
-using alpamayo::cuda_lt::resolve;
+}  // namespace alpamayo::ALP_CUDA_NS::lt
+
+using alpamayo::ALP_CUDA_NS::lt::resolve;
 
 // Each forwards to the library's function of the same name, or reports CUBLAS_STATUS_NOT_INITIALIZED.
 #define ALP_LT_FORWARD(fn, ...)                                   \
@@ -78,8 +102,8 @@ const char* CUBLASWINAPI cublasLtGetStatusName(cublasStatus_t s) {
 const char* CUBLASWINAPI cublasLtGetStatusString(cublasStatus_t s) {
   static auto* const f = resolve<decltype(cublasLtGetStatusString)>("cublasLtGetStatusString");
   if (f) return f(s);
-  const std::string& why = alpamayo::cuda_lt::unavailable();
-  return why.empty() ? "the loaded cuBLASLt has no cublasLtGetStatusString" : why.c_str();
+  const char* why = alpamayo::ALP_CUDA_NS::lt::load_error();
+  return *why ? why : "the loaded cuBLASLt has no cublasLtGetStatusString";
 }
 
 cublasStatus_t CUBLASWINAPI cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t c,

@@ -2,21 +2,14 @@
 // scales), the whole denoising loop on one NVIDIA GPU, captured once per bind as one CUDA graph.
 // This header is plain C++: the registry includes it without the CUDA toolkit's headers.
 #pragma once
-#include <memory>
-#include <string>
-
 #include "alpamayo/backend.h"
+#include "backends/cuda/cuda_ns.h"
 
-namespace alpamayo {
+namespace alpamayo::ALP_CUDA_NS {
 
-std::unique_ptr<BackendModel> load_cuda_backend(const ExpertConfig& cfg, const ModelWeights& w,
-                                                const BackendOptions& opts);
+// The backend's entry in the registry (src/backends/registry.cpp): its name, formats, loader, and the probe that
+// says why it cannot run on this machine (no driver, no device, a device older than sm_89; probed once per
+// process). The test-only cuda_emu backend registers a copy of it with its own name, loader and probe.
+BackendInfo backend_info();
 
-// Why the cuda backend cannot run on this machine (no driver, no device, a device older than sm_89), or
-// empty when it can. Probed once per process.
-std::string cuda_unavailable();
-
-// Its registry entry: formats, features, memory (cuda_registry.cpp).
-BackendInfo cuda_backend_info();
-
-}  // namespace alpamayo
+}  // namespace alpamayo::ALP_CUDA_NS

@@ -1,8 +1,7 @@
-// Backend registration entry points, the availability probe and CudaModel (weight upload).
+// The backend's registry entry, the availability probe and CudaModel (weight upload).
 #include "backends/cuda/cuda_model.h"
 
-#include <cstdlib>
-#include <cstring>
+#include <sstream>
 
 #include "alpamayo/error.h"
 #include "backends/cuda/cublaslt_loader.h"
@@ -11,8 +10,7 @@
 #include "backends/cuda/kernels.h"
 #include "model/fourier.h"
 
-namespace alpamayo {
-namespace ALP_CUDA_NS {
+namespace alpamayo::ALP_CUDA_NS {
 
 std::string unavailable() {
   static const std::string why = [] {
@@ -33,9 +31,6 @@ std::string unavailable() {
     if (major * 10 + minor < 89)
       return "CUDA device " + std::to_string(dev) + " has compute capability " + std::to_string(major) + "." +
              std::to_string(minor) + "; the cuda backend needs 8.9 or newer (sm_89+)";
-#ifndef ALPAMAYO_CUDA_EMU
-    if (!cuda_lt::unavailable().empty()) return cuda_lt::unavailable();
-#endif
     return std::string();
   }();
   return why;
@@ -44,6 +39,41 @@ std::string unavailable() {
 std::unique_ptr<BackendModel> load_backend(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts) {
   return std::make_unique<CudaModel>(cfg, w, opts);
 }
+
+BackendInfo backend_info() {
+  BackendInfo b;
+  b.name = "cuda";
+  b.weight_formats = {"bf16", "fp8"};
+  b.kv_formats = {"bf16"};
+  b.load = load_backend;
+  b.unavailable = unavailable;
+  b.kernel_choices = true;  // the weight matmuls: "gemm=cublaslt" or "gemm=own"
+  // Weights live in device memory (the backend checks that memory itself); the host holds only the action
+  // projections, which every backend's estimate counts. Shared prompts, suffix rows, left padding and guidance
+  // are not implemented on this backend yet (docs/CUDA_BACKEND.md).
+  b.features.device_memory = true;
+  // Attention's grid puts B * Hkv in the y dimension, at most 65535 blocks.
+  b.features.max_batch = [](const ExpertConfig& c) { return int64_t(65535 / c.Hkv); };
+  return b;
+}
+
+namespace {
+
+// BackendOptions::kernels for this backend: "gemm=cublaslt" or "gemm=own"; empty keeps `dflt`.
+GemmImpl parse_gemm_choice(const std::string& kernels, GemmImpl dflt) {
+  GemmImpl g = dflt;
+  std::stringstream in(kernels);
+  for (std::string item; std::getline(in, item, ',');) {
+    check(item == "gemm=cublaslt" || item == "gemm=own", ErrorCode::Unsupported,
+          "cuda backend: kernels \"" + kernels + "\": expected gemm=cublaslt or gemm=own, found '" + item + "'");
+    g = item == "gemm=own" ? GemmImpl::Own : GemmImpl::Lt;
+  }
+  return g;
+}
+
+}  // namespace
+
+std::string CudaModel::kernels() const { return gemm_ == GemmImpl::Own ? "gemm=own" : "gemm=cublaslt"; }
 
 CudaModel::CudaModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
     : cfg_(cfg), fp8_(opts.weights == "fp8") {
@@ -56,15 +86,12 @@ CudaModel::CudaModel(const ExpertConfig& cfg, const ModelWeights& w, const Backe
                               " for " + (fp8_ ? "fp8" : "bf16") + " matmuls, found " + std::to_string(k));
   check(Hq * d % align == 0, ErrorCode::Unsupported,
         "cuda backend: Hq * d must be a multiple of " + std::to_string(align) + ", found " + std::to_string(Hq * d));
-  if (const char* g = std::getenv("ALPAMAYO_CUDA_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
+  use_graphs_ = opts.graphs;
   // bf16 through cuBLASLt; fp8 through our W8A16 kernel, which keeps the activations in bf16 (cuBLASLt's
   // fp8 path needs e4m3 activations too, which measured too inaccurate: docs/CUDA_BACKEND.md).
-  gemm_ = fp8_ ? GemmImpl::Own : GemmImpl::Lt;
-  if (const char* g = std::getenv("ALPAMAYO_CUDA_GEMM")) {
-    const std::string v = g;
-    check(v == "cublaslt" || v == "own", "ALPAMAYO_CUDA_GEMM: expected cublaslt or own, found '" + v + "'");
-    gemm_ = v == "own" ? GemmImpl::Own : GemmImpl::Lt;
-  }
+  gemm_ = parse_gemm_choice(opts.kernels, fp8_ ? GemmImpl::Own : GemmImpl::Lt);
+  // Every session creates a cuBLASLt handle, whichever matmul it runs.
+  if (const std::string why = lt::load(opts.cublaslt_path); !why.empty()) throw Error("cuda backend: " + why);
 
   ALP_CUDA(cudaGetDevice(&device_));
   ALP_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
@@ -166,15 +193,4 @@ DeviceLinear CudaModel::upload_linear(const std::vector<const TensorView*>& part
   return lin;
 }
 
-}  // namespace ALP_CUDA_NS
-
-#ifndef ALPAMAYO_CUDA_EMU
-std::string cuda_unavailable() { return ALP_CUDA_NS::unavailable(); }
-
-std::unique_ptr<BackendModel> load_cuda_backend(const ExpertConfig& cfg, const ModelWeights& w,
-                                                const BackendOptions& opts) {
-  return ALP_CUDA_NS::load_backend(cfg, w, opts);
-}
-#endif
-
-}  // namespace alpamayo
+}  // namespace alpamayo::ALP_CUDA_NS

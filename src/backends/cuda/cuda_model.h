@@ -37,7 +37,8 @@ struct DeviceActionProj {
   DeviceBuffer out_w, out_b;  // [A, D], [A]
 };
 
-// Why this backend cannot run here (empty: it can), and its loader; cuda_backend.h exports them.
+// Why this backend cannot run here (empty: it can: a CUDA device of sm_89 or newer), and its loader; the
+// registry's entry (backend_info(), cuda_backend.h) names them.
 std::string unavailable();
 std::unique_ptr<BackendModel> load_backend(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts);
 
@@ -50,6 +51,8 @@ class CudaModel final : public BackendModel {
   bool can_read(const Device& dev) const override;
   std::unique_ptr<BackendSession> new_session() const override;
   size_t weight_bytes() const override { return bytes_; }
+  // The weight matmuls: "gemm=cublaslt" or "gemm=own" (BackendOptions::kernels pins it).
+  std::string kernels() const override;
 
   const ExpertConfig& config() const { return cfg_; }
   bool fp8() const { return fp8_; }

@@ -1,7 +1,5 @@
-// The cuda backend's namespace, alpamayo::ALP_CUDA_NS (default alpamayo::cuda). The tests compile the whole
-// backend a second time over a fake CUDA runtime (fake_cuda.h) under another name, so both can be linked
-// into one test binary.
+// The cuda backend's namespace, alpamayo::ALP_CUDA_NS. The test-only cuda_emu backend (tests/cuda_emu) compiles
+// these same sources over a fake runtime with its own copy of this header found first on its include path, so
+// that both builds of the backend can be linked into one program.
 #pragma once
-#ifndef ALP_CUDA_NS
 #define ALP_CUDA_NS cuda
-#endif

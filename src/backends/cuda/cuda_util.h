@@ -1,16 +1,11 @@
 // Error checks and owning device / pinned host buffers for the cuda backend. Library code throws
 // alpamayo::Error naming the failed call; destructors never throw.
 #pragma once
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 #include <string>
 
+#include "backends/cuda/cuda_api.h"
 #include "backends/cuda/cuda_ns.h"
-
-#ifdef ALPAMAYO_CUDA_EMU
-#include "backends/cuda/fake_cuda.h"
-#endif
 
 namespace alpamayo::ALP_CUDA_NS {
 

@@ -4,11 +4,9 @@
 // large N as cuBLAS's m and the 64*B token rows as n (the swap-AB arrangement for skinny M).
 // Descriptors, layouts and the algorithm are chosen once per bind (per M), never per call.
 #pragma once
-#include <cublasLt.h>
-#include <cuda_runtime_api.h>
-
 #include <string>
 
+#include "backends/cuda/cuda_api.h"
 #include "backends/cuda/kernels.h"
 
 namespace alpamayo::ALP_CUDA_NS {

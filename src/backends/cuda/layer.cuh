@@ -3,7 +3,7 @@
 #pragma once
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
+namespace alpamayo::ALP_CUDA_NS::kern {
 
 // Writes w * (h * inv) for one row as `mode`; fp8 needs a pass for the row's max first.
 __device__ __forceinline__ void write_normed_row(const float* hr, const float* w, float inv, int D, Act mode, void* out,
@@ -114,4 +114,4 @@ __global__ void __launch_bounds__(kRowThreads) quantize_rows_k(const float* x, i
   if (threadIdx.x == 0) rs[m] = scale;
 }
 
-}  // namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS
+}  // namespace alpamayo::ALP_CUDA_NS::kern

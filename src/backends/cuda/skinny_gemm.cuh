@@ -7,7 +7,7 @@
 #pragma once
 #include "backends/cuda/kernels_common.cuh"
 
-namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS {
+namespace alpamayo::ALP_CUDA_NS::kern {
 
 constexpr int kGemmWarps = 4;
 constexpr int kGemmThreads = kGemmWarps * 32;
@@ -131,4 +131,4 @@ __global__ void __launch_bounds__(kGemmThreads)
       }
 }
 
-}  // namespace alpamayo::ALP_CUDA_NS::ALP_KERNEL_NS
+}  // namespace alpamayo::ALP_CUDA_NS::kern

@@ -1,6 +1,6 @@
 // The op suite (docs/TESTING.md, "The op suite"): every kernel a backend has for an op of the contract
 // (src/ops/ops.h), on a table of shapes per op, against the reference backend's op. A backend takes part through an
-// adapter header (cpu_kernels.h, cuda_emu_kernels.h) that lists its kernels from its own kernel lists as OpKernel
+// adapter header (cpu_kernels.h) that lists its kernels from its own kernel lists as OpKernel
 // entries; the suite makes the inputs, rounds them as the format says, runs the reference and holds the kernel to
 // the op's bounds.
 #pragma once

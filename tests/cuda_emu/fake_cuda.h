@@ -1,7 +1,8 @@
-// A fake CUDA runtime and cuBLASLt for tests: with ALPAMAYO_CUDA_EMU the whole cuda backend (model, session,
-// graphs, matmul plans, launchers) compiles for the host, "device" memory is host memory, kernels run in the
-// SIMT emulator (simt_emu.h), and cuBLASLt matmuls are computed naively from their descriptors and layouts.
-// So the conformance comparisons can run the backend's own orchestration on a machine without a GPU.
+// A fake CUDA runtime and cuBLASLt for tests: over it the whole cuda backend (model, session, graphs, matmul
+// plans, launchers) compiles for the host as the test-only cuda_emu backend (CMakeLists.txt here), "device"
+// memory is host memory, kernels run in the SIMT emulator (simt_emu.h, launched through
+// include/backends/cuda/device_api.h), and cuBLASLt matmuls are computed naively from their descriptors and
+// layouts. So the conformance suite runs the backend's own orchestration on a machine without a GPU.
 //
 // Semantics: one fake device (sm_90, 4 SMs); stream work runs at once, in order, on the calling thread,
 // except while the stream captures, when it is recorded into the graph and runs at each launch; events read
@@ -22,8 +23,6 @@
 #include <memory>
 #include <mutex>
 #include <vector>
-
-#include "backends/cuda/simt_emu.h"
 
 namespace fake_cuda {
 
@@ -295,14 +294,6 @@ inline cublasStatus_t LtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const v
 }
 
 }  // namespace fake_cuda
-
-namespace alpamayo::ALP_CUDA_NS {
-// ALP_LAUNCH(kernel, grid, block, smem, stream)(args...) over the fake runtime: the SIMT emulator, in stream order.
-template <class... P>
-auto fake_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
-  return [=](auto... args) { fake_cuda::enqueue(s, [=] { simt::launch(kernel, grid, block, smem, P(args)...); }); };
-}
-}  // namespace alpamayo::ALP_CUDA_NS
 
 #define cudaGetErrorName ::fake_cuda::GetErrorName
 #define cudaGetErrorString ::fake_cuda::GetErrorString

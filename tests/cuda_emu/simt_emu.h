@@ -25,14 +25,14 @@
 #include <mutex>
 #include <vector>
 
-// The CUDA keywords as host code: kernels become plain functions, __shared__ arrays statics shared by the
-// threads of the (one) running block.
+// The CUDA keywords as host code: kernels become inline functions (their headers are compiled into several
+// objects of one program), __shared__ arrays statics shared by the threads of the (one) running block.
 #undef __global__
 #undef __device__
 #undef __forceinline__
 #undef __shared__
 #undef __launch_bounds__
-#define __global__
+#define __global__ inline
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
@@ -195,12 +195,18 @@ inline void yield() {
   swapcontext(&s.fibers[s.current].ctx, &s.main);
 }
 
+// One launch at a time per process, whichever kernel: the scheduler, gridDim, blockDim and the __shared__
+// statics are process-wide (sessions in several threads launch concurrently).
+inline std::mutex& launch_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 // Runs kernel(args...) over the grid: blocks one after another, the threads of a block as coroutines that
-// take turns at barriers. One launch at a time per process.
+// take turns at barriers. One launch at a time per process (launch_mutex).
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, A&&... args) {
-  static std::mutex one_at_a_time;
-  std::lock_guard<std::mutex> g(one_at_a_time);
+  std::lock_guard<std::mutex> g(launch_mutex());
   gridDim = grid;
   blockDim = block;
   const int n = static_cast<int>(block.x * block.y * block.z);
