@@ -102,10 +102,16 @@ struct BackendOptions {
   bool profile = false;     // print a per-op time table (backends that support it)
   bool exact_freqs = false; // unrounded Fourier frequencies when the checkpoint has no buffers
   // Backends that choose kernels at load (BackendInfo::kernel_choices: the cpu backend): the kernels to use,
-  // "op=kernel,..." as BackendModel::kernels() reports them, instead of timing (and instead of the
-  // ALPAMAYO_CPU_KERNELS variable); docs/CPU_BACKEND.md. Empty: timed, or the variable. Results match bit for bit
-  // across processes and runs only where the kernels do. An error for other backends.
+  // "op=kernel,..." as BackendModel::kernels() reports them, instead of timing; docs/CPU_BACKEND.md. Empty: timed.
+  // Programs fill it from ALPAMAYO_CPU_KERNELS when not given (options_from_environment, alpamayo/environment.h).
+  // Results match bit for bit across processes and runs only where the kernels do. An error for other backends.
   std::string kernels;
+  // The cpu backend: the instruction sets this model's kernels may use ("avx2", "avx2_vnni", "avx512",
+  // "avx512_vnni", "avx512_bf16", "amx", "all"; docs/CPU_BACKEND.md); empty: all this CPU has. Filled from
+  // ALPAMAYO_CPU_ISA when not given. Ignored by other backends.
+  std::string isa_cap;
+  // Where kernels and isa_cap came from, for messages: "" for the option, else the variable that filled it.
+  std::string kernels_source, isa_cap_source;
   // Block weight formats (bfp8_b, bfp4_b) only: weight matrices kept in bf16 instead, any of "qkv", "o", "gate",
   // "up", "down" (the device tensors wqkv, wo, w1, w3, w2). Default (empty): every matrix in the block format, as
   // the seed's Blackhole port holds them. Norms and the host action projections are never block-quantised.

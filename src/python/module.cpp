@@ -26,6 +26,7 @@
 
 #include "alpamayo/limits.h"
 #include "alpamayo/engine.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 
 namespace nb = nanobind;
@@ -316,6 +317,7 @@ NB_MODULE(_core, m) {
                bo.kernels = kernels;
                bo.exact_freqs = exact_freqs;
                bo.profile = profile;
+               options_from_environment(bo);  // ALPAMAYO_CPU_KERNELS where no kernels are given, ALPAMAYO_CPU_ISA
                model = Model::load(ck, backend, bo);
              }
              new (self) ModelHandle{std::move(ck), std::move(model)};

@@ -96,7 +96,7 @@ const char* attn_kernel_instruction(AttnKernel k) {
 
 bool attn_kernel_is_fp32(AttnKernel k) { return k == AttnKernel::Avx512Fma || k == AttnKernel::Avx2Fma; }
 
-std::string attn_kernel_unavailable(AttnKernel k, bool int8) {
+std::string attn_kernel_unavailable(AttnKernel k, bool int8, const IsaInfo& i) {
   if (k == AttnKernel::Avx512Bf16 && int8) return "reads only bf16 caches (not kv int8)";
   if (k == AttnKernel::Avx512Vnni && !int8) return "reads only int8 caches (kv int8)";
   uint32_t need = 0;
@@ -107,24 +107,23 @@ std::string attn_kernel_unavailable(AttnKernel k, bool int8) {
     case AttnKernel::Avx2Fma: need = kAvx2Fma; break;
     case AttnKernel::Portable: return "";
   }
-  const IsaInfo& i = isa();
   if (i.has(need)) return "";
   std::string why = "needs " + isa_names(need & ~i.usable);
-  if ((i.detected & need) == need) why += " (switched off by ALPAMAYO_CPU_ISA=" + i.cap + ")";
+  if ((i.detected & need) == need) why += " (switched off by " + i.cap_source + "=" + i.cap + ")";
   else why += " (not offered by this CPU and OS)";
   return why;
 }
 
-AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what, bool int8) {
+AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what, bool int8, const IsaInfo& i) {
   std::string all, runnable;
   for (AttnKernel k : kAttnKernels) {
     all += std::string(all.empty() ? "" : ", ") + attn_kernel_name(k);
-    if (attn_kernel_unavailable(k, int8).empty())
+    if (attn_kernel_unavailable(k, int8, i).empty())
       runnable += std::string(runnable.empty() ? "" : ", ") + attn_kernel_name(k);
   }
   for (AttnKernel k : kAttnKernels)
     if (name == attn_kernel_name(k)) {
-      if (const std::string why = attn_kernel_unavailable(k, int8); !why.empty())
+      if (const std::string why = attn_kernel_unavailable(k, int8, i); !why.empty())
         throw Error(what + ": attention kernel \"" + name + "\" cannot run here: " + why + "; runnable here: " +
                     runnable);
       return k;
@@ -284,26 +283,31 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
   return time_attention(k, data, min_seconds);
 }
 
-AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8, const std::string& spec) {
+AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8, const KernelScope& scope,
+                                   KernelChoices* made) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, bool, std::string, std::string>, std::pair<AttnKernel, KernelChoice>>
+  static std::map<std::tuple<int, int, int, int, bool, uint32_t, std::string, std::string>,
+                  std::pair<AttnKernel, KernelChoice>>
       cache;
-  // Op "attention" (bf16 caches) or "attention_kv_int8"; ALPAMAYO_CPU_KERNELS=attention=NAME forces both, unless
-  // attention_kv_int8=NAME forces the int8 cache's.
+  // Op "attention" (bf16 caches) or "attention_kv_int8"; attention=NAME forces both, unless attention_kv_int8=NAME
+  // forces the int8 cache's.
   const std::string op = int8 ? "attention_kv_int8" : "attention";
-  std::string forced = forced_kernel(op, spec);
-  if (forced.empty() && int8) forced = forced_kernel("attention", spec);
-  const std::string src = kernel_spec_source(spec);
+  const std::string& src = scope.source;
+  std::string forced = forced_kernel(op, scope.kernels, src);
+  if (forced.empty() && int8) forced = forced_kernel("attention", scope.kernels, src);
+  auto record = [&](const KernelChoice& c) {
+    if (made) record_kernel_choice(*made, c);
+  };
   std::lock_guard<std::mutex> lk(mu);
   // The test-only perturbations get choices of their own (kernel_check.h).
-  const auto key = std::make_tuple(d, group, T, keys, int8, forced.empty() ? forced : src + "=" + forced,
-                                   kernel_check_perturbations(op));
+  const auto key = std::make_tuple(d, group, T, keys, int8, scope.isa.usable,
+                                   forced.empty() ? forced : src + "=" + forced, kernel_check_perturbations(op));
   if (auto it = cache.find(key); it != cache.end()) {
-    record_kernel_choice(it->second.second);
+    record(it->second.second);
     return it->second.first;
   }
   if (!forced.empty()) {
-    const AttnKernel k = attn_kernel_from_name(forced, src, int8);
+    const AttnKernel k = attn_kernel_from_name(forced, src, int8, scope.isa);
     // Timed too (briefly; the portable kernel, the check's yardstick, on fewer keys), so that reports show what it
     // achieves.
     KernelChoice c{op, attn_kernel_name(k), "forced by " + src, 0, attn_kernel_instruction(k)};
@@ -318,14 +322,14 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8,
       c.gflops = time_attention(k, data, 0.02);
     }
     cache[key] = {k, c};
-    record_kernel_choice(c);
+    record(c);
     return k;
   }
   // The vectorised kernels that can run here; the portable one only where none can (it is never faster) or none
   // passes the accuracy check (it is the check's yardstick).
   std::vector<AttnKernel> cand;
   for (AttnKernel k : kAttnKernels)
-    if (k != AttnKernel::Portable && attn_kernel_unavailable(k, int8).empty()) cand.push_back(k);
+    if (k != AttnKernel::Portable && attn_kernel_unavailable(k, int8, scope.isa).empty()) cand.push_back(k);
   AttnKernel best = AttnKernel::Portable;
   KernelChoice c{op, "portable", "the only kernel this CPU can run (no AVX2 + FMA)", 0.0, "scalar"};
   if (!cand.empty()) {
@@ -363,7 +367,7 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8,
     c.check = accuracy_summary("portable", data.shape(), passed) + rejected;
   }
   cache[key] = {best, c};
-  record_kernel_choice(c);
+  record(c);
   return best;
 }
 

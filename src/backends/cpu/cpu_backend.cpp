@@ -65,19 +65,20 @@ constexpr const char* kOnednn = "onednn";
 // Empty when the candidate runs here, else why not.
 // k_model: the model's largest K (avx512_vnni's int32 sums must not overflow).
 std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N,
-                              int k_model) {
+                              int k_model, const IsaInfo& i) {
   if (name == kOnednn) {
+    if (std::string why = onednn_within_cap(i); !why.empty()) return why;
     try {
       kernels.get(t, M, K, N, N);
     } catch (const Error& e) {
       return e.what();
     }
-    return t == WeightType::INT8 ? onednn_int8_refused() : "";
+    return t == WeightType::INT8 ? onednn_int8_refused(i) : "";
   }
   FmaKernel k;
   if (!fma_kernel_from_name(name, &k)) return "unknown kernel";
   if (std::string why = fma_kernel_refuses(k, t == WeightType::INT8, k_model); !why.empty()) return why;
-  return fma_kernel_unavailable(k);
+  return fma_kernel_unavailable(k, i);
 }
 
 // The timing shape's random data, which the timing and the accuracy check share: W [N][K] and activations x [M][K]
@@ -212,7 +213,9 @@ KernelAccuracy check_matmul(const std::string& op, const std::string& name, Matm
 }
 
 MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
-                           int k_model, const std::string& spec) {
+                           int k_model, const KernelScope& scope) {
+  const IsaInfo& isa = scope.isa;
+  const std::string& src = scope.source;
   // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a
   // full-size step they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5),
   // which the warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as with AMX.
@@ -222,26 +225,26 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
     names.push_back(fma_kernel_name(k));
   }
   static std::mutex mu;
-  // The ISA cap is fixed per process; the test-only perturbations get choices of their own (kernel_check.h).
-  static std::map<std::tuple<std::string, int, int, int, int, std::string, std::string>, MatmulChoice> cache;
-  const std::string forced = forced_kernel(op, spec);
+  // Per instruction-set cap (and whether oneDNN stays within it); the test-only perturbations get choices of
+  // their own (kernel_check.h).
+  static std::map<std::tuple<std::string, int, int, int, int, uint32_t, std::string, std::string>, MatmulChoice> cache;
+  const uint32_t isa_key = isa.usable | (onednn_within_cap(isa).empty() ? 0x80000000u : 0u);
+  const std::string forced = forced_kernel(op, scope.kernels, src);
   if (!forced.empty()) {
     const bool known = std::find(names.begin(), names.end(), forced) != names.end();
-    const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N, k_model) : "unknown kernel";
+    const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N, k_model, isa) : "unknown kernel";
     if (!why.empty()) {
       std::string list;
       for (const std::string& n : names) {
-        const std::string w = matmul_unrunnable(n, t, kernels, M, K, N, k_model);
+        const std::string w = matmul_unrunnable(n, t, kernels, M, K, N, k_model, isa);
         list += (list.empty() ? "" : "; ") + n + (w.empty() ? " (runs here)" : " (not here: " + w + ")");
       }
-      throw Error(kernel_spec_source(spec) + ": " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " +
-                  list);
+      throw Error(src + ": " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " + list);
     }
-    const std::string src = kernel_spec_source(spec);
     if (forced == "portable_fma") return {forced, "forced by " + src, 0, ""};  // the check's yardstick
     // Checked once per process, op, shape and kernel, as a timed choice is.
     std::lock_guard<std::mutex> lk(mu);
-    const auto key = std::make_tuple(op, M, K, N, -1, forced, kernel_check_perturbations(op));
+    const auto key = std::make_tuple(op, M, K, N, -1, isa_key, forced, kernel_check_perturbations(op));
     auto it = cache.find(key);
     if (it == cache.end()) {
       const MatmulData d(t, M, K, N);
@@ -260,13 +263,13 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
   }
   std::lock_guard<std::mutex> lk(mu);
   // k_model matters only through the int8 dot kernels' bounds on K
-  const auto key = std::make_tuple(op, M, K, N, int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK), std::string(),
-                                   kernel_check_perturbations(op));
+  const auto key = std::make_tuple(op, M, K, N, int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK), isa_key,
+                                   std::string(), kernel_check_perturbations(op));
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   // The portable kernel only where nothing else runs or passes the accuracy check; it is the check's yardstick.
   std::vector<std::string> run;
   for (const std::string& n : names)
-    if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N, k_model).empty()) run.push_back(n);
+    if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N, k_model, isa).empty()) run.push_back(n);
   MatmulChoice c;
   if (run.empty()) {
     c = {"portable_fma", "only one", 0, ""};
@@ -313,23 +316,26 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
 
 }  // namespace
 
-std::string select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const std::string& spec) {
+KernelChoice select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const KernelScope& scope) {
   ScopedOmpThreads one(1);  // timed as it runs: single-threaded on one pool thread
   const std::string op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
   // 64 x 1536 x 1024: the seed's M and K, 1024 of its gate/up columns.
-  const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model, spec);
+  const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model, scope);
   // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands ("").
   FmaKernel k;
   const std::string instr = fma_kernel_from_name(c.name, &k) ? fma_kernel_instruction(k) : "";
-  record_kernel_choice({op, c.name, c.why, c.gflops, instr, t == WeightType::INT8 ? "GOP/s" : "GFLOP/s", c.check});
-  return c.name;
+  return {op, c.name, c.why, c.gflops, instr, t == WeightType::INT8 ? "GOP/s" : "GFLOP/s", c.check};
 }
 
-std::string select_matmul_kernel(WeightType t, int k_model) {
-  isa();  // the ISA cap must reach oneDNN before its first primitive
+KernelScope kernel_scope(const BackendOptions& o) {
+  const std::string src = o.kernels_source.empty() ? "kernels" : o.kernels_source;
+  return {isa_with_cap(o.isa_cap, o.isa_cap_source.empty() ? "isa_cap" : o.isa_cap_source), o.kernels, src};
+}
+
+KernelChoice select_matmul_kernel(WeightType t, int k_model, const KernelScope& scope) {
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   MatmulKernels kernels(eng);
-  return select_matmul_kernel(t, kernels, k_model);
+  return select_matmul_kernel(t, kernels, k_model, scope);
 }
 
 namespace {
@@ -463,7 +469,8 @@ void CpuModel::pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLa
 }
 
 CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
-    : opts_((isa(), opts)),  // the ISA cap must reach oneDNN before its first primitive
+    : scope_(kernel_scope(opts)),
+      opts_(opts),
       wf_(parse_weight_format(opts)),
       wtype_(parse_weights(opts.weights)),
       nthreads_(resolve_threads(opts.threads)),
@@ -484,12 +491,14 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   if (!opts.kv.empty() && opts.kv != "bf16" && opts.kv != "int8")
     throw Error("cpu backend: unknown KV cache format '" + opts.kv + "' (offered: bf16, int8)");
   kv_int8_ = opts.kv == "int8";
-  attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens, 2048, kv_int8_, opts.kernels);
+  attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens, 2048, kv_int8_, scope_, &choices_);
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
   if (!wf_.is_block()) {
-    matmul_kernel_ = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}), opts.kernels);
+    const KernelChoice c = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}), scope_);
+    record_kernel_choice(choices_, c);
+    matmul_kernel_ = c.kernel;
     use_fma_ = fma_kernel_from_name(matmul_kernel_, &fma_kernel_);  // else onednn
   }
   pool.run([&](int tid) {

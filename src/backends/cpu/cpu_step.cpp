@@ -333,16 +333,16 @@ void CpuSession::print_profile(double step_ms) const {
   std::fprintf(stderr, "  %-20s %12s %12.2f\n", "step (wall)", "", step_ms);
   // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per
   // process, ~0.3 s, on this session's thread count) against the phases above.
-  std::fprintf(stderr, "  isa: %s\n", isa().describe().c_str());
-  for (const KernelChoice& c : kernel_choices()) {
+  std::fprintf(stderr, "  isa: %s\n", m_.isa().describe().c_str());
+  for (const KernelChoice& c : m_.kernel_choices()) {
     std::fprintf(stderr, "  kernel %s\n", format_kernel_choice(c).c_str());
     if (!c.check.empty()) std::fprintf(stderr, "  check  %s\n", format_kernel_check(c).c_str());
   }
-  std::fprintf(stderr, "  pin these: ALPAMAYO_CPU_KERNELS=%s\n", kernel_pin().c_str());
+  std::fprintf(stderr, "  pin these: ALPAMAYO_CPU_KERNELS=%s\n", kernel_pin(m_.kernel_choices()).c_str());
   std::vector<long long> keys(B_);
   for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
   const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);
-  std::vector<OpFloor> floors = step_floors(work, m_.opts_.weights, nthreads_, m_.kv_int8_);
+  std::vector<OpFloor> floors = step_floors(work, m_.kernel_choices(), m_.opts_.weights, nthreads_, m_.kv_int8_);
   floors[0].actual_ms = 1e3 * (phase_s_[kQkv] + phase_s_[kOproj] + phase_s_[kGateUp] + phase_s_[kDown]);
   floors[1].actual_ms = 1e3 * phase_s_[kAttn];
   std::fprintf(stderr, "%s", format_floors(floors, nthreads_, "  ").c_str());

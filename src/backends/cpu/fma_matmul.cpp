@@ -39,25 +39,25 @@ const char* fma_kernel_name(FmaKernel k) {
 bool fma_kernel_takes_bf16(FmaKernel k) { return k != FmaKernel::Avx512Vnni && k != FmaKernel::Avx2Int8; }
 bool fma_kernel_takes_int8(FmaKernel k) { return k != FmaKernel::Avx512Bf16; }
 
-bool fma_kernel_runnable(FmaKernel k) {
+bool fma_kernel_runnable(FmaKernel k, const IsaInfo& i) {
   switch (k) {
-    case FmaKernel::Avx512: return isa().has(kAvx512);
+    case FmaKernel::Avx512: return i.has(kAvx512);
     case FmaKernel::Avx2:
-    case FmaKernel::Avx2Int8: return isa().has(kAvx2Fma);
+    case FmaKernel::Avx2Int8: return i.has(kAvx2Fma);
     case FmaKernel::Portable: return true;
-    case FmaKernel::Avx512Vnni: return isa().has(kAvx512) && isa().has(kAvx512Vnni);
-    case FmaKernel::Avx512Bf16: return isa().has(kAvx512) && isa().has(kAvx512Bf16);
+    case FmaKernel::Avx512Vnni: return i.has(kAvx512) && i.has(kAvx512Vnni);
+    case FmaKernel::Avx512Bf16: return i.has(kAvx512) && i.has(kAvx512Bf16);
   }
   return false;
 }
 
-std::string fma_kernel_unavailable(FmaKernel k) {
-  if (fma_kernel_runnable(k)) return "";
+std::string fma_kernel_unavailable(FmaKernel k, const IsaInfo& i) {
+  if (fma_kernel_runnable(k, i)) return "";
   const char* needs = k == FmaKernel::Avx512       ? "needs AVX-512"
                       : k == FmaKernel::Avx2 || k == FmaKernel::Avx2Int8 ? "needs AVX2 + FMA"
                       : k == FmaKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
                                                    : "needs AVX-512 with AVX512-BF16";
-  return std::string(needs) + " (usable here: " + isa().describe() + ")";
+  return std::string(needs) + " (usable here: " + i.describe() + ")";
 }
 
 std::string fma_kernel_refuses(FmaKernel k, bool int8, int K) {
