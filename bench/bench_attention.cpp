@@ -18,11 +18,11 @@
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
-#include "backends/cpu/attention.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/packed_matmul.h"
-#include "backends/cpu/peaks.h"
-#include "backends/cpu/thread_pool.h"
+#include "backends/cpu/attention/attention.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/profile/peaks.h"
+#include "backends/cpu/runtime/thread_pool.h"
 
 using namespace alpamayo;
 using namespace alpamayo::cpu;

@@ -25,12 +25,12 @@
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
-#include "backends/cpu/aligned.h"
-#include "backends/cpu/bfp_matmul.h"
-#include "backends/cpu/fma_matmul.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/packed_matmul.h"
-#include "backends/cpu/thread_pool.h"
+#include "backends/cpu/runtime/aligned.h"
+#include "backends/cpu/matmul/bfp_matmul.h"
+#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/runtime/thread_pool.h"
 
 using namespace alpamayo::cpu;
 

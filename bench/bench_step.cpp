@@ -25,8 +25,8 @@
 #include "alpamayo/tensor.h"
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend_impl.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/profile/peaks.h"
+#include "backends/cpu/runtime/isa.h"
 #endif
 
 namespace {

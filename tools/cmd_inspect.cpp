@@ -8,10 +8,10 @@
 #include "alpamayo/error.h"
 #include "commands.h"
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-#include "backends/cpu/attention.h"
+#include "backends/cpu/attention/attention.h"
 #include "backends/cpu/cpu_backend_impl.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/profile/peaks.h"
 #endif
 
 namespace alpamayo::cli {

@@ -29,7 +29,7 @@
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_backend_impl.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 #endif
 
 namespace alpamayo {

@@ -9,8 +9,8 @@
 
 #include "alpamayo/bfp.h"
 #include "alpamayo/tensor.h"
-#include "backends/cpu/aligned.h"
-#include "backends/cpu/bfp_matmul.h"
+#include "backends/cpu/runtime/aligned.h"
+#include "backends/cpu/matmul/bfp_matmul.h"
 #include "backends/weight_formats.h"
 
 namespace alpamayo::cpu {

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "alpamayo/tensor.h"
-#include "backends/cpu/attention.h"
+#include "backends/cpu/attention/attention.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/fma_matmul.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/profile/peaks.h"
 #include "test_util.h"
 
 namespace alpamayo::cpu {

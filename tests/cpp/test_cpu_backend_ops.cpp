@@ -11,13 +11,13 @@
 
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
-#include "backends/cpu/attention.h"
+#include "backends/cpu/attention/attention.h"
 #include "backends/kv_int8.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/kv_quant.h"
-#include "backends/cpu/packed_matmul.h"
-#include "backends/cpu/thread_pool.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/attention/kv_quant.h"
+#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/runtime/thread_pool.h"
 #include "backends/reference/ops.h"
 
 namespace alpamayo::cpu {

@@ -19,7 +19,7 @@
 #include "backends/cuda/layer.cuh"
 #include "backends/cuda/skinny_gemm.cuh"
 #include "backends/reference/ops.h"
-#include "model/action_proj.h"
+#include "backends/cpu/action_proj.h"
 #include "model/fourier.h"
 
 namespace alpamayo::cuda {

@@ -1,4 +1,4 @@
-// The bf16-weight matmul kernels on fp32 FMAs (src/backends/cpu/fma_matmul.h): every kernel this machine runs
+// The bf16-weight matmul kernels on fp32 FMAs (src/backends/cpu/matmul/fma_matmul.h): every kernel this machine runs
 // against a double-precision reference on odd shapes, bitwise equality between column slicings and between the
 // kernels (all compute the same fp32 FMA chain over k), packing layout and errors. int8 weights on the same
 // kernels and on the int8 dot-product kernels avx512_vnni and avx2_int8 (exact int32 sums).
@@ -13,8 +13,8 @@
 
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
-#include "backends/cpu/aligned.h"
-#include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/runtime/aligned.h"
+#include "backends/cpu/matmul/fma_matmul.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -199,7 +199,7 @@ def _expert_step(ck: Checkpoint, ctx: ExpertContext, emb: torch.Tensor, emu: Emu
         out[f"layer.{l}"] = h.view(B, T, D).clone()
     hidden = emu.rms_norm(h, w["expert.norm.weight"], ck.eps)
     out["hidden"] = hidden.view(B, T, D)
-    # The host's fp32 action_out_proj (src/model/action_proj.cpp): one sum over D, then the bias.
+    # The host's fp32 action_out_proj (src/backends/cpu/action_proj.cpp): one sum over D, then the bias.
     v = emu.matmul(hidden, w["action_out_proj.weight"].float()) + w["action_out_proj.bias"].float()
     out["v"] = v.view(B, T, -1)
     return out

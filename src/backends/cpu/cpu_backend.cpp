@@ -15,10 +15,10 @@
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
-#include "backends/cpu/kv_quant.h"
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/attention/kv_quant.h"
+#include "backends/cpu/profile/peaks.h"
 
 namespace alpamayo {
 

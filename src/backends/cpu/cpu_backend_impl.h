@@ -10,15 +10,15 @@
 
 #include "alpamayo/backend.h"
 #include "backends/host_loop.h"
-#include "backends/cpu/aligned.h"
-#include "backends/cpu/attention.h"
-#include "backends/cpu/bfp_matmul.h"
-#include "backends/cpu/fma_matmul.h"
-#include "backends/cpu/huge_buf.h"
-#include "backends/cpu/packed_matmul.h"
-#include "backends/cpu/thread_pool.h"
+#include "backends/cpu/runtime/aligned.h"
+#include "backends/cpu/attention/attention.h"
+#include "backends/cpu/matmul/bfp_matmul.h"
+#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/runtime/huge_buf.h"
+#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/runtime/thread_pool.h"
 #include "backends/weight_formats.h"
-#include "model/action_proj.h"
+#include "backends/cpu/action_proj.h"
 
 namespace alpamayo::cpu {
 

@@ -8,8 +8,8 @@
 #include "alpamayo/error.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/profile/peaks.h"
 
 namespace alpamayo::cpu {
 namespace {

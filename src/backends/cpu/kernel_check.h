@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/attention.h"
+#include "backends/cpu/attention/attention.h"
 
 namespace alpamayo::cpu {
 

@@ -1,5 +1,5 @@
 // The reference backend's action projections (docs/MATH.md section 3 and the end of section 4): plain
-// fp32 over the reference ops, the oracle for the production projections in src/model/action_proj.h.
+// fp32 over the reference ops, the oracle for the production projections in src/backends/cpu/action_proj.h.
 #pragma once
 #include <vector>
 

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/aligned.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/aligned.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 

@@ -1,4 +1,4 @@
-#include "model/action_proj.h"
+#include "backends/cpu/action_proj.h"
 
 #include <algorithm>
 #include <cmath>

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/attention.h"
+#include "backends/cpu/attention/attention.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -2,7 +2,7 @@
 // flags, CMakeLists.txt): no weak symbols, no inline functions of headers called.
 #include <immintrin.h>
 
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/profile/peaks.h"
 
 namespace alpamayo::cpu {
 

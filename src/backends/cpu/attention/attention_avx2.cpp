@@ -45,7 +45,7 @@ struct VecY {
 }  // namespace
 }  // namespace alpamayo::cpu
 
-#include "backends/cpu/attention_fma_impl.h"
+#include "backends/cpu/attention/attention_fma_impl.h"
 
 namespace alpamayo::cpu {
 

@@ -1,4 +1,4 @@
-#include "backends/cpu/packed_matmul.h"
+#include "backends/cpu/matmul/packed_matmul.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "alpamayo/bfp.h"
-#include "backends/cpu/huge_buf.h"
+#include "backends/cpu/runtime/huge_buf.h"
 
 namespace alpamayo::cpu {
 

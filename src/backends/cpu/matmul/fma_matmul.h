@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/huge_buf.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/huge_buf.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 

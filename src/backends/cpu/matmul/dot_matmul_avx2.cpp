@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/matmul/fma_matmul.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -1,6 +1,6 @@
 // fma_matmul.h: packing, dispatch, and the portable kernel (plain C++, std::fma: the same FMA chain as the ISA
 // kernels, so the same bits; the fallback where neither AVX2 nor AVX-512 runs, and the tests' oracle).
-#include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/matmul/fma_matmul.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "backends/cpu/fma_matmul.h"
+#include "backends/cpu/matmul/fma_matmul.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -1,11 +1,11 @@
-#include "backends/cpu/bfp_matmul.h"
+#include "backends/cpu/matmul/bfp_matmul.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
-#include "backends/cpu/attention.h"
+#include "backends/cpu/attention/attention.h"
 
 namespace alpamayo::cpu {
 namespace {

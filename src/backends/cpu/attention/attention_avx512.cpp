@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/attention.h"
-#include "backends/cpu/exp2_avx512.h"
+#include "backends/cpu/attention/attention.h"
+#include "backends/cpu/attention/exp2_avx512.h"
 
 #define ALP_BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
 

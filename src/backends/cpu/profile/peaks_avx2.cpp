@@ -3,7 +3,7 @@
 // after the isa() check). An ISA translation unit (AVX2 flags, CMakeLists.txt).
 #include <immintrin.h>
 
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/profile/peaks.h"
 
 namespace alpamayo::cpu {
 

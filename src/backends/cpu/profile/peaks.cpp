@@ -1,4 +1,4 @@
-#include "backends/cpu/peaks.h"
+#include "backends/cpu/profile/peaks.h"
 
 #include <algorithm>
 #include <atomic>
@@ -8,7 +8,7 @@
 #include <thread>
 #include <cstdio>
 
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -1,4 +1,4 @@
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 
 #include <cpuid.h>
 #include <time.h>

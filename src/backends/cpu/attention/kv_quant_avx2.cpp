@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "backends/cpu/kv_quant.h"
+#include "backends/cpu/attention/kv_quant.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 

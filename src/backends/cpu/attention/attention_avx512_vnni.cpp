@@ -19,8 +19,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/attention.h"
-#include "backends/cpu/exp2_avx512.h"
+#include "backends/cpu/attention/attention.h"
+#include "backends/cpu/attention/exp2_avx512.h"
 
 namespace alpamayo::cpu {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "backends/cpu/bfp_matmul.h"
+#include "backends/cpu/matmul/bfp_matmul.h"
 
 #define ALP_BFP __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
 

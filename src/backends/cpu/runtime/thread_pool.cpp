@@ -1,4 +1,4 @@
-#include "backends/cpu/thread_pool.h"
+#include "backends/cpu/runtime/thread_pool.h"
 
 #include <dlfcn.h>
 

@@ -1,4 +1,4 @@
-#include "backends/cpu/attention.h"
+#include "backends/cpu/attention/attention.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,9 +11,9 @@
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/isa.h"
+#include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
-#include "backends/cpu/kv_quant.h"
+#include "backends/cpu/attention/kv_quant.h"
 
 namespace alpamayo::cpu {
 

@@ -43,7 +43,7 @@ struct VecZ {
 }  // namespace
 }  // namespace alpamayo::cpu
 
-#include "backends/cpu/attention_fma_impl.h"
+#include "backends/cpu/attention/attention_fma_impl.h"
 
 namespace alpamayo::cpu {
 
