@@ -259,7 +259,9 @@ MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& k
     }
     if (it->second.name.empty())
       throw Error(src + ": " + op + "=" + forced + " fails the accuracy check: " + it->second.check);
-    return it->second;
+    MatmulChoice c = it->second;
+    c.why = "forced by " + src;  // the check is shared by every source that forces the kernel
+    return c;
   }
   std::lock_guard<std::mutex> lk(mu);
   // k_model matters only through the int8 dot kernels' bounds on K

@@ -96,24 +96,9 @@ std::mutex ceiling_mu;
 IsaInfo ceiling_info;      // guarded by ceiling_mu until the first isa()
 bool ceiling_read = false;  // isa() has been called: the ceiling may no longer change
 
-// The process's oneDNN cap, once set (dnnl::set_max_cpu_isa succeeds only before its first primitive).
-std::mutex onednn_mu;
-bool onednn_fixed = false;
-uint32_t onednn_bits = kAll;  // the features oneDNN may use in this process
-std::string onednn_cap;
-
-// Caps oneDNN at c if nothing fixed it yet; otherwise leaves it as it is (onednn_within_cap() then judges).
-void cap_onednn(const CapName& c) {
-  std::lock_guard<std::mutex> lk(onednn_mu);
-  if (onednn_fixed) return;
-  onednn_fixed = true;
-  if (dnnl::set_max_cpu_isa(c.onednn) == dnnl::status::success) {
-    onednn_bits = c.bits;
-    onednn_cap = c.name;
-  } else {
-    onednn_cap = "fixed before any cap";  // a primitive already exists: oneDNN runs what it found
-  }
-}
+// oneDNN's instruction set is one per process (dnnl::set_max_cpu_isa, only before its first primitive): the
+// ceiling's, set once by set_isa_ceiling; all it detects otherwise.
+uint32_t onednn_bits = kAll;  // guarded by ceiling_mu until the first isa(), then fixed
 
 }  // namespace
 
@@ -136,6 +121,7 @@ std::string IsaInfo::describe() const {
 }
 
 void set_isa_ceiling(const std::string& cap, const std::string& source) {
+  if (cap.empty()) return;
   std::lock_guard<std::mutex> lk(ceiling_mu);
   if (ceiling_read) throw Error(source + "=" + cap + ": the instruction-set ceiling is set after the backend started");
   IsaInfo i;
@@ -145,7 +131,9 @@ void set_isa_ceiling(const std::string& cap, const std::string& source) {
     i.usable &= c.bits;
     i.cap = cap;
     i.cap_source = source;
-    cap_onednn(c);
+    if (dnnl::set_max_cpu_isa(c.onednn) != dnnl::status::success)
+      throw Error(source + "=" + cap + ": oneDNN's instruction set was already fixed in this process");
+    onednn_bits = c.bits;
   }
   ceiling_info = i;
 }
@@ -167,18 +155,18 @@ IsaInfo isa_with_cap(const std::string& cap, const std::string& source) {
   i.usable &= c.bits;
   i.cap = cap;
   i.cap_source = source;
-  cap_onednn(c);  // the first capped model caps oneDNN for the process
   return i;
 }
 
 KernelScope process_kernel_scope() { return {isa(), "", "kernels"}; }
 
 std::string onednn_within_cap(const IsaInfo& i) {
-  std::lock_guard<std::mutex> lk(onednn_mu);
-  const uint32_t allowed = i.cap.empty() ? kAll : isa_cap_from_name(i.cap);
-  if ((onednn_bits & ~allowed & i.detected) == 0) return "";
-  return "oneDNN's instruction set is one per process and was fixed at " +
-         (onednn_fixed ? onednn_cap : std::string("everything detected")) + ", above " + i.cap_source + "=" + i.cap;
+  isa();  // the ceiling, and with it oneDNN's instruction set, is fixed from here on
+  if ((onednn_bits & i.detected & ~i.usable) == 0) return "";
+  return "oneDNN's instruction set is one per process (" +
+         (isa().cap.empty() ? std::string("all this CPU has") : isa().cap_source + "=" + isa().cap) +
+         ") and the model's cap " + i.cap_source + "=" + i.cap + " takes " + isa_names(onednn_bits & i.detected & ~i.usable) +
+         " from it";
 }
 
 std::string forced_kernel(const std::string& op, const std::string& spec, const std::string& src) {

@@ -44,10 +44,10 @@ struct IsaInfo {
 // one): what a kernel may run on at all, and what programs without a model (benchmarks) use.
 const IsaInfo& isa();
 // isa() capped further by `cap` ("" for none; `source` names it in messages): what one model's kernels may use.
-// oneDNN's instruction set is one per process (dnnl::set_max_cpu_isa, only before its first primitive): the first
-// capped model fixes it; onednn_within_cap() says whether it stays within a later model's cap.
 IsaInfo isa_with_cap(const std::string& cap, const std::string& source = "isa_cap");
-// Empty when oneDNN's instruction set in this process stays within i's cap, else why not.
+// oneDNN's instruction set is one per process (dnnl::set_max_cpu_isa, only before its first primitive): the
+// ceiling's. Empty when it stays within i (a model's cap), else why not: oneDNN is then no candidate for that
+// model, so that one model's cap never changes what another runs.
 std::string onednn_within_cap(const IsaInfo& i);
 // The process's ceiling, for a program that caps everything it runs (the test binary under ctest's
 // conformance_avx2): isa() and every model stay within it, oneDNN too. Call before anything else of the backend.
