@@ -17,6 +17,7 @@
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
+#include "backends/cpu/kernel_registry.h"
 #include "backends/cpu/attention/kv_quant.h"
 #include "backends/cpu/profile/peaks.h"
 
@@ -51,15 +52,8 @@ std::vector<Slice> split_cols(int N, int parts) {
 
 
 // The kernel for the weights' matmuls, op "matmul_bf16" (bf16 weights) or "matmul_int8" (int8 weights): oneDNN
-// (PackedLinear) or the fp32-FMA kernels (fma_matmul.h). Forced by ALPAMAYO_CPU_KERNELS, else the fastest runnable
-// one on an M x K x N slice (timed once per process, op and shape) of those that pass the accuracy check on it
-// (kernel_check.h); a forced one must pass it too.
-struct MatmulChoice {
-  std::string name, why;
-  double gflops = 0;
-  std::string check;  // the accuracy check's result (KernelChoice::check)
-};
-
+// (PackedLinear) or the fp32-FMA and dot-product kernels (fma_matmul.h), chosen by choose_kernel
+// (kernel_registry.h) on an M x K x N slice.
 constexpr const char* kOnednn = "onednn";
 
 // Empty when the candidate runs here, else why not.
@@ -212,121 +206,61 @@ KernelAccuracy check_matmul(const std::string& op, const std::string& name, Matm
   return a;
 }
 
-MatmulChoice choose_matmul(const std::string& op, WeightType t, MatmulKernels& kernels, int M, int K, int N,
-                           int k_model, const KernelScope& scope) {
-  const IsaInfo& isa = scope.isa;
-  const std::string& src = scope.source;
+// The matmul candidates' timing data: the accuracy check's yardstick once, then each candidate packed in turn
+// (the one checked last is the one timed).
+class MatmulBench final : public KernelBench {
+ public:
+  MatmulBench(std::string op, WeightType t, int M, int K, int N, MatmulKernels& kernels)
+      : op_(std::move(op)), d_(t, M, K, N), kernels_(kernels), ys_(matmul_yardstick(d_, kernels)) {}
+  std::string shape() const override { return ys_.shape; }
+  KernelAccuracy check(const std::string& name, std::string* fail) override {
+    return check_matmul(op_, name, run_of(name), d_, ys_, fail);
+  }
+  double rate(const std::string& name, bool) override {
+    return 2.0 * d_.M * d_.K * d_.N / time_matmul(run_of(name)) / 1e9;
+  }
+
+ private:
+  MatmulRun& run_of(const std::string& name) {
+    if (!run_ || name_ != name) run_ = std::make_unique<MatmulRun>(name, d_, kernels_), name_ = name;
+    return *run_;
+  }
+  std::string op_;
+  MatmulData d_;
+  MatmulKernels& kernels_;
+  MatmulYardstick ys_;
+  std::unique_ptr<MatmulRun> run_;
+  std::string name_;
+};
+
+KernelOp matmul_op(WeightType t, MatmulKernels& kernels, int M, int K, int N, int k_model, const IsaInfo& isa) {
+  KernelOp op;
+  op.op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
+  op.yardstick = "portable_fma";
+  op.unit = t == WeightType::INT8 ? "GOP/s" : "GFLOP/s";
   // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a
   // full-size step they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5),
   // which the warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as with AMX.
-  std::vector<std::string> names;
   for (FmaKernel k : kFmaKernels) {
-    if (k == FmaKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones
-    names.push_back(fma_kernel_name(k));
+    if (k == FmaKernel::Avx512)  // after the dot-product kernels, before the FMA ones
+      op.candidates.push_back({kOnednn, "", matmul_unrunnable(kOnednn, t, kernels, M, K, N, k_model, isa)});
+    const std::string name = fma_kernel_name(k);
+    op.candidates.push_back({name, fma_kernel_instruction(k), matmul_unrunnable(name, t, kernels, M, K, N, k_model, isa)});
   }
-  static std::mutex mu;
-  // Per instruction-set cap (and whether oneDNN stays within it); the test-only perturbations get choices of
-  // their own (kernel_check.h).
-  static std::map<std::tuple<std::string, int, int, int, int, uint32_t, std::string, std::string>, MatmulChoice> cache;
-  const uint32_t isa_key = isa.usable | (onednn_within_cap(isa).empty() ? 0x80000000u : 0u);
-  const std::string forced = forced_kernel(op, scope.kernels, src);
-  if (!forced.empty()) {
-    const bool known = std::find(names.begin(), names.end(), forced) != names.end();
-    const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N, k_model, isa) : "unknown kernel";
-    if (!why.empty()) {
-      std::string list;
-      for (const std::string& n : names) {
-        const std::string w = matmul_unrunnable(n, t, kernels, M, K, N, k_model, isa);
-        list += (list.empty() ? "" : "; ") + n + (w.empty() ? " (runs here)" : " (not here: " + w + ")");
-      }
-      throw Error(src + ": " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " + list);
-    }
-    if (forced == "portable_fma") return {forced, "forced by " + src, 0, ""};  // the check's yardstick
-    // Checked once per process, op, shape and kernel, as a timed choice is.
-    std::lock_guard<std::mutex> lk(mu);
-    const auto key = std::make_tuple(op, M, K, N, -1, isa_key, forced, kernel_check_perturbations(op));
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-      const MatmulData d(t, M, K, N);
-      const MatmulYardstick ys = matmul_yardstick(d, kernels);
-      MatmulRun r(forced, d, kernels);
-      std::string fail;
-      const KernelAccuracy a = check_matmul(op, forced, r, d, ys, &fail);
-      // A failure is kept with no kernel, thrown on every attempt.
-      const MatmulChoice c{a.ok() ? forced : "", "forced by " + src, 0,
-                           a.ok() ? accuracy_summary("portable_fma", ys.shape, {{forced, a.ratio}}) : fail};
-      it = cache.emplace(key, c).first;
-    }
-    if (it->second.name.empty())
-      throw Error(src + ": " + op + "=" + forced + " fails the accuracy check: " + it->second.check);
-    MatmulChoice c = it->second;
-    c.why = "forced by " + src;  // the check is shared by every source that forces the kernel
-    return c;
-  }
-  std::lock_guard<std::mutex> lk(mu);
-  // k_model matters only through the int8 dot kernels' bounds on K
-  const auto key = std::make_tuple(op, M, K, N, int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK), isa_key,
-                                   std::string(), kernel_check_perturbations(op));
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  // The portable kernel only where nothing else runs or passes the accuracy check; it is the check's yardstick.
-  std::vector<std::string> run;
-  for (const std::string& n : names)
-    if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N, k_model, isa).empty()) run.push_back(n);
-  MatmulChoice c;
-  if (run.empty()) {
-    c = {"portable_fma", "only one", 0, ""};
-    cache[key] = c;
-    return c;
-  }
-  // Each candidate runs once on the timing data and is compared with portable_fma; those within their bound are
-  // timed. A later one must be kChoiceMargin times faster (isa.h).
-  const MatmulData d(t, M, K, N);
-  const MatmulYardstick ys = matmul_yardstick(d, kernels);
-  std::vector<std::pair<std::string, double>> passed;
-  std::string rejected, list, fail;
-  double best = 1e30;
-  for (const std::string& n : run) {
-    MatmulRun r(n, d, kernels);
-    const KernelAccuracy a = check_matmul(op, n, r, d, ys, &fail);
-    if (!a.ok()) {
-      rejected += "; rejected: " + fail;
-      continue;
-    }
-    passed.emplace_back(n, a.ratio);
-    if (run.size() == 1) break;  // nothing to time it against
-    const double sec = time_matmul(r);
-    char rate[32];
-    std::snprintf(rate, sizeof rate, " %.1f", 2.0 * M * K * N / sec / 1e9);
-    list += (list.empty() ? "" : ", ") + n + rate;
-    if (sec * kChoiceMargin < best) {
-      best = sec;
-      c.name = n;
-    }
-  }
-  if (passed.empty()) {
-    c = {"portable_fma", "the only kernel that passes the accuracy check", 0, ""};
-  } else if (run.size() == 1) {
-    c = {passed[0].first, "only one", 0, ""};
-  } else {
-    c.why = "fastest of " + list + (t == WeightType::INT8 ? " GOP/s" : " GFLOP/s") + " (1 thread, " + ys.shape + ")";
-    c.gflops = 2.0 * M * K * N / best / 1e9;
-  }
-  c.check = accuracy_summary("portable_fma", ys.shape, passed) + rejected;
-  cache[key] = c;
-  return c;
+  // k_model matters only through the int8 dot kernels' bounds on K.
+  op.cache_key = std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + " k" +
+                 std::to_string(int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK));
+  op.isa_key = isa.usable | (onednn_within_cap(isa).empty() ? 0x80000000u : 0u);
+  op.bench = [=, &kernels, op_name = op.op] { return std::make_unique<MatmulBench>(op_name, t, M, K, N, kernels); };
+  return op;
 }
 
 }  // namespace
 
 KernelChoice select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const KernelScope& scope) {
   ScopedOmpThreads one(1);  // timed as it runs: single-threaded on one pool thread
-  const std::string op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
   // 64 x 1536 x 1024: the seed's M and K, 1024 of its gate/up columns.
-  const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model, scope);
-  // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands ("").
-  FmaKernel k;
-  const std::string instr = fma_kernel_from_name(c.name, &k) ? fma_kernel_instruction(k) : "";
-  return {op, c.name, c.why, c.gflops, instr, t == WeightType::INT8 ? "GOP/s" : "GFLOP/s", c.check};
+  return choose_kernel(matmul_op(t, kernels, kRepTokens, kRepModelDim, 1024, k_model, scope.isa), scope);
 }
 
 KernelScope kernel_scope(const BackendOptions& o) {
