@@ -131,7 +131,8 @@ TEST(Isa, ForcedKernelParsing) {
   spec = "attention_kv_int8=avx512_vnni";
   EXPECT_EQ(forced_kernel("attention_kv_int8", spec), "avx512_vnni");
   EXPECT_EQ(forced_kernel("attention", spec), "");
-  test::expect_error([] { forced_kernel("conv", ""); }, {"no kernel choice for op \"conv\"", "attention, attention_kv_int8, matmul_bf16"});
+  test::expect_error([] { forced_kernel("conv", ""); },
+                     {"no kernel choice for op \"conv\"", "attention, attention_kv_int8, matmul_bf16"});
   test::expect_error([] { forced_kernel("attention", "attention", "ALPAMAYO_CPU_KERNELS"); },
                      {"ALPAMAYO_CPU_KERNELS=\"attention\"", "is not op=kernel",
                       "attention, attention_kv_int8, matmul_bf16, matmul_int8"});
@@ -445,8 +446,9 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
     for (const std::string& k : kernels) {
       const KernelScope forced = scope(op + "=" + k);
       try {
-        if (op == "matmul_bf16") record_kernel_choice(made, select_matmul_kernel(WeightType::BF16, kRepModelDim, forced));
-        else if (op == "matmul_int8") record_kernel_choice(made, select_matmul_kernel(WeightType::INT8, kRepModelDim, forced));
+        if (op.rfind("matmul", 0) == 0)
+          record_kernel_choice(made, select_matmul_kernel(op == "matmul_int8" ? WeightType::INT8 : WeightType::BF16,
+                                                          kRepModelDim, forced));
         else select_attention_kernel(64, 2, 8, 512, op == "attention_kv_int8", forced, &made);
       } catch (const Error& e) {
         const std::string msg = e.what();

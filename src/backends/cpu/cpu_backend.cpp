@@ -245,7 +245,8 @@ KernelOp matmul_op(WeightType t, MatmulKernels& kernels, int M, int K, int N, in
     if (k == FmaKernel::Avx512)  // after the dot-product kernels, before the FMA ones
       op.candidates.push_back({kOnednn, "", matmul_unrunnable(kOnednn, t, kernels, M, K, N, k_model, isa)});
     const std::string name = fma_kernel_name(k);
-    op.candidates.push_back({name, fma_kernel_instruction(k), matmul_unrunnable(name, t, kernels, M, K, N, k_model, isa)});
+    op.candidates.push_back(
+        {name, fma_kernel_instruction(k), matmul_unrunnable(name, t, kernels, M, K, N, k_model, isa)});
   }
   // k_model matters only through the int8 dot kernels' bounds on K.
   op.cache_key = std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + " k" +

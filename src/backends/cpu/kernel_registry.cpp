@@ -20,7 +20,8 @@ void refuse_forced(const KernelOp& op, const std::string& name, const std::strin
   if (op.refuse) op.refuse(name, how_not, src);
   std::string list;
   for (const KernelCandidate& c : op.candidates)
-    list += (list.empty() ? "" : "; ") + c.name + (c.why_not.empty() ? " (runs here)" : " (not here: " + c.why_not + ")");
+    list += (list.empty() ? "" : "; ") + c.name +
+            (c.why_not.empty() ? " (runs here)" : " (not here: " + c.why_not + ")");
   throw Error(src + ": " + op.op + "=" + name + " cannot be used: " + how_not + ". Candidates: " + list);
 }
 
@@ -99,7 +100,8 @@ KernelChoice choose_kernel(const KernelOp& op, const KernelScope& scope) {
   std::lock_guard<std::mutex> lk(mu);
   const auto key = std::make_tuple(op.op, op.cache_key, op.isa_key, forced, kernel_check_perturbations(op.op));
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, forced.empty() ? timed_choice(op) : forced_choice(op, *find(op, forced))).first;
+  if (it == cache.end())
+    it = cache.emplace(key, forced.empty() ? timed_choice(op) : forced_choice(op, *find(op, forced))).first;
   KernelChoice c = it->second;
   if (forced.empty()) return c;
   // A failure is kept with no kernel, thrown on every attempt.

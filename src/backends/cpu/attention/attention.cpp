@@ -334,7 +334,8 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8,
   op.yardstick = "portable";
   // The portable kernel runs only where no vectorised one can (it is never faster) or none passes the check.
   for (AttnKernel k : kAttnKernels)
-    op.candidates.push_back({attn_kernel_name(k), attn_kernel_instruction(k), attn_kernel_unavailable(k, int8, scope.isa)});
+    op.candidates.push_back(
+        {attn_kernel_name(k), attn_kernel_instruction(k), attn_kernel_unavailable(k, int8, scope.isa)});
   op.cache_key = std::to_string(d) + "," + std::to_string(group) + "," + std::to_string(T) + "," +
                  std::to_string(keys) + (int8 ? ",int8" : "");
   op.isa_key = scope.isa.usable;

@@ -92,13 +92,15 @@ uint32_t detected_once() {
   return bits;
 }
 
+// The process's ceiling (set_isa_ceiling), guarded by ceiling_mu until the first isa() fixes it.
 std::mutex ceiling_mu;
-IsaInfo ceiling_info;      // guarded by ceiling_mu until the first isa()
-bool ceiling_read = false;  // isa() has been called: the ceiling may no longer change
+bool ceiling_read = false;
+uint32_t ceiling_bits = ~0u;
+std::string ceiling_cap, ceiling_source = "ALPAMAYO_CPU_ISA";
 
 // oneDNN's instruction set is one per process (dnnl::set_max_cpu_isa, only before its first primitive): the
 // ceiling's, set once by set_isa_ceiling; all it detects otherwise.
-uint32_t onednn_bits = kAll;  // guarded by ceiling_mu until the first isa(), then fixed
+uint32_t onednn_bits = kAll;  // as the ceiling
 
 }  // namespace
 
@@ -124,26 +126,25 @@ void set_isa_ceiling(const std::string& cap, const std::string& source) {
   if (cap.empty()) return;
   std::lock_guard<std::mutex> lk(ceiling_mu);
   if (ceiling_read) throw Error(source + "=" + cap + ": the instruction-set ceiling is set after the backend started");
-  IsaInfo i;
-  i.detected = i.usable = detected_once();
-  if (!cap.empty()) {
-    const CapName& c = cap_entry(cap, source);
-    i.usable &= c.bits;
-    i.cap = cap;
-    i.cap_source = source;
-    if (dnnl::set_max_cpu_isa(c.onednn) != dnnl::status::success)
-      throw Error(source + "=" + cap + ": oneDNN's instruction set was already fixed in this process");
-    onednn_bits = c.bits;
-  }
-  ceiling_info = i;
+  const CapName& c = cap_entry(cap, source);
+  if (dnnl::set_max_cpu_isa(c.onednn) != dnnl::status::success)
+    throw Error(source + "=" + cap + ": oneDNN's instruction set was already fixed in this process");
+  onednn_bits = c.bits;
+  ceiling_bits = c.bits;
+  ceiling_cap = cap;
+  ceiling_source = source;
 }
 
 const IsaInfo& isa() {
   static const IsaInfo info = [] {
     std::lock_guard<std::mutex> lk(ceiling_mu);
     ceiling_read = true;
-    if (ceiling_info.detected == 0) ceiling_info.detected = ceiling_info.usable = detected_once();
-    return ceiling_info;
+    IsaInfo i;
+    i.detected = detected_once();
+    i.usable = i.detected & ceiling_bits;
+    i.cap = ceiling_cap;
+    i.cap_source = ceiling_source;
+    return i;
   }();
   return info;
 }
@@ -165,8 +166,8 @@ std::string onednn_within_cap(const IsaInfo& i) {
   if ((onednn_bits & i.detected & ~i.usable) == 0) return "";
   return "oneDNN's instruction set is one per process (" +
          (isa().cap.empty() ? std::string("all this CPU has") : isa().cap_source + "=" + isa().cap) +
-         ") and the model's cap " + i.cap_source + "=" + i.cap + " takes " + isa_names(onednn_bits & i.detected & ~i.usable) +
-         " from it";
+         ") and the model's cap " + i.cap_source + "=" + i.cap + " takes " +
+         isa_names(onednn_bits & i.detected & ~i.usable) + " from it";
 }
 
 std::string forced_kernel(const std::string& op, const std::string& spec, const std::string& src) {
