@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   // ALPAMAYO_CPU_ISA caps everything this program runs, oneDNN too (before its first primitive).
   BackendOptions env;
-  options_from_environment(env);
+  options_from_environment(env, "cpu");
   set_isa_ceiling(env.isa_cap, env.isa_cap_source);
   ScopedOmpThreads one(1);
   const AttnGeometry g = AttnGeometry::make(d, group, T);

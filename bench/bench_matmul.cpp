@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
                           {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
   // ALPAMAYO_CPU_ISA caps everything this program runs, oneDNN too (before its first primitive).
   alpamayo::BackendOptions env;
-  alpamayo::options_from_environment(env);
+  alpamayo::options_from_environment(env, "cpu");
   set_isa_ceiling(env.isa_cap, env.isa_cap_source);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   if (fma) {

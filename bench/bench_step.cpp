@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     opts.kv = kv_format;
     opts.bf16_weights = bf16_weights;
     opts.profile = profile;  // the table goes to stderr after every step
-    options_from_environment(opts);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
+    options_from_environment(opts, backend);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
     auto t0 = std::chrono::steady_clock::now();
     auto model = Model::from_weights(cfg, w, nullptr, backend, opts);
     const double load_s = seconds_since(t0);

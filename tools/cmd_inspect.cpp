@@ -69,7 +69,7 @@ Run add_inspect(CLI::App& app) {
     // The instruction sets the cpu backend may use here (after ALPAMAYO_CPU_ISA), and the kernels it would choose
     // under ALPAMAYO_CPU_KERNELS: what a model loaded by `sample` in this environment gets.
     BackendOptions bo;
-    options_from_environment(bo);
+    options_from_environment(bo, "cpu");
     const cpu::KernelScope scope = cpu::kernel_scope(bo);
     std::printf("cpu isa      %s\n", scope.isa.describe().c_str());
     if (a->kernels) {

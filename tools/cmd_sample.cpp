@@ -97,7 +97,7 @@ void run_sample(const SampleArgs& a) {
   bo.bf16_weights = a.bf16_weights;
   bo.profile = a.profile;
   bo.exact_freqs = a.exact_freqs;
-  options_from_environment(bo);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
+  options_from_environment(bo, a.backend);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
   Session session(Model::load(ck, a.backend, bo));
   Context ctx = Context::open(a.context);
   const int B = ctx.batch();

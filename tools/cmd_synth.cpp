@@ -169,7 +169,7 @@ Run add_demo(CLI::App& app) {
     bo.weights = a->weights;
     bo.kv = a->kv;
     const auto t0 = std::chrono::steady_clock::now();
-    options_from_environment(bo);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
+    options_from_environment(bo, a->backend);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
     Session session(Model::load(ck, a->backend, bo));
     Context ctx = Context::open(ctx_path.string());
     const std::optional<EgoHistory> history = ctx.history();

@@ -1,6 +1,6 @@
-// The environment variables the engine honours, read in one place: the programs and bindings (the CLI, the C API,
-// the Python module) call options_from_environment at their boundary and pass the options down; nothing else
-// under src/ reads the environment (docs/ARCHITECTURE.md, "Options, not the environment").
+// The environment variables that tune a backend, read in one place: the programs' boundary (the CLI, the C API,
+// the Python module, the benchmarks) calls options_from_environment where it builds a model's BackendOptions; the
+// engine and its backends read no environment themselves (docs/ARCHITECTURE.md, "Options, not the environment").
 #pragma once
 #include <string>
 
@@ -8,13 +8,14 @@
 
 namespace alpamayo {
 
-// Fills what `o` leaves empty from the environment, one variable each:
-//   ALPAMAYO_CPU_KERNELS -> o.kernels (o.kernels_source = "ALPAMAYO_CPU_KERNELS")
-//   ALPAMAYO_CPU_ISA     -> o.isa_cap (o.isa_cap_source = "ALPAMAYO_CPU_ISA")
-// An option already given wins over its variable. Values are checked where they are used (at model load).
-void options_from_environment(BackendOptions& o);
+// Fills `o` from the environment, for a model of `backend` (empty: the default backend), where the caller left the
+// option at its default:
+//   ALPAMAYO_CPU_KERNELS=op=kernel,...   kernels (cpu only; kernels_source names the variable in messages)
+//   ALPAMAYO_CPU_ISA=avx2|...|all        isa_cap (isa_cap_source names the variable)
+// Values are checked where they are used (at model load).
+void options_from_environment(BackendOptions& o, const std::string& backend = "");
 
-// ALPAMAYO_MEMORY_LIMIT, read at each memory check (available_memory_bytes, limits.h): "" when unset.
+// ALPAMAYO_MEMORY_LIMIT ("" when unset), which the memory checks read (available_memory_bytes, limits.h).
 std::string memory_limit_from_environment();
 
 }  // namespace alpamayo

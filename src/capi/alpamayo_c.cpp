@@ -180,7 +180,7 @@ alpamayo_model* load_model(std::shared_ptr<const alpamayo::Checkpoint> ck, const
           "threads must be in [0, 65536] (0: all cores), found " + std::to_string(opts.threads));
   bo.threads = static_cast<int>(opts.threads);
   bo.kernels = opts.kernels ? opts.kernels : "";
-  alpamayo::options_from_environment(bo);  // ALPAMAYO_CPU_KERNELS where no kernels are given, ALPAMAYO_CPU_ISA
+  alpamayo::options_from_environment(bo, info.name);  // ALPAMAYO_CPU_KERNELS where no kernels are given, ALPAMAYO_CPU_ISA
   const std::string why = info.unavailable();
   require(why.empty(), ALPAMAYO_UNSUPPORTED, "backend " + info.name + " cannot run here: " + why);
   // Errors past these checks come from the backend refusing this model.

@@ -122,8 +122,7 @@ std::shared_ptr<const Model> Model::from_weights(const ExpertConfig& cfg, const 
   choose(o.kv, info.kv_formats, "KV cache format");
   check(o.threads >= 0, "backend " + info.name + ": threads must be >= 0, found " + std::to_string(o.threads));
   parse_weight_format(o);  // checks the bf16 weights list against the format
-  // Filled from ALPAMAYO_CPU_KERNELS (kernels_source set), the cpu backend's variable: other backends ignore it.
-  check(o.kernels.empty() || !o.kernels_source.empty() || info.kernel_choices,
+  check(o.kernels.empty() || info.kernel_choices,
         "backend " + info.name + ": kernels \"" + o.kernels + "\" given, but this backend has no kernels to choose");
   if (const std::string why = info.unavailable(); !why.empty())
     throw Error("backend " + info.name + " cannot run here: " + why);

@@ -34,7 +34,7 @@ class OnlyIfCapped : public ::testing::Environment {
  public:
   void SetUp() override {
     BackendOptions env;
-    options_from_environment(env);
+    options_from_environment(env, "cpu");
     set_isa_ceiling(env.isa_cap, env.isa_cap_source);
     const char* v = std::getenv("ALPAMAYO_TEST_ONLY_IF_CAPPED");
     if (!v || !*v) return;
@@ -100,7 +100,7 @@ TEST(Isa, OptionsFromEnvironment) {
   test::ScopedEnv k("ALPAMAYO_CPU_KERNELS", "attention=portable");
   test::ScopedEnv i("ALPAMAYO_CPU_ISA", "avx2");
   BackendOptions o;
-  options_from_environment(o);
+  options_from_environment(o, "cpu");
   EXPECT_EQ(o.kernels, "attention=portable");
   EXPECT_EQ(o.kernels_source, "ALPAMAYO_CPU_KERNELS");
   EXPECT_EQ(o.isa_cap, "avx2");
@@ -108,14 +108,18 @@ TEST(Isa, OptionsFromEnvironment) {
   BackendOptions given;
   given.kernels = "attention=avx2_fma";
   given.isa_cap = "all";
-  options_from_environment(given);  // the options win over the variables
+  options_from_environment(given, "cpu");  // the options win over the variables
   EXPECT_EQ(given.kernels, "attention=avx2_fma");
   EXPECT_EQ(given.kernels_source, "");
   EXPECT_EQ(given.isa_cap, "all");
+  BackendOptions other;  // the kernels variable is the cpu backend's: other backends have other kernels
+  options_from_environment(other, "reference");
+  EXPECT_EQ(other.kernels, "");
+  EXPECT_EQ(other.isa_cap, "avx2");
   k.set("");
   i.set("");
   BackendOptions none;
-  options_from_environment(none);
+  options_from_environment(none, "cpu");
   EXPECT_EQ(none.kernels, "");
   EXPECT_EQ(none.isa_cap, "");
 }
