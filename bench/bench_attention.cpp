@@ -20,7 +20,7 @@
 #include "alpamayo/tensor.h"
 #include "backends/cpu/attention/attention.h"
 #include "backends/cpu/runtime/isa.h"
-#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/matmul/onednn_matmul.h"
 #include "backends/cpu/profile/peaks.h"
 #include "backends/cpu/runtime/thread_pool.h"
 
@@ -111,13 +111,13 @@ int main(int argc, char** argv) {
 
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream st(eng);
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   const int M = 64, K = 1536, N = 6144;
   std::vector<float> W(size_t(N) * K);
   for (auto& x : W) x = nd(rng) * 0.02f;
   // The yardstick is missing where oneDNN has no bf16 matmul (below AVX-512): the kernels still run, alone.
-  PackedLinear lin;
-  MatmulPlan plan;
+  OnednnLinear lin;
+  OnednnPlan plan;
   std::string no_matmul;
   try {
     lin.pack(kernels, WeightType::BF16, K, N, W.data(), M, N);

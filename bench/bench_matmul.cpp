@@ -6,7 +6,7 @@
 // the attribute choices the backend avoids would get (--study), and what cold weights cost (--cold).
 // --block: one thread's slices on the block-format kernels (bfp_matmul.h: bf16 pairs, bfp8_b, bfp4_b, AVX512-BF16
 // and portable) against oneDNN bf16, hot and cold weights.
-// --fma: one thread's slices: oneDNN bf16 vs the fp32-FMA kernels (fma_matmul.h: avx512_fma, avx2_fma), hot and cold
+// --fma: one thread's slices: oneDNN bf16 vs the fp32-FMA kernels (matmul_kernels.h: avx512_fma, avx2_fma), hot and cold
 // weights, with the single-thread fp32 FMA peak (a register-only vfmadd231ps loop) for scale; then the same for int8
 // weights (oneDNN u8 x s8 vs avx512_vnni and the fp32-FMA kernels on s8 weights).
 #include <CLI/CLI.hpp>
@@ -27,9 +27,9 @@
 #include "alpamayo/tensor.h"
 #include "backends/cpu/runtime/aligned.h"
 #include "backends/cpu/matmul/bfp_matmul.h"
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 #include "backends/cpu/runtime/isa.h"
-#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/matmul/onednn_matmul.h"
 #include "backends/cpu/runtime/thread_pool.h"
 
 using namespace alpamayo::cpu;
@@ -66,7 +66,7 @@ void study_one(const dnnl::engine& eng, int M, int K, int N, dnnl::memory::data_
 // Single-threaded per-thread slices of the seed on 2 threads, weights cold (a 256 MB buffer is swept
 // before each call, as the step's 64 layers sweep 4.8 GB) versus hot (the same call repeated).
 void cold_vs_hot(const dnnl::engine& eng, int M, int reps) {
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   dnnl::stream st(eng);
   ScopedOmpThreads one(1);
   struct Shape { const char* name; int K, N; };
@@ -76,9 +76,9 @@ void cold_vs_hot(const dnnl::engine& eng, int M, int reps) {
   long sink = 0;
   for (const Shape& sh : shapes) {
     const std::vector<float> W(size_t(sh.N) * sh.K, 0.01f);
-    PackedLinear lin;
+    OnednnLinear lin;
     lin.pack(kernels, WeightType::BF16, sh.K, sh.N, W.data(), M, sh.N);
-    const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+    const OnednnPlan plan = lin.plan(kernels, M, sh.N);
     AlignedBuf<uint16_t> x(size_t(M) * sh.K);
     AlignedBuf<float> y(size_t(M) * sh.N);
     AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
@@ -102,7 +102,7 @@ void cold_vs_hot(const dnnl::engine& eng, int M, int reps) {
 // One thread's slices of the seed on 2 threads: oneDNN bf16 vs the block kernels, weights hot (the same call
 // repeated) and cold (a 256 MB sweep before each call). Rates count the matmul's 2*M*K*N.
 void block_kernels(const dnnl::engine& eng, int M, int reps) {
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   dnnl::stream st(eng);
   ScopedOmpThreads one(1);
   struct Shape { const char* name; int K, N; };
@@ -135,9 +135,9 @@ void block_kernels(const dnnl::engine& eng, int M, int reps) {
       std::printf("%-14s %-22s M=%d: hot %7.3f ms %6.1f GFLOP/s, cold %7.3f ms %6.1f GFLOP/s\n", sh.name, what, M,
                   hot / reps * 1e3, flop / (hot / reps) / 1e9, cold / reps * 1e3, flop / (cold / reps) / 1e9);
     };
-    PackedLinear lin;
+    OnednnLinear lin;
     lin.pack(kernels, WeightType::BF16, sh.K, sh.N, W.data(), M, sh.N);
-    const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+    const OnednnPlan plan = lin.plan(kernels, M, sh.N);
     AlignedBuf<uint8_t> scratch(std::max(plan.scratch_bytes(), block_scratch_bytes()) + 1);
     time("oneDNN bf16", [&] { lin.run(st, plan, x.data(), y.data(), scratch.data()); });
     for (BlockStore bs : {BlockStore::BF16, BlockStore::BFP8_B, BlockStore::BFP4_B}) {
@@ -192,7 +192,7 @@ __attribute__((target("avx2,fma"), noinline)) double fma_peak_avx2(long iters) {
 
 // One thread's slices of the seed on 2 threads: oneDNN bf16 vs the fp32-FMA kernels, hot and cold weights.
 void fma_kernels(const dnnl::engine& eng, int M, int reps) {
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   dnnl::stream st(eng);
   ScopedOmpThreads one(1);
   std::printf("CPU features: %s\n", isa().describe().c_str());
@@ -255,46 +255,46 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
                   sh.K, sh.N, what, M, hot * 1e3, flop / hot / 1e9, cold / reps * 1e3, flop / (cold / reps) / 1e9);
     };
     try {
-      PackedLinear lin;
+      OnednnLinear lin;
       lin.pack(kernels, WeightType::BF16, sh.K, sh.N, W.data(), M, sh.N);
-      const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+      const OnednnPlan plan = lin.plan(kernels, M, sh.N);
       AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
       time("onednn", [&] { lin.run(st, plan, x.data(), y.data(), scratch.data()); });
       accuracy("onednn");
     } catch (const std::exception& e) {
       std::printf("%-14s onednn: unavailable (%s)\n", sh.name, e.what());
     }
-    for (FmaKernel k : {FmaKernel::Avx512Bf16, FmaKernel::Avx512, FmaKernel::Avx2}) {
-      if (!fma_kernel_runnable(k)) {
-        std::printf("%-14s %s: not runnable here\n", sh.name, fma_kernel_name(k));
+    for (MatmulKernel k : {MatmulKernel::Avx512Bf16, MatmulKernel::Avx512, MatmulKernel::Avx2}) {
+      if (!matmul_kernel_runnable(k)) {
+        std::printf("%-14s %s: not runnable here\n", sh.name, matmul_kernel_name(k));
         continue;
       }
-      FmaWeights fw;
+      MatmulWeights fw;
       fw.pack(k, W.data(), sh.K, sh.N);
-      AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, sh.K));
-      time(fma_kernel_name(k), [&] { fma_matmul(fw, x.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
-      accuracy(fma_kernel_name(k));
+      AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, sh.K));
+      time(matmul_kernel_name(k), [&] { run_matmul(fw, x.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
+      accuracy(matmul_kernel_name(k));
     }
     // int8 weights (u8 activations; rates in GOP/s, same 2*M*K*N count): oneDNN's VNNI kernel vs the same
     // fp32-FMA kernels on s8 weights.
     AlignedBuf<uint8_t> xq(size_t(M) * sh.K);
     for (size_t i = 0; i < xq.size(); ++i) xq[i] = static_cast<uint8_t>(rng() % 255 + 1);
     try {
-      PackedLinear lin;
+      OnednnLinear lin;
       lin.pack(kernels, WeightType::INT8, sh.K, sh.N, W.data(), M, sh.N);
-      const MatmulPlan plan = lin.plan(kernels, M, sh.N);
+      const OnednnPlan plan = lin.plan(kernels, M, sh.N);
       AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
       time("int8 onednn", [&] { lin.run(st, plan, xq.data(), y.data(), scratch.data()); });
     } catch (const std::exception& e) {
       std::printf("%-14s int8 onednn: unavailable (%s)\n", sh.name, e.what());
     }
-    for (FmaKernel k : {FmaKernel::Avx512Vnni, FmaKernel::Avx2Int8, FmaKernel::Avx512, FmaKernel::Avx2}) {
-      if (!fma_kernel_runnable(k)) continue;
-      FmaWeights fw;
+    for (MatmulKernel k : {MatmulKernel::Avx512Vnni, MatmulKernel::Avx2Int8, MatmulKernel::Avx512, MatmulKernel::Avx2}) {
+      if (!matmul_kernel_runnable(k)) continue;
+      MatmulWeights fw;
       fw.pack_int8(k, W.data(), sh.K, sh.N);
-      AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, sh.K));
-      const std::string what = std::string("int8 ") + fma_kernel_name(k);
-      time(what.c_str(), [&] { fma_matmul(fw, xq.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
+      AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, sh.K));
+      const std::string what = std::string("int8 ") + matmul_kernel_name(k);
+      time(what.c_str(), [&] { run_matmul(fw, xq.data(), M, sh.K, y.data(), sh.N, scratch.data()); });
     }
   }
   if (sink == 42) std::printf(" \n");
@@ -347,7 +347,7 @@ int main(int argc, char** argv) {
     study_one(eng, M, K, 2 * N, dt::s8, dt::s8, 2 * N, true, reps);
     return 0;
   }
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   ThreadPool pool(threads);
   std::vector<dnnl::stream> streams;
   for (int t = 0; t < threads; ++t) streams.emplace_back(eng);
@@ -363,13 +363,13 @@ int main(int argc, char** argv) {
       std::vector<std::pair<const char*, std::function<void()>>> modes;
       // pool: one slice per thread, single-threaded oneDNN in each; omp: one matmul, oneDNN threads it itself.
       // Skipped where oneDNN has no such matmul (bf16 below AVX-512).
-      std::vector<PackedLinear> slices(threads);
-      std::vector<MatmulPlan> plans(threads);
+      std::vector<OnednnLinear> slices(threads);
+      std::vector<OnednnPlan> plans(threads);
       std::vector<AlignedBuf<uint8_t>> scratch(threads);
-      PackedLinear whole;
-      MatmulKernels omp_kernels(eng);
+      OnednnLinear whole;
+      OnednnPrimitives omp_kernels(eng);
       AlignedBuf<uint8_t> wscratch;
-      MatmulPlan wplan;
+      OnednnPlan wplan;
       try {
         {
           ScopedOmpThreads one(1);
@@ -400,26 +400,26 @@ int main(int argc, char** argv) {
       } catch (const alpamayo::Error& e) {
         std::printf("%-5s %-20s onednn     unavailable: %s\n", wt == WeightType::BF16 ? "bf16" : "int8", s.name, e.what());
       }
-      // The same pool slices on our kernels (fma_matmul.h) that take these weights and run here.
-      std::vector<std::vector<FmaWeights>> fma_slices;
+      // The same pool slices on our kernels (matmul_kernels.h) that take these weights and run here.
+      std::vector<std::vector<MatmulWeights>> fma_slices;
       std::vector<AlignedBuf<uint8_t>> fma_scratch(threads);
-      for (FmaKernel k : kFmaKernels) {
+      for (MatmulKernel k : kMatmulKernels) {
         const bool i8 = wt == WeightType::INT8;
-        if (k == FmaKernel::Portable || !fma_kernel_runnable(k) || !fma_kernel_refuses(k, i8, s.K).empty()) continue;
-        std::vector<FmaWeights>& fs = fma_slices.emplace_back(threads);
+        if (k == MatmulKernel::Portable || !matmul_kernel_runnable(k) || !matmul_kernel_refuses(k, i8, s.K).empty()) continue;
+        std::vector<MatmulWeights>& fs = fma_slices.emplace_back(threads);
         for (int t = 0; t < threads; ++t) {
           const int n0 = s.N * t / threads, n1 = s.N * (t + 1) / threads;
           if (i8) fs[t].pack_int8(k, W.data() + size_t(n0) * s.K, s.K, n1 - n0);
           else fs[t].pack(k, W.data() + size_t(n0) * s.K, s.K, n1 - n0);
-          if (fma_scratch[t].size() < fma_scratch_bytes(k, M, s.K)) fma_scratch[t].resize(fma_scratch_bytes(k, M, s.K));
+          if (fma_scratch[t].size() < matmul_scratch_bytes(k, M, s.K)) fma_scratch[t].resize(matmul_scratch_bytes(k, M, s.K));
         }
       }
       for (size_t i = 0; i < fma_slices.size(); ++i) {
-        const std::vector<FmaWeights>* fs = &fma_slices[i];
-        modes.emplace_back(fma_kernel_name(fma_slices[i][0].kernel()), [&, fs] {
+        const std::vector<MatmulWeights>* fs = &fma_slices[i];
+        modes.emplace_back(matmul_kernel_name(fma_slices[i][0].kernel()), [&, fs] {
           pool.run([&](int t) {
             const int n0 = s.N * t / threads;
-            fma_matmul((*fs)[t], x.data(), M, s.K, y.data() + size_t(M) * n0, (*fs)[t].N(), fma_scratch[t].data());
+            run_matmul((*fs)[t], x.data(), M, s.K, y.data() + size_t(M) * n0, (*fs)[t].N(), fma_scratch[t].data());
           });
         });
       }

@@ -1,7 +1,7 @@
 // Times the denoising steps of the full-size expert (Model + Session, the action projections included)
 // with random weights and a random bf16 VLM cache built in memory. Every layer gets its own packed copy of
 // one random layer's weights (so the weight traffic is real) and its own cache rows.
-// Prints the per-op table (backend profile, stderr), time per step, 10-step estimate, the memory of the
+// Prints the per-op table of every step (--profile, stderr), time per step, 10-step estimate, the memory of the
 // model and of one session, and a final JSON line for scripts (bench/bench_vs_torch.py). For the cpu
 // backend also the kernel chosen per op and this machine's floor for the step: the GFLOP of the weight
 // matmuls (2 * M * the layers' weights) and of attention (4 * T * Hq * d * keys, per sample and layer), each
@@ -26,6 +26,7 @@
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/profile/peaks.h"
+#include "backends/cpu/profile/profile_table.h"
 #include "backends/cpu/runtime/isa.h"
 #endif
 
@@ -64,6 +65,13 @@ long vm_rss_kb() { return proc_status_kb("VmRSS:"); }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// --profile: the table of every step of the session's last sample, to stderr.
+void print_profiles(const Session& s) {
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+  for (const StepProfile& p : s.profiles()) std::fputs(cpu::format_profile(p).c_str(), stderr);
+#endif
 }
 
 }  // namespace
@@ -138,7 +146,7 @@ int main(int argc, char** argv) {
     opts.weights = weights;
     opts.kv = kv_format;
     opts.bf16_weights = bf16_weights;
-    opts.profile = profile;  // the table goes to stderr after every step
+    opts.profile = profile;  // the tables go to stderr after every sample
     options_from_environment(opts, backend);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
     auto t0 = std::chrono::steady_clock::now();
     auto model = Model::from_weights(cfg, w, nullptr, backend, opts);
@@ -204,9 +212,11 @@ int main(int argc, char** argv) {
     if (warmup > 0) {
       so.steps = warmup;
       session.sample(so);
+      print_profiles(session);
     }
     so.steps = steps;
     const SampleResult r = session.sample(so);
+    print_profiles(session);
     const std::vector<double>& times = r.step_seconds;
     double mean = 0, best = 1e30;
     for (double t : times) { mean += t; best = std::min(best, t); }
@@ -256,11 +266,14 @@ int main(int argc, char** argv) {
       second.bind(context());
       so.steps = 2;
       const SampleResult alone = session.sample(so);
+      print_profiles(session);
       SampleResult ra, rb;
       t0 = std::chrono::steady_clock::now();
       std::thread th([&] { rb = second.sample(so); });
       ra = session.sample(so);
       th.join();
+      print_profiles(session);
+      print_profiles(second);
       const double both_s = seconds_since(t0);
       const long rss_two = vm_rss_kb();  // after the second session has touched all its buffers
       const bool same = ra.action == alone.action && rb.action == alone.action;

@@ -11,6 +11,9 @@
 #include "alpamayo/engine.h"
 #include "alpamayo/error.h"
 #include "alpamayo/output.h"
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+#include "backends/cpu/profile/profile_table.h"
+#endif
 #include "commands.h"
 #include "report.h"
 
@@ -129,6 +132,10 @@ void run_sample(const SampleArgs& a) {
   // The sample runs all Euler steps in one call (docs/ARCHITECTURE.md): say when it starts, the times follow.
   if (!a.quiet) std::fprintf(stderr, "sampling ...\n");
   SampleResult r = session.sample(so);
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+  // --profile: the table of every run of the layers, in the order they ran (only the cpu backend records them).
+  for (const StepProfile& p : session.profiles()) std::fputs(cpu::format_profile(p).c_str(), stderr);
+#endif
   check_mapped_files();  // an input truncated or rewritten under the run: stop before writing, naming it
   if (!a.quiet)
     for (int k = 0; k < r.steps; ++k) std::fprintf(stderr, "step %d/%d  %.3f s\n", k + 1, r.steps, r.step_seconds[k]);
@@ -199,7 +206,7 @@ Run add_sample(CLI::App& app) {
   app.add_option("--layers-out", a->layers_out, "write step-0 emb, layer.{l} outputs and final hidden");
   app.add_option("--json", a->json, "write the trajectories as JSON");
   app.add_option("--svg", a->svg, "write an SVG plot of the trajectories");
-  app.add_flag("--profile", a->profile, "print a per-op time table (cpu backend)");
+  app.add_flag("--profile", a->profile, "print a per-op time table of every step (cpu backend)");
   app.add_flag("--exact-freqs", a->exact_freqs, "unrounded Fourier frequencies when the checkpoint has no buffers");
   app.add_flag("--quiet", a->quiet, "no progress on stderr");
   return [a] { run_sample(*a); };

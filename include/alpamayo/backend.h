@@ -99,7 +99,7 @@ struct BackendOptions {
   int threads = 0;          // 0: all cores (host backends)
   std::string weights;      // weight format; empty: the backend's default (its first format)
   std::string kv;           // KV cache format (BackendInfo::kv_formats); empty: the backend's default (its first)
-  bool profile = false;     // print a per-op time table (backends that support it)
+  bool profile = false;     // record a per-op profile of every step (backends that support it; Session::profiles)
   bool exact_freqs = false; // unrounded Fourier frequencies when the checkpoint has no buffers
   // Backends that choose kernels at load (BackendInfo::kernel_choices: the cpu backend): the kernels to use,
   // "op=kernel,..." as BackendModel::kernels() reports them, instead of timing; docs/CPU_BACKEND.md. Empty: timed.
@@ -131,6 +131,45 @@ class NonFiniteError : public Error {
   bool unguided;             // found in the unguided pass of classifier-free guidance
 };
 
+// The profile of one run of the expert's layers (one Euler step, or its unguided pass), recorded where
+// BackendOptions::profile is on and the backend profiles (the cpu backend); read back with Session::profiles().
+// Numbers only: tools/ and bench/ print it as the --profile table.
+struct ProfilePhase {
+  std::string name;     // "rms_norm", "qkv matmul", ... in the order a layer runs them
+  double seconds = 0;   // over all layers of the step
+  double idle = 0;      // the threads' mean share of it spent waiting at its barriers, in [0, 1]
+};
+// The kernel chosen for an op at load, and why (docs/CPU_BACKEND.md, "Kernels chosen at run time").
+struct ProfileKernel {
+  std::string op, kernel, why;
+  double rate = 0;            // measured at the choice, in `unit`; 0: not timed
+  std::string unit;           // "GFLOP/s", or "GOP/s" for int8 weights
+  std::string instruction;    // the instruction doing its multiply-adds; "" where none is recorded
+  std::string check;          // the accuracy check at the choice; "" where nothing was checked
+};
+// An op's work in the step against the measured peak of the instruction its kernel multiplies with.
+struct ProfileOp {
+  std::string op, kernel, instruction;
+  double gflop = 0;      // work per step (GOP for int8)
+  double peak = 0;       // GFLOP/s (GOP/s) of the instruction, all threads
+  double floor_ms = 0;   // gflop / peak
+  double actual_ms = 0;  // the op's phases in this step; 0: not measured
+  // GFLOP/s (GOP/s) reached in this step; 0 where not measured.
+  double achieved() const { return actual_ms > 0 ? gflop / (1e-3 * actual_ms) : 0; }
+};
+struct StepProfile {
+  std::string weights;             // the weight format
+  int threads = 0, B = 0, T = 0, L = 0;
+  int64_t s_max = 0;               // the most cache rows a sample attends to
+  std::vector<ProfilePhase> phases;
+  double wall_seconds = 0;         // the whole step, as the caller saw it
+  std::string isa;                 // the instruction sets in use
+  std::vector<ProfileKernel> kernels;
+  std::string kernel_pin;          // the ALPAMAYO_CPU_KERNELS value that forces these choices
+  std::vector<ProfileOp> ops;      // the weight matmuls, then attention
+  int peak_threads = 0;            // the threads the peaks were measured on
+};
+
 class BackendSession {
  public:
   virtual ~BackendSession() = default;
@@ -141,6 +180,12 @@ class BackendSession {
   virtual const Captures& captures() const = 0;
   // Bytes this session holds for its own buffers (activations, scratch, converted caches).
   virtual size_t buffer_bytes() const = 0;
+  // The profiles of the last denoise, one per run of the layers in the order they ran (with guidance each step's
+  // guided pass, then its unguided one); empty where profiling is off or the backend does not profile.
+  virtual const std::vector<StepProfile>& profiles() const {
+    static const std::vector<StepProfile> none;
+    return none;
+  }
 };
 
 class BackendModel {

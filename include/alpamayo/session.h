@@ -69,6 +69,9 @@ class Session {
   SampleResult sample(const SampleOptions& opts);
   // The captures of the last sample (step -1 when none were requested at bind).
   const Captures& captures() const;
+  // The per-step profiles of the last sample (BackendOptions::profile; backend.h, StepProfile): empty where
+  // profiling is off or the backend does not profile.
+  const std::vector<StepProfile>& profiles() const;
 
   const Model& model() const { return *model_; }
   size_t buffer_bytes() const;

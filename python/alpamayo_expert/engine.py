@@ -228,14 +228,16 @@ class Model:
     config.json for R1 / 1.5 checkpoints (eps, theta, layer count); release: "r1" | "1.5" | "a2" when a fork
     renamed config.json's model_type. kernels (cpu backend): the kernels to load, "op=kernel,..." as another
     Model's `kernels` reports them, instead of timing them at load (and of the ALPAMAYO_CPU_KERNELS variable): the
-    cpu backend's results match bit for bit across processes only where its kernels do.
+    cpu backend's results match bit for bit across processes only where its kernels do. profile (cpu backend):
+    record a per-step profile, read with Session.profiles().
     """
 
     def __init__(self, checkpoint: str, backend: str = "", weights: str = "", threads: int = 0,
                  vlm_config: str | None = None, release: str | None = None, exact_freqs: bool = False,
-                 kv: str = "", kernels: str = ""):
+                 kv: str = "", kernels: str = "", profile: bool = False):
         self._m = _native().Model(str(checkpoint), backend or "", weights or "", int(threads), str(vlm_config or ""),
-                                  release or "", bool(exact_freqs), kv=kv or "", kernels=kernels or "")
+                                  release or "", bool(exact_freqs), profile=bool(profile), kv=kv or "",
+                                  kernels=kernels or "")
 
     @property
     def backend(self) -> str:
@@ -479,3 +481,9 @@ class Session:
         if "layers" in d:
             d["layers"] = [_convert(a, output) for a in d["layers"]]
         return d
+
+    def profiles(self) -> list[dict]:
+        """Model(profile=True), cpu backend: one dict per run of the layers in the last sample, in the order they ran
+        (with guidance: guided, then unguided, per step): 'phases' (name, seconds, idle), 'kernels', 'ops' (gflop,
+        peak, floor_ms, actual_ms, achieved), 'wall_seconds', ... and 'table', the CLI's --profile table. [] otherwise."""
+        return list(self._s.profiles())

@@ -141,6 +141,10 @@ void HostLoopSession::denoise(const DenoiseArgs& a) {
   std::vector<float*> layer_ptrs;
   for (auto& l : cap_.layers) layer_ptrs.push_back(l.data());
   cap_.step = -1;
+  profiles_.clear();
+  auto keep_profile = [&](const HostLoopSession& s) {
+    if (const StepProfile* p = s.step_profile()) profiles_.push_back(*p);
+  };
   float* x = a.x;
   if (a.x_steps) std::copy(x, x + n, a.x_steps);
   for (int k = 0; k < a.steps; ++k) {
@@ -150,6 +154,7 @@ void HostLoopSession::denoise(const DenoiseArgs& a) {
     const bool capture = k == req_.step;
     proj_.in(x, t_.data(), B_, emb_.data());
     step(emb_.data(), hidden_.data(), capture && req_.layers ? layer_ptrs.data() : nullptr);
+    keep_profile(*this);
     if (capture) {
       cap_.emb = emb_;
       cap_.hidden = hidden_;
@@ -159,6 +164,7 @@ void HostLoopSession::denoise(const DenoiseArgs& a) {
     if (unguided_) {
       // NVlabs/alpamayo1.5 FlowMatching._guided_v: (1 - w) * unguided_v + w * guided_v, fp32 products.
       unguided_->step(emb_.data(), hidden_u_.data(), nullptr);
+      keep_profile(*unguided_);
       proj_.out(hidden_u_.data(), B_ * cfg_.T, v_u_.data());
       const float wu = static_cast<float>(1.0 - weight_), wg = static_cast<float>(weight_);
       for (int64_t i = 0; i < n; ++i) v_[i] = wu * v_u_[i] + wg * v_[i];

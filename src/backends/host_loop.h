@@ -29,6 +29,7 @@ class HostLoopSession : public BackendSession {
   void denoise(const DenoiseArgs& a) final;
   const Captures& captures() const final { return cap_; }
   size_t buffer_bytes() const final;
+  const std::vector<StepProfile>& profiles() const final { return profiles_; }
 
  protected:
   // Sizes every buffer of step() for this binding.
@@ -39,6 +40,8 @@ class HostLoopSession : public BackendSession {
   virtual size_t step_buffer_bytes() const = 0;
   // An unbound session of the same model, for the unguided pass of classifier-free guidance.
   virtual std::unique_ptr<HostLoopSession> new_sibling() const = 0;
+  // The profile of the last step(), where the backend records one; nullptr otherwise.
+  virtual const StepProfile* step_profile() const { return nullptr; }
 
   const ExpertConfig& cfg_;
 
@@ -55,6 +58,7 @@ class HostLoopSession : public BackendSession {
   std::unique_ptr<HostLoopSession> unguided_;
   double weight_ = 1.0;
   std::vector<float> hidden_u_, v_u_;
+  std::vector<StepProfile> profiles_;  // of the last denoise
 };
 
 }  // namespace alpamayo

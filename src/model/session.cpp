@@ -174,6 +174,8 @@ void Session::bind(Context ctx, const BindOptions& opts) {
 
 const Captures& Session::captures() const { return backend_->captures(); }
 
+const std::vector<StepProfile>& Session::profiles() const { return backend_->profiles(); }
+
 size_t Session::buffer_bytes() const { return backend_->buffer_bytes(); }
 
 SampleResult Session::sample(const SampleOptions& o) {

@@ -25,6 +25,9 @@
 #include <vector>
 
 #include "alpamayo/limits.h"
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+#include "backends/cpu/profile/profile_table.h"
+#endif
 #include "alpamayo/engine.h"
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
@@ -251,6 +254,59 @@ nb::dict config_dict(const ExpertConfig& c) {
   return d;
 }
 
+// One StepProfile (alpamayo/backend.h) as a dict; "table": the --profile table of the CLI.
+nb::dict profile_dict(const StepProfile& p) {
+  nb::dict d;
+  d["weights"] = p.weights;
+  d["threads"] = p.threads;
+  d["B"] = p.B;
+  d["T"] = p.T;
+  d["L"] = p.L;
+  d["s_max"] = p.s_max;
+  d["wall_seconds"] = p.wall_seconds;
+  d["isa"] = p.isa;
+  d["kernel_pin"] = p.kernel_pin;
+  d["peak_threads"] = p.peak_threads;
+  nb::list phases, kernels, ops;
+  for (const ProfilePhase& ph : p.phases) {
+    nb::dict e;
+    e["name"] = ph.name;
+    e["seconds"] = ph.seconds;
+    e["idle"] = ph.idle;
+    phases.append(e);
+  }
+  for (const ProfileKernel& k : p.kernels) {
+    nb::dict e;
+    e["op"] = k.op;
+    e["kernel"] = k.kernel;
+    e["why"] = k.why;
+    e["rate"] = k.rate;
+    e["unit"] = k.unit;
+    e["instruction"] = k.instruction;
+    e["check"] = k.check;
+    kernels.append(e);
+  }
+  for (const ProfileOp& o : p.ops) {
+    nb::dict e;
+    e["op"] = o.op;
+    e["kernel"] = o.kernel;
+    e["instruction"] = o.instruction;
+    e["gflop"] = o.gflop;
+    e["peak"] = o.peak;
+    e["floor_ms"] = o.floor_ms;
+    e["actual_ms"] = o.actual_ms;
+    e["achieved"] = o.achieved();
+    ops.append(e);
+  }
+  d["phases"] = phases;
+  d["kernels"] = kernels;
+  d["ops"] = ops;
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
+  d["table"] = cpu::format_profile(p);
+#endif
+  return d;
+}
+
 struct SessionHandle {
   std::shared_ptr<const Model> model;
   Session s;
@@ -461,6 +517,12 @@ NB_MODULE(_core, m) {
            },
            "steps"_a = 0, "seed"_a.none() = nb::none(), "seeds"_a = std::vector<uint64_t>{}, "noise"_a.none() = nb::none(),
            "temperature"_a = 1.0, "v0"_a.none() = nb::none(), "all_steps"_a = false)
+      .def("profiles", [](SessionHandle& s) {
+        std::unique_lock<std::mutex> lock = s.acquire();
+        nb::list out;
+        for (const StepProfile& p : s.s.profiles()) out.append(profile_dict(p));
+        return out;
+      })
       .def("captures", [](SessionHandle& s) {
         std::unique_lock<std::mutex> lock = s.acquire();
         const Captures& c = s.s.captures();

@@ -29,6 +29,7 @@
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_backend_impl.h"
+#include "backends/cpu/profile/profile_table.h"
 #include "backends/cpu/runtime/isa.h"
 #endif
 
@@ -499,7 +500,7 @@ TEST_P(CpuAttentionKernels, MatchTheReference) {
 // The cpu backend's bf16 and int8 weights on every matmul kernel this machine runs (forced with the `kernels`
 // option matmul_bf16=... / matmul_int8=...), against the reference under the format's error model;
 // kernels that cannot run here are printed as skipped. The fp32-FMA kernels compute the same FMA chain
-// (fma_matmul.h), so their whole runs are bitwise identical; so is avx512_vnni's exact int32 sum with int8
+// (matmul_kernels.h), so their whole runs are bitwise identical; so is avx512_vnni's exact int32 sum with int8
 // weights here, where every partial sum stays below 2^24. avx512_bf16 (vdpbf16ps) and oneDNN only meet the bounds.
 TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
   for (const std::string format : {"bf16", "int8"}) {
@@ -514,10 +515,10 @@ TEST(Conformance, CpuMatmulKernelsMatchTheReference) {
           m = p.model("cpu", format, 2, {}, "", op + "=" + kernel);
         } catch (const Error& e) {
           // A kernel of ours must load wherever its instruction set is usable, for each weight type it takes.
-          cpu::FmaKernel k;
-          if (cpu::fma_kernel_from_name(kernel, &k) &&
-              (format == "int8" ? cpu::fma_kernel_takes_int8(k) : cpu::fma_kernel_takes_bf16(k))) {
-            EXPECT_FALSE(cpu::fma_kernel_runnable(k)) << kernel << ": " << e.what();
+          cpu::MatmulKernel k;
+          if (cpu::matmul_kernel_from_name(kernel, &k) &&
+              (format == "int8" ? cpu::matmul_kernel_takes_int8(k) : cpu::matmul_kernel_takes_bf16(k))) {
+            EXPECT_FALSE(cpu::matmul_kernel_runnable(k)) << kernel << ": " << e.what();
           }
           EXPECT_NE(kernel, "portable_fma") << e.what();
           EXPECT_NE(std::string(e.what()).find("Candidates"), std::string::npos) << e.what();
@@ -570,9 +571,9 @@ std::vector<CpuKernelTarget> cpu_kernel_targets() {
   for (const std::string format : {"bf16", "int8"}) {
     const bool int8 = format == "int8";
     v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", "onednn"});
-    for (cpu::FmaKernel k : cpu::kFmaKernels)
-      if (int8 ? cpu::fma_kernel_takes_int8(k) : cpu::fma_kernel_takes_bf16(k))
-        v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", cpu::fma_kernel_name(k)});
+    for (cpu::MatmulKernel k : cpu::kMatmulKernels)
+      if (int8 ? cpu::matmul_kernel_takes_int8(k) : cpu::matmul_kernel_takes_bf16(k))
+        v.push_back({format, "", int8 ? "matmul_int8" : "matmul_bf16", cpu::matmul_kernel_name(k)});
   }
   return v;
 }
@@ -586,7 +587,7 @@ std::string cpu_kernel_unavailable(const CpuKernelTarget& t) {
   if (t.kernel == "onednn") {
     if (t.format == "int8" && !cpu::onednn_int8_refused().empty()) return cpu::onednn_int8_refused();
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    cpu::MatmulKernels kernels(eng);
+    cpu::OnednnPrimitives kernels(eng);
     try {  // e.g. no bf16 matmul in oneDNN below AVX-512
       kernels.get(t.format == "int8" ? cpu::WeightType::INT8 : cpu::WeightType::BF16, 64, 1536, 1024, 1024);
     } catch (const Error& e) {
@@ -594,8 +595,8 @@ std::string cpu_kernel_unavailable(const CpuKernelTarget& t) {
     }
     return "";
   }
-  cpu::FmaKernel k;
-  return cpu::fma_kernel_from_name(t.kernel, &k) ? cpu::fma_kernel_unavailable(k) : "unknown matmul kernel";
+  cpu::MatmulKernel k;
+  return cpu::matmul_kernel_from_name(t.kernel, &k) ? cpu::matmul_kernel_unavailable(k) : "unknown matmul kernel";
 }
 
 class CpuKernelConformance : public ::testing::TestWithParam<std::tuple<CpuKernelTarget, int>> {};
@@ -723,28 +724,61 @@ TEST(Conformance, CpuForcedAttentionKernel) {
   test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); }, {"ALPAMAYO_CPU_KERNELS", "unknown op \"matmul_fp8\""});
 }
 
-// The cpu backend's --profile table: every phase of the layer with its time, its share and the threads' idle
-// share at its barriers (where work stealing shows), the kernels chosen and the floor, for each weight format.
+// The cpu backend's profile (BackendOptions::profile, Session::profiles): one per run of the layers, with every
+// phase's time and the threads' idle share at its barriers (where work stealing shows), the kernels chosen and
+// the floor, for each weight format; and the --profile table the CLI prints from it.
 TEST(Conformance, CpuProfileTablesEveryPhase) {
   Problem p(shapes()[2]);
-  const char* phases[] = {"rms_norm ", "qkv matmul", "q/k norm + rope", "attention ", "o_proj + residual",
+  const char* phases[] = {"rms_norm", "qkv matmul", "q/k norm + rope", "attention", "o_proj + residual",
                           "rms_norm2", "gate_up + silu*mul", "down + residual"};
   for (const std::string format : {"bf16", "int8", "bfp8_b"}) {
+    Session s(p.model("cpu", format, 2, {}, "", "", true));
+    s.bind(p.context());
     ::testing::internal::CaptureStderr();
-    run(p.model("cpu", format, 2, {}, "", "", true), p.context(), -1);
-    const std::string err = ::testing::internal::GetCapturedStderr();
-    ASSERT_NE(err.find("cpu backend profile (" + format + " weights, 2 threads"), std::string::npos) << err;
+    const SampleResult r = s.sample({.seed = 11});
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "the engine prints nothing";
+    const std::vector<StepProfile>& prof = s.profiles();
+    ASSERT_EQ(prof.size(), size_t(r.steps)) << format;
+    const StepProfile& last = prof.back();
+    EXPECT_EQ(last.weights, format);
+    EXPECT_EQ(last.threads, 2);
+    EXPECT_EQ(last.L, p.cfg.L);
+    ASSERT_EQ(last.phases.size(), std::size(phases));
+    double sum = 0;
+    for (size_t i = 0; i < last.phases.size(); ++i) {
+      EXPECT_EQ(last.phases[i].name, phases[i]);
+      EXPECT_GE(last.phases[i].seconds, 0) << phases[i];
+      EXPECT_GE(last.phases[i].idle, 0) << phases[i];
+      EXPECT_LE(last.phases[i].idle, 1) << phases[i];
+      sum += last.phases[i].seconds;
+    }
+    EXPECT_GT(sum, 0) << format;
+    EXPECT_GE(last.wall_seconds, sum * 0.5) << format;
+    bool attention = false;
+    for (const ProfileKernel& k : last.kernels) attention = attention || k.op == "attention";
+    EXPECT_TRUE(attention) << format;
+    ASSERT_EQ(last.ops.size(), 2u) << format;
+    EXPECT_EQ(last.ops[1].op, "attention");
+    for (const ProfileOp& o : last.ops) {
+      EXPECT_GT(o.gflop, 0) << o.op;
+      EXPECT_GT(o.actual_ms, 0) << o.op;
+      EXPECT_NEAR(o.achieved(), o.gflop / (1e-3 * o.actual_ms), 1e-9 * o.achieved()) << o.op;
+    }
+    EXPECT_NEAR(last.ops[1].actual_ms, 1e3 * last.phases[3].seconds, 1e-9);
+
+    // The table: each phase's line has ms/layer, ms/step, % and idle %, all in range.
+    const std::string err = cpu::format_profile(last);
+    ASSERT_EQ(err.rfind("cpu backend profile (" + format + " weights, 2 threads", 0), 0u) << err;
     EXPECT_NE(err.find("idle"), std::string::npos) << err;
     EXPECT_NE(err.find("kernel attention"), std::string::npos) << err;
     EXPECT_NE(err.find("floor"), std::string::npos) << err;
-    // The last step's table: each phase's line has ms/layer, ms/step, % and idle %, all in range.
-    const size_t last = err.rfind("cpu backend profile");
     double share = 0;
     for (const char* ph : phases) {
-      const size_t at = err.find(std::string("  ") + ph, last);
-      ASSERT_NE(at, std::string::npos) << format << ": no line for " << ph << " in\n" << err.substr(last);
+      const std::string name = std::string("  ") + ph + " ";
+      const size_t at = err.find(name);
+      ASSERT_NE(at, std::string::npos) << format << ": no line for " << ph << " in\n" << err;
       const size_t eol = err.find('\n', at);
-      std::string line = err.substr(at + 2 + std::strlen(ph), eol - at - 2 - std::strlen(ph));
+      std::string line = err.substr(at + name.size(), eol - at - name.size());
       for (char& ch : line)
         if (ch == '%') ch = ' ';
       double per_layer = -1, per_step = -1, pct = -1, idle = -1;
@@ -758,6 +792,29 @@ TEST(Conformance, CpuProfileTablesEveryPhase) {
     }
     EXPECT_NEAR(share, 100, 0.5) << format;
   }
+  // Off by default: no profiles.
+  Session off(p.model("cpu", "int8", 2));
+  off.bind(p.context());
+  off.sample({.seed = 11});
+  EXPECT_TRUE(off.profiles().empty());
+}
+
+// With guidance each step runs the layers twice (the unguided pass in a session of its own): a profile for each.
+TEST(Conformance, CpuProfilesBothPassesOfAGuidedStep) {
+  const Shape& sh = shapes()[5];
+  Problem p(sh);
+  CtxSpec u = sh.ctx;
+  u.P = 24;
+  u.S = {20, 24};
+  u.pad = {0, 2};
+  u.rope_delta = {-3, -3, 1, -3};
+  Session s(p.model("cpu", "int8", 2, {}, "", "", true));
+  s.bind(p.context(), {.guidance = Guidance{p.context(u), 1.5}});
+  const SampleResult r = s.sample({.seed = 3});
+  ASSERT_EQ(s.profiles().size(), size_t(2 * r.steps));
+  // The passes alternate: guided (its cache rows), then unguided (the shorter prompt).
+  EXPECT_NE(s.profiles()[0].s_max, s.profiles()[1].s_max);
+  for (size_t i = 2; i < s.profiles().size(); ++i) EXPECT_EQ(s.profiles()[i].s_max, s.profiles()[i - 2].s_max);
 }
 
 // A model's `kernels` option pins its kernels: what one model reports (Model::kernels) given to another loads the

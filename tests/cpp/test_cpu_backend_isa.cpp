@@ -16,7 +16,7 @@
 #include "backends/cpu/attention/attention.h"
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/cpu_ops.h"
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 #include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
 #include "backends/cpu/profile/peaks.h"
@@ -311,27 +311,27 @@ TEST(KernelCheck, MatmulBoundsHoldAndHavePower) {
   quantize_weight_rows(W.data(), K, N, wq.data(), ws.data(), nullptr);
   const Int8Sums sums = int8_sums(xq.data(), wq.data(), M, K, N);
   // Kernel k's output after the epilogue.
-  auto run = [&](FmaKernel k, bool int8) {
-    FmaWeights w;
+  auto run = [&](MatmulKernel k, bool int8) {
+    MatmulWeights w;
     if (int8) w.pack_int8(k, W.data(), K, N);
     else w.pack(k, W.data(), K, N);
-    std::vector<uint8_t> scratch(fma_scratch_bytes(k, M, K) + 64);
+    std::vector<uint8_t> scratch(matmul_scratch_bytes(k, M, K) + 64);
     void* sp = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
     std::vector<float> y(size_t(M) * N), out(y.size());
-    fma_matmul(w, int8 ? static_cast<const void*>(xq.data()) : xb.data(), M, K, y.data(), N, sp);
+    run_matmul(w, int8 ? static_cast<const void*>(xq.data()) : xb.data(), M, K, y.data(), N, sp);
     copy_rows(out.data(), N, y.data(), M, N, int8 ? rs.data() : nullptr, w.col_correction(), w.col_scale());
     return out;
   };
   for (bool int8 : {false, true}) {
-    const std::vector<float> ref = run(FmaKernel::Portable, int8);
+    const std::vector<float> ref = run(MatmulKernel::Portable, int8);
     const std::vector<double> bf16_bound = matmul_bf16_bound(xb.data(), wb.data(), M, K, N);
-    for (FmaKernel k : kFmaKernels) {
-      if (!fma_kernel_refuses(k, int8, K).empty() || !fma_kernel_runnable(k)) continue;
+    for (MatmulKernel k : kMatmulKernels) {
+      if (!matmul_kernel_refuses(k, int8, K).empty() || !matmul_kernel_runnable(k)) continue;
       const std::vector<double> b =
-          int8 ? matmul_int8_bound(sums, rs.data(), ws.data(), int8_sum_of(fma_kernel_name(k))) : bf16_bound;
+          int8 ? matmul_int8_bound(sums, rs.data(), ws.data(), int8_sum_of(matmul_kernel_name(k))) : bf16_bound;
       const std::vector<float> y = run(k, int8);
       const KernelAccuracy a = kernel_accuracy(y.data(), ref.data(), b.data(), y.size());
-      const std::string what = std::string(fma_kernel_name(k)) + (int8 ? " int8" : " bf16");
+      const std::string what = std::string(matmul_kernel_name(k)) + (int8 ? " int8" : " bf16");
       EXPECT_LT(a.ratio, 0.5) << what;
       std::printf("%-18s worst |d| / bound %.3g\n", what.c_str(), a.ratio);
       expect_power(ref, b, what);

@@ -16,7 +16,7 @@
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/attention/kv_quant.h"
-#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/matmul/onednn_matmul.h"
 #include "backends/cpu/runtime/thread_pool.h"
 #include "backends/reference/ops.h"
 
@@ -216,16 +216,16 @@ TEST_P(Matmul, MatchesReference) {
   ref::matmul_nt(x.data(), M, K, W.data(), N, ref.data());
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream st(eng);
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   ScopedOmpThreads one(1);
-  PackedLinear lin;
+  OnednnLinear lin;
   try {
     lin.pack(kernels, wt, K, N, W.data(), 7, N + 3);  // packed for another M, planned for M below
   } catch (const alpamayo::Error& e) {
     ASSERT_FALSE(isa().has(kAvx512)) << e.what();  // oneDNN 2.6 has bf16 and int8 matmuls wherever AVX-512 runs
     GTEST_SKIP() << e.what();
   }
-  const MatmulPlan plan = lin.plan(kernels, M, N + 3);
+  const OnednnPlan plan = lin.plan(kernels, M, N + 3);
   AlignedBuf<uint8_t> scratch(plan.scratch_bytes() + 1);
   std::vector<float> rs(M, 1.f);
   if (wt == WeightType::BF16) {
@@ -257,7 +257,7 @@ TEST_P(Matmul, MatchesReference) {
 TEST(Matmul, OnednnUsesAmxExactlyWhereUsable) {
   const IsaInfo& info = isa();  // first: it caps oneDNN (ALPAMAYO_CPU_ISA) before any primitive exists
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   ScopedOmpThreads one(1);
   const std::tuple<WeightType, uint32_t, const char*> cases[] = {{WeightType::BF16, kAmxBf16, "amx_bf16"},
                                                                    {WeightType::INT8, kAmxInt8, "amx_int8"}};

@@ -1,4 +1,4 @@
-// The bf16-weight matmul kernels on fp32 FMAs (src/backends/cpu/matmul/fma_matmul.h): every kernel this machine runs
+// The bf16-weight matmul kernels on fp32 FMAs (src/backends/cpu/matmul/matmul_kernels.h): every kernel this machine runs
 // against a double-precision reference on odd shapes, bitwise equality between column slicings and between the
 // kernels (all compute the same fp32 FMA chain over k), packing layout and errors. int8 weights on the same
 // kernels and on the int8 dot-product kernels avx512_vnni and avx2_int8 (exact int32 sums).
@@ -14,7 +14,7 @@
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/runtime/aligned.h"
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -37,40 +37,40 @@ Case make_case(int M, int K, int N, uint32_t seed) {
 }
 
 // The int8 kernels that sum in int32 exactly (the rest compute the fp32 FMA chain).
-bool exact_int8(FmaKernel k) { return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx2Int8; }
+bool exact_int8(MatmulKernel k) { return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::Avx2Int8; }
 
 // y[M, ldy] for columns [0, N) with kernel k; the rest of y keeps its NaN fill (written-columns check).
-std::vector<float> run(FmaKernel k, const Case& c, int ldy) {
-  FmaWeights w;
+std::vector<float> run(MatmulKernel k, const Case& c, int ldy) {
+  MatmulWeights w;
   w.pack_bf16(k, c.W.data(), c.K, c.N);
-  AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+  AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, c.M, c.K));
   std::vector<float> y(size_t(c.M) * ldy, std::nanf(""));
-  fma_matmul(w, c.x.data(), c.M, c.K, y.data(), ldy, scratch.data());
+  run_matmul(w, c.x.data(), c.M, c.K, y.data(), ldy, scratch.data());
   return y;
 }
 
 // The kernels this process runs, for bf16 weights or (int8) for int8 ones; chain: only those computing the fp32
 // FMA chain (bitwise equal to portable_fma), i.e. not avx512_bf16.
-std::vector<FmaKernel> runnable(bool int8 = false, bool chain = false) {
-  std::vector<FmaKernel> r;
-  for (FmaKernel k : kFmaKernels) {
-    if (int8 ? !fma_kernel_takes_int8(k) : !fma_kernel_takes_bf16(k)) continue;
-    if (chain && k == FmaKernel::Avx512Bf16) continue;
-    if (fma_kernel_runnable(k))
+std::vector<MatmulKernel> runnable(bool int8 = false, bool chain = false) {
+  std::vector<MatmulKernel> r;
+  for (MatmulKernel k : kMatmulKernels) {
+    if (int8 ? !matmul_kernel_takes_int8(k) : !matmul_kernel_takes_bf16(k)) continue;
+    if (chain && k == MatmulKernel::Avx512Bf16) continue;
+    if (matmul_kernel_runnable(k))
       r.push_back(k);
     else
-      std::printf("  [skipped] %s: not supported by this CPU / ALPAMAYO_CPU_ISA\n", fma_kernel_name(k));
+      std::printf("  [skipped] %s: not supported by this CPU / ALPAMAYO_CPU_ISA\n", matmul_kernel_name(k));
   }
   return r;
 }
 
 TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
   double worst = 0;
-  for (FmaKernel k : runnable())
+  for (MatmulKernel k : runnable())
     for (int M : {1, 3, 17, 64, 130})
       for (int K : {1, 7, 64, 1000, 2100})  // 2100: three spans of the packed layout
         for (int N : {1, 15, 16, 33, 300}) {
-          if (k == FmaKernel::Portable && M * K * N > 4000000) continue;  // slow; bitwise-checked below
+          if (k == MatmulKernel::Portable && M * K * N > 4000000) continue;  // slow; bitwise-checked below
           const Case c = make_case(M, K, N, uint32_t(M * 1000003 + K * 1009 + N));
           const int ldy = N + 5;
           const std::vector<float> y = run(k, c, ldy);
@@ -90,7 +90,7 @@ TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
               // fp32 sequential accumulation: |error| <= K * 2^-24 * sum |products| (loose, 2x).
               const double bound = 2.0 * K * std::ldexp(1.0, -24) * mag + 1e-30;
               ASSERT_LE(std::fabs(got - ref), bound)
-                  << fma_kernel_name(k) << " M=" << M << " K=" << K << " N=" << N << " m=" << m << " n=" << n;
+                  << matmul_kernel_name(k) << " M=" << M << " K=" << K << " N=" << N << " m=" << m << " n=" << n;
               if (mag > 0) worst = std::max(worst, std::fabs(got - ref) / mag);
             }
         }
@@ -98,30 +98,30 @@ TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
 }
 
 TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
-  const std::vector<FmaKernel> ks = runnable();  // avx512_bf16: its slices against its own whole result
+  const std::vector<MatmulKernel> ks = runnable();  // avx512_bf16: its slices against its own whole result
   for (int M : {1, 17, 64, 130})
     for (int K : {7, 200, 1000, 2100}) {
       const int N = 300;
       const Case c = make_case(M, K, N, uint32_t(7 * M + K));
       // The portable kernel is the oracle: the same fp32 FMA chain over k, in C++.
-      const std::vector<float> chain_ref = run(FmaKernel::Portable, c, N);
-      for (FmaKernel k : ks) {
-        const bool chain = k != FmaKernel::Avx512Bf16;
+      const std::vector<float> chain_ref = run(MatmulKernel::Portable, c, N);
+      for (MatmulKernel k : ks) {
+        const bool chain = k != MatmulKernel::Avx512Bf16;
         const std::vector<float> ref = chain ? chain_ref : run(k, c, N);
         if (chain) {
-          EXPECT_EQ(run(k, c, N), ref) << fma_kernel_name(k) << " vs portable_fma, M=" << M << " K=" << K;
+          EXPECT_EQ(run(k, c, N), ref) << matmul_kernel_name(k) << " vs portable_fma, M=" << M << " K=" << K;
         }
         // Column ranges as the backend's thread slices (multiples of 64) and odd ones, each packed on its own.
         for (const std::vector<int>& cuts : {std::vector<int>{0, 64, 192, 300}, std::vector<int>{0, 1, 17, 150, 299, 300}}) {
           std::vector<float> y(size_t(M) * N, std::nanf(""));
           for (size_t s = 0; s + 1 < cuts.size(); ++s) {
             const int n0 = cuts[s], n1 = cuts[s + 1];
-            FmaWeights w;
+            MatmulWeights w;
             w.pack_bf16(k, c.W.data() + size_t(n0) * K, K, n1 - n0);
-            AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, K));
-            fma_matmul(w, c.x.data(), M, K, y.data() + n0, N, scratch.data());
+            AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, K));
+            run_matmul(w, c.x.data(), M, K, y.data() + n0, N, scratch.data());
           }
-          EXPECT_EQ(y, ref) << fma_kernel_name(k) << " sliced, M=" << M << " K=" << K;
+          EXPECT_EQ(y, ref) << matmul_kernel_name(k) << " sliced, M=" << M << " K=" << K;
         }
       }
     }
@@ -132,7 +132,7 @@ TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
 // for bf16 and int8 weights on every kernel this machine runs; a full arena is refused.
 TEST(FmaMatmul, ChunksInOneArenaWithThePreparedXAreBitwiseEqual) {
   for (const bool int8 : {false, true})
-    for (FmaKernel k : runnable(int8))
+    for (MatmulKernel k : runnable(int8))
       for (int M : {1, 17, 64})
         for (int K : {7, 1000, 2100}) {
           const int N = 300;
@@ -142,56 +142,56 @@ TEST(FmaMatmul, ChunksInOneArenaWithThePreparedXAreBitwiseEqual) {
           std::vector<uint8_t> xq(size_t(M) * K);
           for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t((c.x[i] * 2654435761u) >> 7);
           const void* x = int8 ? static_cast<const void*>(xq.data()) : c.x.data();
-          auto pack = [&](FmaWeights& w, int n0, int n1, FmaArena* arena) {
+          auto pack = [&](MatmulWeights& w, int n0, int n1, MatmulArena* arena) {
             if (int8) w.pack_int8(k, Wf.data() + size_t(n0) * K, K, n1 - n0, arena);
             else w.pack(k, Wf.data() + size_t(n0) * K, K, n1 - n0, arena);
           };
-          FmaWeights whole;
+          MatmulWeights whole;
           pack(whole, 0, N, nullptr);
-          AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, K));
+          AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, K));
           std::vector<float> ref(size_t(M) * N);
-          fma_matmul(whole, x, M, K, ref.data(), N, scratch.data());
+          run_matmul(whole, x, M, K, ref.data(), N, scratch.data());
 
           const std::vector<int> cuts = {0, 16, 64, 65, 200, 300};
           size_t bytes = 0;
           for (size_t i = 0; i + 1 < cuts.size(); ++i)
-            bytes += FmaWeights::packed_bytes(k, int8, K, cuts[i + 1] - cuts[i]);
-          FmaArena arena(bytes);
-          std::vector<FmaWeights> chunks(cuts.size() - 1);
+            bytes += MatmulWeights::packed_bytes(k, int8, K, cuts[i + 1] - cuts[i]);
+          MatmulArena arena(bytes);
+          std::vector<MatmulWeights> chunks(cuts.size() - 1);
           for (size_t i = 0; i + 1 < cuts.size(); ++i) pack(chunks[i], cuts[i], cuts[i + 1], &arena);
           EXPECT_EQ(arena.used, bytes);
           for (size_t i = 0; i + 1 < chunks.size(); ++i)  // back to back, 64-byte aligned
             EXPECT_EQ(reinterpret_cast<const char*>(chunks[i + 1].data()) - reinterpret_cast<const char*>(chunks[i].data()),
-                      std::ptrdiff_t(FmaWeights::packed_bytes(k, int8, K, cuts[i + 1] - cuts[i])));
+                      std::ptrdiff_t(MatmulWeights::packed_bytes(k, int8, K, cuts[i + 1] - cuts[i])));
           // Reversed order, as a thread taking chunks from another's back; fresh scratch, so x_ready really reuses.
-          AlignedBuf<uint8_t> own(fma_scratch_bytes(k, M, K));
+          AlignedBuf<uint8_t> own(matmul_scratch_bytes(k, M, K));
           std::vector<float> y(size_t(M) * N, std::nanf(""));
           std::vector<float> part(size_t(M) * N);
           for (size_t j = chunks.size(); j-- > 0;) {
             const int n0 = cuts[j], n = cuts[j + 1] - cuts[j];
-            fma_matmul(chunks[j], x, M, K, part.data(), n, own.data(), j + 1 < chunks.size());
+            run_matmul(chunks[j], x, M, K, part.data(), n, own.data(), j + 1 < chunks.size());
             for (int m = 0; m < M; ++m)
               for (int i = 0; i < n; ++i) y[size_t(m) * N + n0 + i] = part[size_t(m) * n + i];
           }
-          ASSERT_EQ(y, ref) << fma_kernel_name(k) << (int8 ? " int8" : " bf16") << " M=" << M << " K=" << K;
-          FmaWeights extra;
+          ASSERT_EQ(y, ref) << matmul_kernel_name(k) << (int8 ? " int8" : " bf16") << " M=" << M << " K=" << K;
+          MatmulWeights extra;
           EXPECT_THROW(pack(extra, 0, 16, &arena), Error) << "the arena is full";
         }
 }
 
 TEST(FmaMatmul, StridedActivationsAndRowSubsets) {
   // x with a row stride larger than K (a view into a wider buffer): the same result as dense rows.
-  for (FmaKernel k : runnable()) {
+  for (MatmulKernel k : runnable()) {
     const Case c = make_case(9, 70, 40, 5);
     const int ldx = 101;
     std::vector<uint16_t> xs(size_t(c.M) * ldx, 0x7fc0);  // NaN outside the rows' first K
     for (int m = 0; m < c.M; ++m) std::copy(c.x.begin() + size_t(m) * c.K, c.x.begin() + size_t(m + 1) * c.K, xs.begin() + size_t(m) * ldx);
-    FmaWeights w;
+    MatmulWeights w;
     w.pack_bf16(k, c.W.data(), c.K, c.N);
-    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+    AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, c.M, c.K));
     std::vector<float> y(size_t(c.M) * c.N);
-    fma_matmul(w, xs.data(), c.M, ldx, y.data(), c.N, scratch.data());
-    EXPECT_EQ(y, run(k == FmaKernel::Avx512Bf16 ? k : FmaKernel::Portable, c, c.N)) << fma_kernel_name(k);
+    run_matmul(w, xs.data(), c.M, ldx, y.data(), c.N, scratch.data());
+    EXPECT_EQ(y, run(k == MatmulKernel::Avx512Bf16 ? k : MatmulKernel::Portable, c, c.N)) << matmul_kernel_name(k);
   }
 }
 
@@ -200,64 +200,64 @@ TEST(FmaMatmul, PackingLayoutAndRounding) {
   const int K = 3, N = 20;
   std::vector<float> W(size_t(N) * K);
   for (size_t i = 0; i < W.size(); ++i) W[i] = 1.f + float(i) / 256.f + 1.f / 1024.f;
-  for (FmaKernel k : kFmaKernels) {
-    FmaWeights w;
-    if (!fma_kernel_takes_bf16(k)) {
-      EXPECT_THROW(w.pack(k, W.data(), K, N), Error) << fma_kernel_name(k);
+  for (MatmulKernel k : kMatmulKernels) {
+    MatmulWeights w;
+    if (!matmul_kernel_takes_bf16(k)) {
+      EXPECT_THROW(w.pack(k, W.data(), K, N), Error) << matmul_kernel_name(k);
       continue;
     }
     w.pack(k, W.data(), K, N);
     // avx512_bf16 keeps pairs of k side by side: [ceil(K/2)][pw][2], the odd K's last pair zero-padded.
-    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = fma_k_group(k);
+    const int pw = matmul_panel_width(k), panels = (N + pw - 1) / pw, g = matmul_k_group(k);
     const int Kg = (K + g - 1) / g * g;
-    ASSERT_EQ(w.bytes(), size_t(panels) * Kg * pw * 2) << fma_kernel_name(k);
+    ASSERT_EQ(w.bytes(), size_t(panels) * Kg * pw * 2) << matmul_kernel_name(k);
     for (int p = 0; p < panels; ++p)
       for (int kk = 0; kk < Kg; ++kk)
         for (int j = 0; j < pw; ++j) {
           const int n = p * pw + j;
           const uint16_t got =
-              w.data()[size_t(p) * Kg * pw + (size_t(kk / g) * pw + fma_packed_slot(k, false, j)) * g + kk % g];
-          EXPECT_EQ(got, n < N && kk < K ? f32_to_bf16(W[size_t(n) * K + kk]) : uint16_t(0)) << fma_kernel_name(k);
+              w.data()[size_t(p) * Kg * pw + (size_t(kk / g) * pw + matmul_packed_slot(k, false, j)) * g + kk % g];
+          EXPECT_EQ(got, n < N && kk < K ? f32_to_bf16(W[size_t(n) * K + kk]) : uint16_t(0)) << matmul_kernel_name(k);
         }
   }
-  // K over one span: spans of fma_k_span(k) rows (kDotKSpan for the dot-product kernels), each holding every panel.
-  for (FmaKernel k : kFmaKernels) {
-    if (!fma_kernel_takes_bf16(k)) continue;
-    const int span = fma_k_span(k), K2 = span + 5, N2 = 70;
+  // K over one span: spans of matmul_k_span(k) rows (kDotKSpan for the dot-product kernels), each holding every panel.
+  for (MatmulKernel k : kMatmulKernels) {
+    if (!matmul_kernel_takes_bf16(k)) continue;
+    const int span = matmul_k_span(k), K2 = span + 5, N2 = 70;
     std::vector<float> W2(size_t(N2) * K2);
     for (size_t i = 0; i < W2.size(); ++i) W2[i] = float(i % 251) - 125.f;
-    FmaWeights w;
+    MatmulWeights w;
     w.pack(k, W2.data(), K2, N2);
-    const int pw = fma_panel_width(k), panels = (N2 + pw - 1) / pw, g = fma_k_group(k);
+    const int pw = matmul_panel_width(k), panels = (N2 + pw - 1) / pw, g = matmul_k_group(k);
     for (int n = 0; n < N2; ++n)
       for (int kk = 0; kk < K2; ++kk) {
         const int k0 = kk / span * span, ks = std::min(span, K2 - k0), ksg = (ks + g - 1) / g * g;
         const int r = kk - k0;
         const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ksg * pw +
-                          (size_t(r / g) * pw + fma_packed_slot(k, false, n % pw)) * g + r % g;
-        ASSERT_EQ(w.data()[at], f32_to_bf16(W2[size_t(n) * K2 + kk])) << fma_kernel_name(k) << " n=" << n << " k=" << kk;
+                          (size_t(r / g) * pw + matmul_packed_slot(k, false, n % pw)) * g + r % g;
+        ASSERT_EQ(w.data()[at], f32_to_bf16(W2[size_t(n) * K2 + kk])) << matmul_kernel_name(k) << " n=" << n << " k=" << kk;
       }
   }
-  EXPECT_EQ(fma_k_span(FmaKernel::Avx512Vnni), kDotKSpan);
-  EXPECT_EQ(fma_k_span(FmaKernel::Avx512), kFmaKSpan);
+  EXPECT_EQ(matmul_k_span(MatmulKernel::Avx512Vnni), kDotKSpan);
+  EXPECT_EQ(matmul_k_span(MatmulKernel::Avx512), kFmaKSpan);
   EXPECT_EQ(kDotKSpan % kFmaKSpan, 0);
-  FmaWeights bad;
-  EXPECT_THROW(bad.pack(FmaKernel::Portable, W.data(), 0, N), Error);
+  MatmulWeights bad;
+  EXPECT_THROW(bad.pack(MatmulKernel::Portable, W.data(), 0, N), Error);
   // The slots are a permutation of each panel's columns: avx512_fma's bf16 rows pair column c with c + 16.
-  for (FmaKernel k : kFmaKernels)
+  for (MatmulKernel k : kMatmulKernels)
     for (bool int8 : {false, true}) {
-      const int pw = fma_panel_width(k);
+      const int pw = matmul_panel_width(k);
       std::vector<int> seen(pw, 0);
       for (int j = 0; j < pw; ++j) {
-        const int s = fma_packed_slot(k, int8, j);
-        ASSERT_TRUE(s >= 0 && s < pw) << fma_kernel_name(k);
+        const int s = matmul_packed_slot(k, int8, j);
+        ASSERT_TRUE(s >= 0 && s < pw) << matmul_kernel_name(k);
         ++seen[s];
       }
-      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), pw) << fma_kernel_name(k);
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), pw) << matmul_kernel_name(k);
     }
-  EXPECT_EQ(fma_packed_slot(FmaKernel::Avx512, false, 16), 1);
-  EXPECT_EQ(fma_packed_slot(FmaKernel::Avx512, false, 33), 34);
-  EXPECT_EQ(fma_packed_slot(FmaKernel::Avx512, true, 16), 16);
+  EXPECT_EQ(matmul_packed_slot(MatmulKernel::Avx512, false, 16), 1);
+  EXPECT_EQ(matmul_packed_slot(MatmulKernel::Avx512, false, 33), 34);
+  EXPECT_EQ(matmul_packed_slot(MatmulKernel::Avx512, true, 16), 16);
 }
 
 // int8 weights: s8 values, x as u8 = q + 128; y = sum_k q w exactly up to fp32 rounding of the sums.
@@ -278,25 +278,25 @@ CaseS8 make_s8(int M, int K, int N, uint32_t seed) {
   return c;
 }
 
-std::vector<float> run_s8(FmaKernel k, const CaseS8& c, int n0, int n1, std::vector<float>& y, int ldy) {
-  FmaWeights w;
+std::vector<float> run_s8(MatmulKernel k, const CaseS8& c, int n0, int n1, std::vector<float>& y, int ldy) {
+  MatmulWeights w;
   w.pack_s8(k, c.W.data() + size_t(n0) * c.K, c.scales.data() + n0, c.K, n1 - n0);
-  EXPECT_EQ(w.type(), FmaType::INT8);
-  AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
-  fma_matmul(w, c.x.data(), c.M, c.K, y.data() + n0, ldy, scratch.data());
+  EXPECT_EQ(w.type(), MatmulType::INT8);
+  AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, c.M, c.K));
+  run_matmul(w, c.x.data(), c.M, c.K, y.data() + n0, ldy, scratch.data());
   return std::vector<float>(w.col_correction(), w.col_correction() + (n1 - n0));
 }
 
 TEST(FmaMatmul, Int8KernelsMatchAnExactIntegerSumAndEachOther) {
   // Every partial sum here stays far below 2^24, so the FMA chain is exact and equals avx512_vnni's int32 sum.
-  const std::vector<FmaKernel> ks = runnable(true);  // avx512_bf16 takes no int8 weights
+  const std::vector<MatmulKernel> ks = runnable(true);  // avx512_bf16 takes no int8 weights
   for (int M : {1, 3, 17, 64, 130})
     for (int K : {1, 7, 64, 1000, 2100})
       for (int N : {1, 15, 16, 33, 300}) {
         const CaseS8 c = make_s8(M, K, N, uint32_t(M * 31 + K * 7 + N));
         std::vector<float> ref(size_t(M) * N, std::nanf(""));
         if (int64_t(M) * K * N <= 4000000) {
-          run_s8(FmaKernel::Portable, c, 0, N, ref, N);
+          run_s8(MatmulKernel::Portable, c, 0, N, ref, N);
         } else {
           run_s8(ks.front(), c, 0, N, ref, N);  // checked against the exact sums below, bitwise against the rest
         }
@@ -311,15 +311,15 @@ TEST(FmaMatmul, Int8KernelsMatchAnExactIntegerSumAndEachOther) {
             ASSERT_LE(std::fabs(double(ref[size_t(m) * N + n]) - double(exact)), K * std::ldexp(double(mag), -24))
                 << "M=" << M << " K=" << K << " N=" << N;
           }
-        for (FmaKernel k : ks) {
+        for (MatmulKernel k : ks) {
           std::vector<float> y(size_t(M) * N, std::nanf(""));
           const std::vector<float> corr = run_s8(k, c, 0, N, y, N);
-          EXPECT_EQ(y, ref) << fma_kernel_name(k) << " M=" << M << " K=" << K << " N=" << N;
+          EXPECT_EQ(y, ref) << matmul_kernel_name(k) << " M=" << M << " K=" << K << " N=" << N;
           EXPECT_EQ(corr, std::vector<float>(N, 0.f));
           if (N == 300) {
             std::vector<float> ys(size_t(M) * N, std::nanf(""));
             for (auto [n0, n1] : {std::pair{0, 64}, std::pair{64, 77}, std::pair{77, 300}}) run_s8(k, c, n0, n1, ys, N);
-            EXPECT_EQ(ys, ref) << fma_kernel_name(k) << " sliced, M=" << M << " K=" << K;
+            EXPECT_EQ(ys, ref) << matmul_kernel_name(k) << " sliced, M=" << M << " K=" << K;
           }
         }
       }
@@ -332,8 +332,8 @@ TEST(FmaMatmul, DotKernelsAcrossTwoSpans) {
   const int K = kDotKSpan + 300;
   for (int M : {1, 7})
     for (int N : {33, 70}) {
-      for (FmaKernel k : runnable(false)) {
-        if (k != FmaKernel::Avx512Bf16) continue;
+      for (MatmulKernel k : runnable(false)) {
+        if (k != MatmulKernel::Avx512Bf16) continue;
         const Case c = make_case(M, K, N, uint32_t(M * 13 + N));
         const std::vector<float> y = run(k, c, N);
         for (int m = 0; m < M; ++m)
@@ -347,7 +347,7 @@ TEST(FmaMatmul, DotKernelsAcrossTwoSpans) {
             ASSERT_LE(std::fabs(y[size_t(m) * N + n] - ref), 2.0 * K * std::ldexp(1.0, -24) * mag) << "m=" << m << " n=" << n;
           }
       }
-      for (FmaKernel k : runnable(true)) {
+      for (MatmulKernel k : runnable(true)) {
         if (!exact_int8(k)) continue;
         const CaseS8 c = make_s8(M, K, N, uint32_t(M * 17 + N));
         std::vector<float> y(size_t(M) * N, std::nanf(""));
@@ -370,15 +370,15 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
   std::vector<float> W(size_t(N) * K);
   for (float& v : W) v = nd(rng);
   for (int kk = 0; kk < K; ++kk) W[size_t(5) * K + kk] = 0.f;  // an all-zero row: scale 1
-  for (FmaKernel k : kFmaKernels) {
-    FmaWeights w;
-    if (!fma_kernel_takes_int8(k)) {
-      EXPECT_THROW(w.pack_int8(k, W.data(), K, N), Error) << fma_kernel_name(k);
+  for (MatmulKernel k : kMatmulKernels) {
+    MatmulWeights w;
+    if (!matmul_kernel_takes_int8(k)) {
+      EXPECT_THROW(w.pack_int8(k, W.data(), K, N), Error) << matmul_kernel_name(k);
       continue;
     }
     w.pack_int8(k, W.data(), K, N);
-    const int pw = fma_panel_width(k);
-    const int g = fma_k_group(k);  // [K/g][pw][g] (K = 300: one span)
+    const int pw = matmul_panel_width(k);
+    const int g = matmul_k_group(k);  // [K/g][pw][g] (K = 300: one span)
     for (int n = 0; n < N; ++n) {
       float mx = 0.f;
       for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
@@ -389,10 +389,10 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
       for (int kk = 0; kk < K; ++kk) {
         const int q = static_cast<int>(std::lrintf(std::clamp(W[size_t(n) * K + kk] / sc, -127.f, 127.f)));
         const size_t at = size_t(n / pw) * K * pw + (size_t(kk / g) * pw + n % pw) * g + kk % g;
-        ASSERT_EQ(w.data_s8()[at], q) << fma_kernel_name(k) << " " << n << " " << kk;
+        ASSERT_EQ(w.data_s8()[at], q) << matmul_kernel_name(k) << " " << n << " " << kk;
         sum += q;
       }
-      if (k == FmaKernel::Avx512Vnni) {
+      if (k == MatmulKernel::Avx512Vnni) {
         ASSERT_EQ(w.col_sums()[n], sum) << n;
       } else {
         ASSERT_EQ(w.col_sums(), nullptr);
@@ -404,9 +404,9 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
 // The quantizer's rounding at exact ties (half to even, as lrintf in the default mode), and the int8 layouts
 // across spans with a partial last k-group: every element where the layout puts it.
 TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
-  for (FmaKernel k : kFmaKernels) {
-    if (!fma_kernel_takes_int8(k)) continue;
-    const int span = fma_k_span(k), K = span + 7, N = 67;
+  for (MatmulKernel k : kMatmulKernels) {
+    if (!matmul_kernel_takes_int8(k)) continue;
+    const int span = matmul_k_span(k), K = span + 7, N = 67;
     std::vector<float> W(size_t(N) * K);
     std::mt19937 rng(11);
     std::uniform_int_distribution<int> half_steps(-254, 254);
@@ -414,9 +414,9 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
     for (int n = 0; n < N; ++n) W[size_t(n) * K + (n * 7) % K] = n % 2 ? 127.f : -127.f;
     const float ties[] = {0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, 126.5f, -126.5f};
     for (int i = 0; i < 8; ++i) W[size_t(3) * K + 100 + i] = ties[i];
-    FmaWeights w;
+    MatmulWeights w;
     w.pack_int8(k, W.data(), K, N);
-    const int pw = fma_panel_width(k), panels = (N + pw - 1) / pw, g = fma_k_group(k);
+    const int pw = matmul_panel_width(k), panels = (N + pw - 1) / pw, g = matmul_k_group(k);
     for (int n = 0; n < N; ++n) {
       float mx = 0.f;
       for (int kk = 0; kk < K; ++kk) mx = std::max(mx, std::fabs(W[size_t(n) * K + kk]));
@@ -427,15 +427,15 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
         const int k0 = kk / span * span, ks = std::min(span, K - k0), ksg = (ks + g - 1) / g * g;
         const int r = kk - k0;
         const size_t at = size_t(k0) * panels * pw + size_t(n / pw) * ksg * pw +
-                          (size_t(r / g) * pw + fma_packed_slot(k, true, n % pw)) * g + r % g;
-        ASSERT_EQ(w.data_s8()[at], q) << fma_kernel_name(k) << " n=" << n << " k=" << kk;
+                          (size_t(r / g) * pw + matmul_packed_slot(k, true, n % pw)) * g + r % g;
+        ASSERT_EQ(w.data_s8()[at], q) << matmul_kernel_name(k) << " n=" << n << " k=" << kk;
       }
     }
     // Row 3 (scale 1, panel 0, span 0): the ties at k = 100..107 go to the even neighbour.
     const int even[] = {0, 0, 2, -2, 2, -2, 126, -126};
     for (int i = 0; i < 8; ++i) {
       const int kk = 100 + i;
-      EXPECT_EQ(w.data_s8()[(size_t(kk / g) * pw + fma_packed_slot(k, true, 3)) * g + kk % g], even[i]) << kk;
+      EXPECT_EQ(w.data_s8()[(size_t(kk / g) * pw + matmul_packed_slot(k, true, 3)) * g + kk % g], even[i]) << kk;
     }
     // The padding: k past K in the last group, columns past N in the last panel.
     const int k0 = K / span * span, ksg = (K - k0 + g - 1) / g * g;
@@ -444,8 +444,8 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
         for (int j = 0; j < pw; ++j) {
           if (p * pw + j < N && k0 + r < K) continue;
           ASSERT_EQ(w.data_s8()[size_t(k0) * panels * pw + size_t(p) * ksg * pw +
-                                (size_t(r / g) * pw + fma_packed_slot(k, true, j)) * g + r % g], 0)
-              << fma_kernel_name(k);
+                                (size_t(r / g) * pw + matmul_packed_slot(k, true, j)) * g + r % g], 0)
+              << matmul_kernel_name(k);
         }
   }
 }
@@ -456,9 +456,9 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
 // strided activations, activations at both ends of u8 (q = -128 and 127) against weights at both ends of s8
 // (-128 and 127), and the K bound past which int32 could overflow.
 TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
-  for (FmaKernel k : {FmaKernel::Avx512Vnni, FmaKernel::Avx2Int8}) {
-    if (!fma_kernel_runnable(k)) {
-      std::printf("  [skipped] %s: not supported by this CPU / ALPAMAYO_CPU_ISA\n", fma_kernel_name(k));
+  for (MatmulKernel k : {MatmulKernel::Avx512Vnni, MatmulKernel::Avx2Int8}) {
+    if (!matmul_kernel_runnable(k)) {
+      std::printf("  [skipped] %s: not supported by this CPU / ALPAMAYO_CPU_ISA\n", matmul_kernel_name(k));
       continue;
     }
     for (int K : {2101, 2103, 4096}) {
@@ -471,17 +471,17 @@ TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
         for (int kk = 0; kk < K; ++kk)
           x[size_t(m) * ldx + kk] = static_cast<uint8_t>(m % 3 == 1 ? 255 : m % 3 == 2 ? 0 : 1 + rng() % 4);
       const std::vector<float> scales(N, 1.f);
-      FmaWeights w;
+      MatmulWeights w;
       w.pack_s8(k, W.data(), scales.data(), K, N);
-      AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, M, K));
+      AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, K));
       std::vector<float> y(size_t(M) * N, std::nanf(""));
-      fma_matmul(w, x.data(), M, ldx, y.data(), N, scratch.data());
+      run_matmul(w, x.data(), M, ldx, y.data(), N, scratch.data());
       int rounded = 0;
       for (int m = 0; m < M; ++m)
         for (int n = 0; n < N; ++n) {
           int64_t exact = 0;
           for (int kk = 0; kk < K; ++kk) exact += int64_t(int(x[size_t(m) * ldx + kk]) - 128) * W[size_t(n) * K + kk];
-          ASSERT_EQ(y[size_t(m) * N + n], float(exact)) << fma_kernel_name(k) << " K=" << K << " m=" << m << " n=" << n;
+          ASSERT_EQ(y[size_t(m) * N + n], float(exact)) << matmul_kernel_name(k) << " K=" << K << " m=" << m << " n=" << n;
           rounded += double(float(exact)) != double(exact);
         }
       if (K == 4096) {
@@ -490,23 +490,23 @@ TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
     }
   }
   const float scale = 1.f;
-  for (auto [k, bound] : {std::pair{FmaKernel::Avx512Vnni, kVnniMaxK}, std::pair{FmaKernel::Avx2Int8, kAvx2Int8MaxK}}) {
-    FmaWeights big;
+  for (auto [k, bound] : {std::pair{MatmulKernel::Avx512Vnni, kVnniMaxK}, std::pair{MatmulKernel::Avx2Int8, kAvx2Int8MaxK}}) {
+    MatmulWeights big;
     const std::vector<int8_t> one(size_t(bound) + 1, 1);
-    EXPECT_THROW(big.pack_s8(k, one.data(), &scale, bound + 1, 1), Error) << fma_kernel_name(k);
+    EXPECT_THROW(big.pack_s8(k, one.data(), &scale, bound + 1, 1), Error) << matmul_kernel_name(k);
     big.pack_s8(k, one.data(), &scale, bound, 1);
     EXPECT_EQ(big.K(), bound);
-    if (!fma_kernel_runnable(k)) continue;
+    if (!matmul_kernel_runnable(k)) continue;
     // At the bound, every product at its largest magnitude still sums exactly.
-    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, 1, bound));
+    AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, 1, bound));
     for (int8_t wv : {int8_t(-128), int8_t(127)})
       for (uint8_t xv : {uint8_t(0), uint8_t(255)}) {
         const std::vector<int8_t> wk(size_t(bound), wv);
         const std::vector<uint8_t> xk(size_t(bound), xv);
         big.pack_s8(k, wk.data(), &scale, bound, 1);
         float y = 0.f;
-        fma_matmul(big, xk.data(), 1, bound, &y, 1, scratch.data());
-        EXPECT_EQ(y, float(int64_t(int(xv) - 128) * wv * bound)) << fma_kernel_name(k) << " w=" << int(wv) << " x=" << int(xv);
+        run_matmul(big, xk.data(), 1, bound, &y, 1, scratch.data());
+        EXPECT_EQ(y, float(int64_t(int(xv) - 128) * wv * bound)) << matmul_kernel_name(k) << " w=" << int(wv) << " x=" << int(xv);
       }
   }
 }
@@ -516,24 +516,24 @@ TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
 TEST(FmaMatmul, UnrunnableKernelsAreRefused) {
   const Case c = make_case(2, 8, 16, 3);
   int refused = 0;
-  for (FmaKernel k : kFmaKernels) {
-    if (fma_kernel_runnable(k)) continue;
-    FmaWeights w;
+  for (MatmulKernel k : kMatmulKernels) {
+    if (matmul_kernel_runnable(k)) continue;
+    MatmulWeights w;
     const std::vector<int8_t> wq(c.W.size(), 1);
     const std::vector<float> scales(c.N, 1.f);
     const std::vector<uint8_t> xq(c.x.size(), 130);
-    if (fma_kernel_takes_bf16(k))
+    if (matmul_kernel_takes_bf16(k))
       w.pack_bf16(k, c.W.data(), c.K, c.N);
     else
       w.pack_s8(k, wq.data(), scales.data(), c.K, c.N);
-    AlignedBuf<uint8_t> scratch(fma_scratch_bytes(k, c.M, c.K));
+    AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, c.M, c.K));
     std::vector<float> y(size_t(c.M) * c.N);
     try {
-      fma_matmul(w, fma_kernel_takes_bf16(k) ? static_cast<const void*>(c.x.data()) : xq.data(), c.M, c.K, y.data(),
+      run_matmul(w, matmul_kernel_takes_bf16(k) ? static_cast<const void*>(c.x.data()) : xq.data(), c.M, c.K, y.data(),
                  c.N, scratch.data());
-      ADD_FAILURE() << fma_kernel_name(k) << " ran although not runnable";
+      ADD_FAILURE() << matmul_kernel_name(k) << " ran although not runnable";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(fma_kernel_name(k)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(matmul_kernel_name(k)), std::string::npos) << e.what();
       ++refused;
     }
   }
@@ -541,26 +541,26 @@ TEST(FmaMatmul, UnrunnableKernelsAreRefused) {
 }
 
 TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
-  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512), "avx512_fma");
-  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx2), "avx2_fma");
-  EXPECT_STREQ(fma_kernel_name(FmaKernel::Portable), "portable_fma");
-  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Vnni), "avx512_vnni");
-  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx512Bf16), "avx512_bf16");
-  EXPECT_STREQ(fma_kernel_name(FmaKernel::Avx2Int8), "avx2_int8");
-  for (FmaKernel k : kFmaKernels) {  // names round-trip; every kernel but the portable one names its instruction
-    FmaKernel back = k == FmaKernel::Portable ? FmaKernel::Avx2 : FmaKernel::Portable;
-    EXPECT_TRUE(fma_kernel_from_name(fma_kernel_name(k), &back));
+  EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Avx512), "avx512_fma");
+  EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Avx2), "avx2_fma");
+  EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Portable), "portable_fma");
+  EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Avx512Vnni), "avx512_vnni");
+  EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Avx512Bf16), "avx512_bf16");
+  EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Avx2Int8), "avx2_int8");
+  for (MatmulKernel k : kMatmulKernels) {  // names round-trip; every kernel but the portable one names its instruction
+    MatmulKernel back = k == MatmulKernel::Portable ? MatmulKernel::Avx2 : MatmulKernel::Portable;
+    EXPECT_TRUE(matmul_kernel_from_name(matmul_kernel_name(k), &back));
     EXPECT_EQ(back, k);
-    EXPECT_EQ(std::string(fma_kernel_instruction(k)).empty(), k == FmaKernel::Portable) << fma_kernel_name(k);
-    EXPECT_EQ(fma_kernel_unavailable(k).empty(), fma_kernel_runnable(k)) << fma_kernel_name(k);
+    EXPECT_EQ(std::string(matmul_kernel_instruction(k)).empty(), k == MatmulKernel::Portable) << matmul_kernel_name(k);
+    EXPECT_EQ(matmul_kernel_unavailable(k).empty(), matmul_kernel_runnable(k)) << matmul_kernel_name(k);
   }
-  FmaKernel unknown = FmaKernel::Avx2;
-  EXPECT_FALSE(fma_kernel_from_name("onednn", &unknown));
-  EXPECT_EQ(unknown, FmaKernel::Avx2);
-  EXPECT_TRUE(fma_kernel_runnable(FmaKernel::Portable));
-  FmaWeights empty;  // N == 0: nothing happens
+  MatmulKernel unknown = MatmulKernel::Avx2;
+  EXPECT_FALSE(matmul_kernel_from_name("onednn", &unknown));
+  EXPECT_EQ(unknown, MatmulKernel::Avx2);
+  EXPECT_TRUE(matmul_kernel_runnable(MatmulKernel::Portable));
+  MatmulWeights empty;  // N == 0: nothing happens
   float y = 7.f;
-  fma_matmul(empty, nullptr, 4, 4, &y, 1, nullptr);
+  run_matmul(empty, nullptr, 4, 4, &y, 1, nullptr);
   EXPECT_EQ(y, 7.f);
 }
 

@@ -278,6 +278,60 @@ def test_kv_format_round_trip(cli, files, tmp_path):
     assert np.corrcoef(out["int8"].action.ravel(), out["f32"].action.ravel())[0, 1] >= 0.998
 
 
+def test_profiles_are_data_and_the_cli_prints_them(cli, files, tmp_path, monkeypatch):
+    """Model(profile=True): Session.profiles() holds one profile per run of the layers (guided and unguided pass per
+    step), as numbers and as the table; the CLI's --profile prints the same table for each, in the order they ran,
+    and without --profile nothing is recorded."""
+    if not any(name == "cpu" and not why for name, _, why in compiled_backends()):
+        pytest.skip("this build has no cpu backend")
+    monkeypatch.setenv("ALPAMAYO_CPU_KERNELS", "attention=avx2_fma,matmul_bf16=avx2_fma")
+    m = ae.Model(str(files["ck"]), backend="cpu", threads=2, profile=True)
+    s = m.session()
+    s.bind(ae.Context.open(str(files["ctx"])), guidance=ae.Context.open(str(files["unguided"])), guidance_weight=2.0)
+    s.sample(seed=1, steps=2)
+    prof = s.profiles()
+    assert len(prof) == 4
+    phases = ["rms_norm", "qkv matmul", "q/k norm + rope", "attention", "o_proj + residual", "rms_norm2",
+              "gate_up + silu*mul", "down + residual"]
+    for p in prof:
+        assert [ph["name"] for ph in p["phases"]] == phases
+        assert all(ph["seconds"] >= 0 and 0 <= ph["idle"] <= 1 for ph in p["phases"])
+        # The pin names every choice this process made (other models' too).
+        assert (p["weights"], p["threads"]) == ("bf16", 2)
+        assert set(m.kernels.split(",")) <= set(p["kernel_pin"].split(","))
+        assert [o["op"] for o in p["ops"]] == ["matmul_bf16", "attention"]
+        assert [o["kernel"] for o in p["ops"]] == ["avx2_fma", "avx2_fma"]
+        for o in p["ops"]:
+            assert o["actual_ms"] > 0 and o["achieved"] == pytest.approx(o["gflop"] / (1e-3 * o["actual_ms"]))
+        assert p["table"].startswith("cpu backend profile (bf16 weights, 2 threads, B=5 ")
+        assert f"\n  pin these: ALPAMAYO_CPU_KERNELS={p['kernel_pin']}\n" in p["table"]
+    assert [p["s_max"] for p in prof[:2]] == [p["s_max"] for p in prof[2:]] and prof[0]["s_max"] != prof[1]["s_max"]
+    off = ae.Model(str(files["ck"]), backend="cpu", threads=2).session()
+    off.bind(ae.Context.open(str(files["ctx"])))
+    off.sample(seed=1, steps=1)
+    assert off.profiles() == []
+    # The CLI: the table of every run, between "sampling ..." and the step times.
+    args = ["sample", "--checkpoint", files["ck"], "--context", files["ctx"], "--out", tmp_path / "p.safetensors",
+            "--guidance-context", files["unguided"], "--guidance-weight", 2, "--backend", "cpu", "--threads", 2,
+            "--steps", 2, "--seed", 1]
+    p = run(cli, *args, "--profile")
+    assert p.returncode == 0, p.stderr
+    tables = re.findall(r"^cpu backend profile \(.*?^  floor .*?\n", p.stderr, re.M | re.S)
+    assert len(tables) == 4, p.stderr
+    def shape(table):
+        """The layout without the timings (and the column widths they take) and without the kernel lines, which
+        name every choice of the process (this one made others for other models)."""
+        kept = [ln for ln in table.splitlines() if not re.match(r"  (kernel |check |pin these:)", ln)]
+        return re.sub(r" +", " ", re.sub(r"\d+(\.\d+)?", "N", "\n".join(kept)))
+    for got, want in zip(tables, prof):
+        assert shape(got) == shape(want["table"])
+        assert "\n  pin these: ALPAMAYO_CPU_KERNELS=attention=avx2_fma,matmul_bf16=avx2_fma\n" in got
+        assert re.search(r"^  kernel attention +avx2_fma ", got, re.M), got
+    assert p.stderr.index("sampling ...") < p.stderr.index("cpu backend profile") < p.stderr.index("step 1/2")
+    p = run(cli, *args)
+    assert p.returncode == 0 and "cpu backend profile" not in p.stderr, p.stderr
+
+
 def test_kernels_pin_the_cpu_backend(cli, files, tmp_path, monkeypatch):
     """Model(kernels=...) loads the cpu backend's kernels it names, ahead of ALPAMAYO_CPU_KERNELS; Model.kernels
     reports them; the result is the CLI's bit for bit under the variable set to the same kernels."""

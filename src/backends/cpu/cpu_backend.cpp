@@ -52,13 +52,13 @@ std::vector<Slice> split_cols(int N, int parts) {
 
 
 // The kernel for the weights' matmuls, op "matmul_bf16" (bf16 weights) or "matmul_int8" (int8 weights): oneDNN
-// (PackedLinear) or the fp32-FMA and dot-product kernels (fma_matmul.h), chosen by choose_kernel
+// (OnednnLinear) or the fp32-FMA and dot-product kernels (matmul_kernels.h), chosen by choose_kernel
 // (kernel_registry.h) on an M x K x N slice.
 constexpr const char* kOnednn = "onednn";
 
 // Empty when the candidate runs here, else why not.
 // k_model: the model's largest K (avx512_vnni's int32 sums must not overflow).
-std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKernels& kernels, int M, int K, int N,
+std::string matmul_unrunnable(const std::string& name, WeightType t, OnednnPrimitives& kernels, int M, int K, int N,
                               int k_model, const IsaInfo& i) {
   if (name == kOnednn) {
     if (std::string why = onednn_within_cap(i); !why.empty()) return why;
@@ -69,10 +69,10 @@ std::string matmul_unrunnable(const std::string& name, WeightType t, MatmulKerne
     }
     return t == WeightType::INT8 ? onednn_int8_refused(i) : "";
   }
-  FmaKernel k;
-  if (!fma_kernel_from_name(name, &k)) return "unknown kernel";
-  if (std::string why = fma_kernel_refuses(k, t == WeightType::INT8, k_model); !why.empty()) return why;
-  return fma_kernel_unavailable(k, i);
+  MatmulKernel k;
+  if (!matmul_kernel_from_name(name, &k)) return "unknown kernel";
+  if (std::string why = matmul_kernel_refuses(k, t == WeightType::INT8, k_model); !why.empty()) return why;
+  return matmul_kernel_unavailable(k, i);
 }
 
 // The timing shape's random data, which the timing and the accuracy check share: W [N][K] and activations x [M][K]
@@ -106,23 +106,23 @@ struct MatmulData {
 // result after the step's epilogue (int8: (y - corr) * (cs * rs), copy_rows), what the accuracy check compares.
 class MatmulRun {
  public:
-  MatmulRun(const std::string& name, const MatmulData& d, MatmulKernels& kernels)
+  MatmulRun(const std::string& name, const MatmulData& d, OnednnPrimitives& kernels)
       : d_(d), onednn_(name == kOnednn), st_(kernels.engine()), y_(size_t(d.M) * d.N) {
     if (onednn_) {
       lin_.pack(kernels, d.t, d.K, d.N, d.W.data(), d.M, d.N);
       plan_ = lin_.plan(kernels, d.M, d.N);
       scratch_.resize(plan_.scratch_bytes() + 1);
     } else {
-      FmaKernel k = FmaKernel::Portable;
-      fma_kernel_from_name(name, &k);
+      MatmulKernel k = MatmulKernel::Portable;
+      matmul_kernel_from_name(name, &k);
       if (d.t == WeightType::INT8) fw_.pack_int8(k, d.W.data(), d.K, d.N);
       else fw_.pack(k, d.W.data(), d.K, d.N);
-      scratch_.resize(fma_scratch_bytes(k, d.M, d.K));
+      scratch_.resize(matmul_scratch_bytes(k, d.M, d.K));
     }
   }
   void run() {
     if (onednn_) lin_.run(st_, plan_, d_.x(), y_.data(), scratch_.data());
-    else fma_matmul(fw_, d_.x(), d_.M, d_.K, y_.data(), d_.N, scratch_.data());
+    else run_matmul(fw_, d_.x(), d_.M, d_.K, y_.data(), d_.N, scratch_.data());
   }
   std::vector<float> output() {
     st_.wait();
@@ -138,9 +138,9 @@ class MatmulRun {
   bool onednn_;
   dnnl::stream st_;
   AlignedBuf<float> y_;
-  PackedLinear lin_;
-  MatmulPlan plan_;
-  FmaWeights fw_;
+  OnednnLinear lin_;
+  OnednnPlan plan_;
+  MatmulWeights fw_;
   AlignedBuf<uint8_t> scratch_;
 };
 
@@ -167,7 +167,7 @@ struct MatmulYardstick {
   std::vector<float> ws;
 };
 
-MatmulYardstick matmul_yardstick(const MatmulData& d, MatmulKernels& kernels) {
+MatmulYardstick matmul_yardstick(const MatmulData& d, OnednnPrimitives& kernels) {
   MatmulYardstick ys;
   ys.shape = std::to_string(d.M) + " x " + std::to_string(d.K) + " x " + std::to_string(d.N);
   MatmulRun p("portable_fma", d, kernels);
@@ -210,7 +210,7 @@ KernelAccuracy check_matmul(const std::string& op, const std::string& name, Matm
 // (the one checked last is the one timed).
 class MatmulBench final : public KernelBench {
  public:
-  MatmulBench(std::string op, WeightType t, int M, int K, int N, MatmulKernels& kernels)
+  MatmulBench(std::string op, WeightType t, int M, int K, int N, OnednnPrimitives& kernels)
       : op_(std::move(op)), d_(t, M, K, N), kernels_(kernels), ys_(matmul_yardstick(d_, kernels)) {}
   std::string shape() const override { return ys_.shape; }
   KernelAccuracy check(const std::string& name, std::string* fail) override {
@@ -227,13 +227,13 @@ class MatmulBench final : public KernelBench {
   }
   std::string op_;
   MatmulData d_;
-  MatmulKernels& kernels_;
+  OnednnPrimitives& kernels_;
   MatmulYardstick ys_;
   std::unique_ptr<MatmulRun> run_;
   std::string name_;
 };
 
-KernelOp matmul_op(WeightType t, MatmulKernels& kernels, int M, int K, int N, int k_model, const IsaInfo& isa) {
+KernelOp matmul_op(WeightType t, OnednnPrimitives& kernels, int M, int K, int N, int k_model, const IsaInfo& isa) {
   KernelOp op;
   op.op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
   op.yardstick = "portable_fma";
@@ -241,12 +241,12 @@ KernelOp matmul_op(WeightType t, MatmulKernels& kernels, int M, int K, int N, in
   // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a
   // full-size step they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5),
   // which the warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as with AMX.
-  for (FmaKernel k : kFmaKernels) {
-    if (k == FmaKernel::Avx512)  // after the dot-product kernels, before the FMA ones
+  for (MatmulKernel k : kMatmulKernels) {
+    if (k == MatmulKernel::Avx512)  // after the dot-product kernels, before the FMA ones
       op.candidates.push_back({kOnednn, "", matmul_unrunnable(kOnednn, t, kernels, M, K, N, k_model, isa)});
-    const std::string name = fma_kernel_name(k);
+    const std::string name = matmul_kernel_name(k);
     op.candidates.push_back(
-        {name, fma_kernel_instruction(k), matmul_unrunnable(name, t, kernels, M, K, N, k_model, isa)});
+        {name, matmul_kernel_instruction(k), matmul_unrunnable(name, t, kernels, M, K, N, k_model, isa)});
   }
   // k_model matters only through the int8 dot kernels' bounds on K.
   op.cache_key = std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + " k" +
@@ -258,7 +258,7 @@ KernelOp matmul_op(WeightType t, MatmulKernels& kernels, int M, int K, int N, in
 
 }  // namespace
 
-KernelChoice select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const KernelScope& scope) {
+KernelChoice select_matmul_kernel(WeightType t, OnednnPrimitives& kernels, int k_model, const KernelScope& scope) {
   ScopedOmpThreads one(1);  // timed as it runs: single-threaded on one pool thread
   // 64 x 1536 x 1024: the seed's M and K, 1024 of its gate/up columns.
   return choose_kernel(matmul_op(t, kernels, kRepTokens, kRepModelDim, 1024, k_model, scope.isa), scope);
@@ -271,7 +271,7 @@ KernelScope kernel_scope(const BackendOptions& o) {
 
 KernelChoice select_matmul_kernel(WeightType t, int k_model, const KernelScope& scope) {
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  MatmulKernels kernels(eng);
+  OnednnPrimitives kernels(eng);
   return select_matmul_kernel(t, kernels, k_model, scope);
 }
 
@@ -307,7 +307,7 @@ const char* FmaLinear::thread_data(int t) const {
 
 size_t FmaLinear::thread_bytes(int t) const {
   if (first[t] >= first[t + 1]) return 0;
-  const FmaWeights& last = chunks[first[t + 1] - 1];
+  const MatmulWeights& last = chunks[first[t + 1] - 1];
   return size_t(reinterpret_cast<const char*>(last.data()) - thread_data(t)) + last.bytes();
 }
 
@@ -335,7 +335,7 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc
   // One thread's slice in oneDNN's layout, or its chunks in our kernel's panels (only the chosen kernel's copy).
   // rows(s) gives the rows of columns s, [n, K]; gated (gate_up): a slice or chunk holds gate rows [n0, n1) then
   // up rows [n0, n1), so that SiLU*up stays with the thread that computed them.
-  auto pack = [&](std::vector<PackedLinear>& lin, FmaLinear& fl, const std::vector<Slice>& slices, int K,
+  auto pack = [&](std::vector<OnednnLinear>& lin, FmaLinear& fl, const std::vector<Slice>& slices, int K,
                   const std::function<const float*(Slice)>& rows, bool gated) {
     const int f = gated ? 2 : 1;
     if (!use_fma_) {
@@ -350,12 +350,12 @@ void CpuModel::pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc
     const int chunks = nthreads_ > 1 ? kChunksPerThread : 1;  // one thread has nobody to take chunks from
     fl.first.assign(1, 0);
     for (int t = 0; t < nthreads_; ++t) {
-      const std::vector<Slice> cs = chunk_slice(slices[t], fma_panel_width(fma_kernel_), chunks);
+      const std::vector<Slice> cs = chunk_slice(slices[t], matmul_panel_width(fma_kernel_), chunks);
       size_t bytes = 0;
-      for (const Slice c : cs) bytes += FmaWeights::packed_bytes(fma_kernel_, i8, K, f * (c.n1 - c.n0));
-      FmaArena arena(bytes);
+      for (const Slice c : cs) bytes += MatmulWeights::packed_bytes(fma_kernel_, i8, K, f * (c.n1 - c.n0));
+      MatmulArena arena(bytes);
       for (const Slice c : cs) {
-        FmaWeights& w = fl.chunks.emplace_back();
+        MatmulWeights& w = fl.chunks.emplace_back();
         if (i8) w.pack_int8(fma_kernel_, rows(c), K, f * (c.n1 - c.n0), &arena);
         else w.pack(fma_kernel_, rows(c), K, f * (c.n1 - c.n0), &arena);
         fl.cols.push_back(c);
@@ -413,7 +413,7 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
       nthreads_(resolve_threads(opts.threads)),
       cfg_(cfg),
       eng_(dnnl::engine::kind::cpu, 0),
-      kernels_(std::make_unique<MatmulKernels>(eng_)),
+      kernels_(std::make_unique<OnednnPrimitives>(eng_)),
       proj_(cfg, w, opts.exact_freqs) {
   const int D = cfg.D, Hq = cfg.Hq, Hkv = cfg.Hkv, d = cfg.d, I = cfg.I;
   qkv_slices_ = split_cols((Hq + 2 * Hkv) * d, nthreads_);
@@ -436,7 +436,7 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
     const KernelChoice c = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}), scope_);
     record_kernel_choice(choices_, c);
     matmul_kernel_ = c.kernel;
-    use_fma_ = fma_kernel_from_name(matmul_kernel_, &fma_kernel_);  // else onednn
+    use_fma_ = matmul_kernel_from_name(matmul_kernel_, &fma_kernel_);  // else onednn
   }
   pool.run([&](int tid) {
     ScopedOmpThreads one_here(1);
@@ -457,11 +457,11 @@ size_t CpuModel::weight_bytes() const {
   for (const CpuLayer& layer : layers_) {
     n += (layer.input_norm.size() + layer.post_norm.size() + layer.q_norm.size() + layer.k_norm.size()) * sizeof(float);
     for (const auto* list : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down})
-      for (const PackedLinear& p : *list) n += p.packed_bytes() + (p.col_scale() ? 2 * sizeof(float) * p.N() : 0);
+      for (const OnednnLinear& p : *list) n += p.packed_bytes() + (p.col_scale() ? 2 * sizeof(float) * p.N() : 0);
     for (const auto* list : {&layer.bqkv, &layer.bo, &layer.bgate_up, &layer.bdown})
       for (const BlockLinear& b : *list) n += b.bytes();
     for (const auto* list : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
-      for (const FmaWeights& f : list->chunks) n += f.bytes() + (f.col_scale() ? 2 * sizeof(float) * f.N() : 0);
+      for (const MatmulWeights& f : list->chunks) n += f.bytes() + (f.col_scale() ? 2 * sizeof(float) * f.N() : 0);
   }
   return n;
 }
@@ -526,7 +526,7 @@ void CpuSession::bind_step(const Binding& bnd) {
   plans_.assign(L, std::vector<LayerPlans>(nthreads_));
   {
     ScopedOmpThreads one(1);
-    MatmulKernels& kernels = *m_.kernels_;
+    OnednnPrimitives& kernels = *m_.kernels_;
     for (int l = 0; l < L; ++l)
       for (int t = 0; t < nthreads_; ++t) {
         const CpuLayer& layer = m_.layers_[l];
@@ -577,15 +577,15 @@ void CpuSession::bind_step(const Binding& bnd) {
     for (int l = 0; l < L; ++l) {
       const CpuLayer& layer = m_.layers_[l];
       const LayerPlans& p = plans_[l][t];
-      for (const PackedLinear* lin : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]})
+      for (const OnednnLinear* lin : {&layer.qkv[t], &layer.o[t], &layer.gate_up[t], &layer.down[t]})
         tmp = std::max(tmp, size_t(M_) * lin->N());
-      for (const MatmulPlan* mp : {&p.qkv, &p.o, &p.gate_up, &p.down}) scratch = std::max(scratch, mp->scratch_bytes());
+      for (const OnednnPlan* mp : {&p.qkv, &p.o, &p.gate_up, &p.down}) scratch = std::max(scratch, mp->scratch_bytes());
       if (m_.use_fma_) {  // any thread may run any chunk
         for (const FmaLinear* fl : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
-          for (const FmaWeights& fw : fl->chunks)
+          for (const MatmulWeights& fw : fl->chunks)
             if (fw.N()) {
               tmp = std::max(tmp, size_t(M_) * fw.N());
-              scratch = std::max(scratch, fma_scratch_bytes(fw.kernel(), M_, fw.K()));
+              scratch = std::max(scratch, matmul_scratch_bytes(fw.kernel(), M_, fw.K()));
             }
       }
       if (m_.wf_.is_block()) {
@@ -707,7 +707,7 @@ void CpuSession::plan_attention() {
   for (int p = 0; p < kv_.G; ++p)
     if (members_[p].size() > 1)
       total += int64_t(Hkv) * members_[p].size() * (kv_.valid_len[p] - kv_.pad(p));
-  constexpr int64_t kAttnItems = 32;  // 4 chunks per head at the seed's size: +2% attention time (docs/CPU_BACKEND.md)
+  constexpr int64_t kAttnItems = 32;  // 4 chunks per head at the seed's size (docs/CPU_BACKEND.md, docs/PERFORMANCE.md)
   const int64_t target = (total + kAttnItems - 1) / kAttnItems;
   const int64_t chunk = std::max<int64_t>(4 * kKeyBlock, (target + kKeyBlock - 1) / kKeyBlock * kKeyBlock);
   // The parts of one key range shrink linearly (weights parts, parts-1, ..., 1) and are claimed largest first,

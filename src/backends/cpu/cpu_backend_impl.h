@@ -13,9 +13,9 @@
 #include "backends/cpu/runtime/aligned.h"
 #include "backends/cpu/attention/attention.h"
 #include "backends/cpu/matmul/bfp_matmul.h"
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 #include "backends/cpu/runtime/huge_buf.h"
-#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/matmul/onednn_matmul.h"
 #include "backends/cpu/runtime/thread_pool.h"
 #include "backends/weight_formats.h"
 #include "backends/cpu/action_proj.h"
@@ -27,13 +27,13 @@ struct Slice {
   int n0 = 0, n1 = 0;
 };
 
-// A linear layer on our kernels (fma_matmul.h), run with work stealing: each thread's column slice is packed as
+// A linear layer on our kernels (matmul_kernels.h), run with work stealing: each thread's column slice is packed as
 // chunks of whole panels, back to back in one huge-page arena per thread. A thread runs its own chunks from the
 // front; one done early takes the others' from their back (CpuSession::run_chunks), so that a thread the OS or
 // the hypervisor holds back no longer holds up the whole phase. Every chunk's sums are those of the whole
-// matrix (fma_matmul.h: no split of the columns changes a bit).
+// matrix (matmul_kernels.h: no split of the columns changes a bit).
 struct FmaLinear {
-  std::vector<FmaWeights> chunks;  // in column order, thread 0's first
+  std::vector<MatmulWeights> chunks;  // in column order, thread 0's first
   std::vector<Slice> cols;         // chunk c's columns of the output (gate_up: [n0, n1) of gate and of up)
   std::vector<int> first;          // thread t owns chunks [first[t], first[t + 1])
   // Thread t's packed bytes, contiguous (what the attention phase prefetches of o_proj).
@@ -43,9 +43,9 @@ struct FmaLinear {
 
 struct CpuLayer {
   std::vector<float> input_norm, post_norm, q_norm, k_norm;
-  std::vector<PackedLinear> qkv, o, gate_up, down;  // one per thread (bf16, int8: oneDNN)
+  std::vector<OnednnLinear> qkv, o, gate_up, down;  // one per thread (bf16, int8: oneDNN)
   std::vector<BlockLinear> bqkv, bo, bgate_up, bdown;  // one per thread (block formats: bfp_matmul.h)
-  FmaLinear fqkv, fo, fgate_up, fdown;                 // bf16, int8 on our kernels (fma_matmul.h)
+  FmaLinear fqkv, fo, fgate_up, fdown;                 // bf16, int8 on our kernels (matmul_kernels.h)
 };
 
 // One attention work item for KV head g, writing partial slot `slot` (a [Rp][dp] block, or `count`
@@ -67,7 +67,7 @@ class CpuSession;
 // kRepTokens x kRepModelDim x 1024 (timed once per process and instruction-set cap) of those that pass the accuracy
 // check on it (kernel_check.h). k_model: the model's largest K (avx512_vnni's int32 sums must not overflow). Throws
 // alpamayo::Error for a forced kernel that cannot run or fails the check.
-KernelChoice select_matmul_kernel(WeightType t, MatmulKernels& kernels, int k_model, const KernelScope& scope);
+KernelChoice select_matmul_kernel(WeightType t, OnednnPrimitives& kernels, int k_model, const KernelScope& scope);
 // The same on an engine of its own (inspect --kernels).
 KernelChoice select_matmul_kernel(WeightType t, int k_model, const KernelScope& scope);
 // A model's scope: isa_with_cap(o.isa_cap) and o.kernels, with where each came from.
@@ -105,13 +105,13 @@ class CpuModel final : public BackendModel {
   int nthreads_;
   ExpertConfig cfg_;
   dnnl::engine eng_;
-  std::unique_ptr<MatmulKernels> kernels_;  // a thread-safe cache of compiled shapes
+  std::unique_ptr<OnednnPrimitives> kernels_;  // a thread-safe cache of compiled shapes
   std::vector<CpuLayer> layers_;
   std::vector<float> final_norm_;
   std::vector<Slice> qkv_slices_, o_slices_, mlp_slices_, down_slices_;
   std::string matmul_kernel_;  // see matmul_kernel()
-  bool use_fma_ = false;       // bf16 / int8 weights on fma_kernel_ (FmaWeights) instead of oneDNN (PackedLinear)
-  FmaKernel fma_kernel_ = FmaKernel::Portable;
+  bool use_fma_ = false;       // bf16 / int8 weights on fma_kernel_ (MatmulWeights) instead of oneDNN (OnednnLinear)
+  MatmulKernel fma_kernel_ = MatmulKernel::Portable;
   bool kv_int8_ = false;    // BackendOptions::kv == "int8": sessions hold their caches as int8 (kv_int8.h)
   AttnKernel attn_kernel_;  // chosen at load (select_attention_kernel)
   KernelChoices choices_;   // every choice above, as made
@@ -133,11 +133,12 @@ class CpuSession final : public HostLoopSession {
   void step(const float* emb, float* hidden, float* const* layers) override;
   size_t step_buffer_bytes() const override;
   std::unique_ptr<HostLoopSession> new_sibling() const override { return std::make_unique<CpuSession>(m_); }
+  const StepProfile* step_profile() const override { return m_.opts_.profile ? &profile_ : nullptr; }
 
  private:
   // The plans of one layer's four matmuls for one thread.
   struct LayerPlans {
-    MatmulPlan qkv, o, gate_up, down;
+    OnednnPlan qkv, o, gate_up, down;
   };
   void plan_attention();
   void run_step(int tid, const float* emb, float* hidden, float* const* layers);
@@ -146,7 +147,7 @@ class CpuSession final : public HostLoopSession {
   // The pool's barrier; with the profile on, the wait is added to this thread's share of phase p.
   void barrier(int tid, Phase p);
   // This thread's slice of a linear layer, x [M, K] -> pt.tmp [M, slice width]: oneDNN or the block kernels.
-  void run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk, const void* x,
+  void run_linear(int tid, const OnednnLinear& lin, const OnednnPlan& plan, const BlockLinear& blk, const void* x,
                   int K);
   // Work stealing over an FmaLinear's chunks (our kernels): per linear and thread, the chunks it has not started
   // (queues_). Reset once per layer by thread 0 between barriers.
@@ -156,7 +157,8 @@ class CpuSession final : public HostLoopSession {
   // output [M, cols] is left in pt.tmp for epi(cols, corr, cscale).
   template <class Epi>
   void run_chunks(int tid, Lin kind, const FmaLinear& f, const void* x, int K, Epi&& epi);
-  void print_profile(double step_ms) const;
+  // The last step's profile (profile_) from the phase times, the kernel choices and the measured peaks.
+  void record_profile(double step_ms);
 
   const CpuModel& m_;
   const int nthreads_;
@@ -182,8 +184,8 @@ class CpuSession final : public HostLoopSession {
     HugeArray<int8_t> v;
     AlignedBuf<float> ks, vs;
     // Room for `rows` rows of d, kept from an earlier bind where it fits: a new context of the same sizes (the
-    // next camera frame's) then costs only the quantisation, not 600 MB of fresh pages (seconds on our VMs at
-    // the seed's size, against 0.07 s for the quantisation).
+    // next camera frame's) then costs only the quantisation, not 600 MB of fresh pages, which cost far more than
+    // the quantisation (docs/PERFORMANCE.md).
     void ensure(size_t rows, int d) {
       if (k.size() < rows * d) {
         k.resize(rows * d);
@@ -242,6 +244,7 @@ class CpuSession final : public HostLoopSession {
   using Clock = std::chrono::steady_clock;
   double phase_s_[kPhases] = {};
   Clock::time_point mark_;
+  StepProfile profile_;
 };
 
 }  // namespace alpamayo::cpu

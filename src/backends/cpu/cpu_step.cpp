@@ -2,7 +2,6 @@
 // (matmuls by the column slices packed at load, row-wise ops by rows, attention by work items) and
 // ends in a barrier; thread 0 timestamps the barriers for the profile table.
 #include <algorithm>
-#include <cstdio>
 #include <iterator>
 
 #include "alpamayo/error.h"
@@ -30,8 +29,8 @@ void CpuSession::run_chunks(int tid, Lin kind, const FmaLinear& f, const void* x
   PerThread& pt = per_thread_[tid];
   bool x_ready = false;  // the first chunk this thread runs prepares x in its scratch, the others reuse it
   auto run = [&](int c) {
-    const FmaWeights& w = f.chunks[c];
-    fma_matmul(w, x, M_, K, pt.tmp.data(), w.N(), pt.scratch.data(), x_ready);
+    const MatmulWeights& w = f.chunks[c];
+    run_matmul(w, x, M_, K, pt.tmp.data(), w.N(), pt.scratch.data(), x_ready);
     x_ready = true;
     epi(f.cols[c], w.col_correction(), w.col_scale());
   };
@@ -51,7 +50,7 @@ void CpuSession::step(const float* emb, float* hidden, float* const* layers) {
   const auto t0 = Clock::now();
   reset_chunk_queues();
   pool_.run([&](int tid) { run_step(tid, emb, hidden, layers); });
-  if (m_.opts_.profile) print_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  if (m_.opts_.profile) record_profile(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
 }
 
 void CpuSession::run_step(int tid, const float* emb, float* hidden, float* const* layers) {
@@ -96,7 +95,7 @@ void CpuSession::layer_phases(int tid, int l) {
   // A linear layer on x [M, K]: on our kernels as chunks taken from the queues (run_chunks), else this thread's
   // slice s on oneDNN or the block kernels. epi(cols, corr, cscale) takes each part's output, [M, cols] in
   // pt.tmp, with its int8 column correction and weight scales (nullptr for bf16).
-  auto linear = [&](Lin kind, const FmaLinear& f, const PackedLinear& lin, const MatmulPlan& mp,
+  auto linear = [&](Lin kind, const FmaLinear& f, const OnednnLinear& lin, const OnednnPlan& mp,
                     const std::vector<BlockLinear>& blk, Slice s, const void* x, int K, auto&& epi) {
     if (m_.use_fma_) return run_chunks(tid, kind, f, x, K, epi);
     if (s.n1 <= s.n0) return;
@@ -108,7 +107,7 @@ void CpuSession::layer_phases(int tid, int l) {
                 i8 ? x_u8_.data() : nullptr, x_scale_.data());
   sync(kNorm1);
 
-  // Into a private buffer (oneDNN runs ~20% slower with a strided destination here), then copied.
+  // Into a private buffer (oneDNN runs slower with a strided destination here: docs/PERFORMANCE.md), then copied.
   linear(kLinQkv, w.fqkv, w.qkv[tid], plan.qkv, w.bqkv, m_.qkv_slices_[tid], x_in, D,
          [&](Slice c, const float* corr, const float* cs) {
            copy_rows(qkv_.data() + c.n0, Nqkv, pt.tmp.data(), M, c.n1 - c.n0, i8 ? x_scale_.data() : nullptr, corr, cs);
@@ -189,7 +188,7 @@ void CpuSession::barrier(int tid, Phase p) {
   pt.left = now;
 }
 
-void CpuSession::run_linear(int tid, const PackedLinear& lin, const MatmulPlan& plan, const BlockLinear& blk,
+void CpuSession::run_linear(int tid, const OnednnLinear& lin, const OnednnPlan& plan, const BlockLinear& blk,
                             const void* x, int K) {
   PerThread& pt = per_thread_[tid];
   if (m_.wf_.is_block())
@@ -206,13 +205,13 @@ void CpuSession::attention_phase(int tid, int l) {
   uint16_t* out_bf16 = i8 ? nullptr : y_bf16_.data();
   auto out_off = [&](int b) { return int64_t(b) * T_ * ld; };
   // The items also pull this thread's o_proj weights into L2, each its share by work, so that the
-  // thread's items cover them about once. (The whole slice per item cost 14% of attention at the seed's
-  // size: 16 items per thread re-read 3 MB each from L3.)
+  // thread's items cover them about once. (The whole slice per item cost a visible share of attention at the
+  // seed's size: 16 items per thread re-read 3 MB each from L3; docs/PERFORMANCE.md.)
   const char* pf_base = nullptr;
   size_t pf_total = 0, pf_done = 0;
   {
-    const PackedLinear& o = m_.layers_[l].o[tid];
-    const MatmulPlan& op = plans_[l][tid].o;
+    const OnednnLinear& o = m_.layers_[l].o[tid];
+    const OnednnPlan& op = plans_[l][tid].o;
     pf_base = op.own_weights ? static_cast<const char*>(op.own_weights.get_data_handle()) : o.packed_data();
     pf_total = op.own_weights ? op.own_bytes() : o.packed_bytes();
     if (m_.use_fma_) {  // this thread's own o_proj chunks (others take some only when it falls behind)
@@ -308,44 +307,42 @@ void CpuSession::attention_phase(int tid, int l) {
   }
 }
 
-void CpuSession::print_profile(double step_ms) const {
+void CpuSession::record_profile(double step_ms) {
   static const char* names[kPhases] = {"rms_norm",          "qkv matmul",         "q/k norm + rope",
                                        "attention",         "o_proj + residual",  "rms_norm2",
                                        "gate_up + silu*mul", "down + residual"};
-  double sum = 0;
-  for (double s : phase_s_) sum += s;
-  const int L = cfg_.L > 0 ? cfg_.L : 1;
-  int64_t s_max = 0;
-  for (int b = 0; b < B_; ++b) s_max = std::max(s_max, kv_.attended(b));
-  std::fprintf(stderr, "cpu backend profile (%s weights, %d threads, B=%d T=%d S_max=%lld, L=%d)\n",
-               m_.opts_.weights.c_str(), nthreads_, B_, T_, static_cast<long long>(s_max), cfg_.L);
-  // idle: the share of the phase the threads spent waiting at its barriers, their mean (uneven work, or a
-  // thread the OS or the hypervisor held back).
-  std::fprintf(stderr, "  %-20s %12s %12s %7s %7s\n", "op", "ms/layer", "ms/step", "%", "idle");
+  StepProfile& pr = profile_;
+  pr = StepProfile{};
+  pr.weights = m_.opts_.weights;
+  pr.threads = nthreads_;
+  pr.B = B_;
+  pr.T = T_;
+  pr.L = cfg_.L;
+  for (int b = 0; b < B_; ++b) pr.s_max = std::max(pr.s_max, kv_.attended(b));
   for (int p = 0; p < kPhases; ++p) {
+    // idle: the threads' mean share of the phase spent waiting at its barriers (uneven work, or a thread the OS
+    // or the hypervisor held back).
     double idle = 0;
     for (const PerThread& pt : per_thread_) idle += pt.busy_s[p] > 0 ? pt.wait_s[p] / pt.busy_s[p] : 0.0;
     idle /= per_thread_.empty() ? 1.0 : double(per_thread_.size());
-    std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%% %6.1f%%\n", names[p], 1e3 * phase_s_[p] / L,
-                 1e3 * phase_s_[p], sum > 0 ? 100.0 * phase_s_[p] / sum : 0.0, 100.0 * idle);
+    pr.phases.push_back({names[p], phase_s_[p], idle});
   }
-  std::fprintf(stderr, "  %-20s %12.3f %12.2f %6.1f%%\n", "total (layers)", 1e3 * sum / L, 1e3 * sum, 100.0);
-  std::fprintf(stderr, "  %-20s %12s %12.2f\n", "step (wall)", "", step_ms);
-  // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per
-  // process, ~0.3 s, on this session's thread count) against the phases above.
-  std::fprintf(stderr, "  isa: %s\n", m_.isa().describe().c_str());
-  for (const KernelChoice& c : m_.kernel_choices()) {
-    std::fprintf(stderr, "  kernel %s\n", format_kernel_choice(c).c_str());
-    if (!c.check.empty()) std::fprintf(stderr, "  check  %s\n", format_kernel_check(c).c_str());
-  }
-  std::fprintf(stderr, "  pin these: ALPAMAYO_CPU_KERNELS=%s\n", kernel_pin(m_.kernel_choices()).c_str());
+  pr.wall_seconds = 1e-3 * step_ms;
+  // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per process,
+  // at bind, on this session's thread count) against the phases above.
+  pr.isa = m_.isa().describe();
+  for (const KernelChoice& c : m_.kernel_choices())
+    pr.kernels.push_back({c.op, c.kernel, c.why, c.gflops, c.unit, c.instruction, c.check});
+  pr.kernel_pin = kernel_pin(m_.kernel_choices());
   std::vector<long long> keys(B_);
   for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
   const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);
   std::vector<OpFloor> floors = step_floors(work, m_.kernel_choices(), m_.opts_.weights, nthreads_, m_.kv_int8_);
   floors[0].actual_ms = 1e3 * (phase_s_[kQkv] + phase_s_[kOproj] + phase_s_[kGateUp] + phase_s_[kDown]);
   floors[1].actual_ms = 1e3 * phase_s_[kAttn];
-  std::fprintf(stderr, "%s", format_floors(floors, nthreads_, "  ").c_str());
+  for (const OpFloor& f : floors)
+    pr.ops.push_back({f.op, f.kernel, f.instruction, f.gflop, f.peak, f.floor_ms, f.actual_ms});
+  pr.peak_threads = nthreads_;
 }
 
 }  // namespace alpamayo::cpu

@@ -40,7 +40,7 @@ struct SkinnyPlan {
 SkinnyPlan plan_skinny_gemm(int N, int K, int M, int sm_count, bool fp8);
 void skinny_gemm(cudaStream_t s, const SkinnyPlan& p, const uint16_t* X, const void* W, float* Y, size_t split_stride);
 
-// ---- expert layer (kernels_layer.cu) ------------------------------------------------------------------
+// ---- expert layer (layer.cu) ------------------------------------------------------------------
 // For rows m < M: h[m] += y[m] (no add when y.y is null), then out[m] = w * (h[m] / sqrt(mean(h[m]^2) + eps))
 // as `mode` (FP8: out_rs[m] gets the row scale). out_rs may be y.rs: each row reads its scale first.
 void residual_rmsnorm(cudaStream_t s, float* h, const MatOut& y, const float* w, int M, int D, float eps, Act mode,
@@ -63,7 +63,7 @@ void quantize_rows_fp8(cudaStream_t s, const float* x, int M, int n, uint8_t* q,
 // Weights [N, K] fp32 -> e4m3 with per-output-channel scales scale[n] = max|w[n]| / 448.
 void quantize_weight_fp8(cudaStream_t s, const float* w, int N, int K, uint8_t* q, float* scale);
 
-// ---- action projections and the Euler update (kernels_action.cu) ---------------------------------------
+// ---- action projections and the Euler update (action.cu) ---------------------------------------
 // Fourier features of x [M, A] and the time times[k]: out [M, (A+1) F] (docs/MATH.md section 3), freqs
 // [(A+1), F/2] (A action sets then the timestep set).
 void fourier_features(cudaStream_t s, const float* x, const float* times, int k, const float* freqs, int M, int A,
@@ -80,7 +80,7 @@ void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float*
 void out_proj_euler(cudaStream_t s, const float* hidden, const float* W, const float* b, int M, int D, int A,
                     const float* times, int k, float* x, float* v_out, float* x_out);
 
-// ---- KV caches (kernels_cache.cu) ---------------------------------------------------------------------
+// ---- KV caches (cache.cu) ---------------------------------------------------------------------
 enum class CacheType { F32, F16, BF16 };
 // Smallest flat index into [B, H, P, d] of a NaN/Inf among the valid rows [0, S[b]) (S on the device),
 // atomically min-ed into *first (initialize it to ~0ull).

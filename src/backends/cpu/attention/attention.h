@@ -29,8 +29,7 @@ namespace alpamayo::cpu {
 constexpr int kKeyBlock = 128;  // keys per online-softmax block (scratch stays in L1/L2)
 // Floats added to the row strides of the fp32 kernels' queries, scores and values (AttnScratch qf, s, vf). With
 // Rp = 128 or dp = 128 the rows lie 512 B apart, so a column of 128 rows fell into 8 of the 64 L1 sets and was
-// evicted while the tiles walked it (bench_attention, AMD EPYC Zen 5: avx512_fma 79% -> 83-84% of the FMA peak,
-// avx2_fma 79% -> 82% before its tiles grew).
+// evicted while the tiles walked it (docs/PERFORMANCE.md, "Measurements behind design choices").
 constexpr int kFmaPad = 16;
 
 struct AttnGeometry {

@@ -7,8 +7,8 @@ namespace {
 
 struct VecY {
   using F = __m256;
-  // 16 registers: QK tile 24 rows x 4 keys, PV tile 4 rows x 24 columns (12 accumulators each; bench_attention
-  // --kernel avx2_fma, Zen 5: 84.9-86.8% of the ymm FMA peak against 82.4-83.9% with 16 x 4 and 4 x 16).
+  // 16 registers: QK tile 24 rows x 4 keys, PV tile 4 rows x 24 columns (12 accumulators each), the fastest of
+  // the tiles tried (docs/PERFORMANCE.md, "Measurements behind design choices").
   static constexpr int W = 8, kQkVecs = 3, kQkKeys = 4, kPvRows = 4, kPvVecs = 3;
   static F load(const float* p) { return _mm256_load_ps(p); }
   static F loadu(const float* p) { return _mm256_loadu_ps(p); }

@@ -259,8 +259,7 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
     const int pairs = npad / 2, ncv = g.dp / 16;
     // The next block's cache rows (contiguous) stream in from memory while PV computes: L2 prefetches spread
     // over the row tiles, and within a tile one line of K and V per pair, so that neither the next block's
-    // first touches nor this block's loads stall (a burst per tile filled the miss buffers: bench_attention
-    // --caches 64, 85.5% of the peak in bursts, 87.5% spread).
+    // first touches nor this block's loads stall (a burst per tile filled the miss buffers; docs/PERFORMANCE.md).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
     const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
     const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);

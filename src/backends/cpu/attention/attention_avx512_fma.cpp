@@ -8,9 +8,8 @@ namespace {
 
 struct VecZ {
   using F = __m512;
-  // QK tile 48 rows x 8 keys (24 accumulators, each query load feeding 8 FMAs), PV tile 8 rows x 32 columns
-  // (bench_attention --kernel avx512_fma, AMD EPYC Zen 5, with the padded strides of kFmaPad: 86.5-87.8% of the
-  // FMA peak; 4 x 64 85-87%, 16 x 16 82-84%, 8 x 48 83-85%; QK 32 x 8, 64 x 4 and 64 x 8 no faster).
+  // QK tile 48 rows x 8 keys (24 accumulators, each query load feeding 8 FMAs), PV tile 8 rows x 32 columns: the
+  // fastest of the tiles tried (docs/PERFORMANCE.md, "Measurements behind design choices").
   static constexpr int W = 16, kQkVecs = 3, kQkKeys = 8, kPvRows = 8, kPvVecs = 2;
   static F load(const float* p) { return _mm512_load_ps(p); }
   static F loadu(const float* p) { return _mm512_loadu_ps(p); }

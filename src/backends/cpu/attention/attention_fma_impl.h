@@ -9,7 +9,7 @@
 // no second pass over S, no rescale of O), with the exact block as the fallback when a score jumps. The
 // bf16 queries, keys and values (or an int8 cache's rows, as q * s) are widened to fp32 in scratch (queries once per chunk, keys and values once
 // per block) and multiplied with fp32 FMAs, the probabilities stay fp32: where vdpbf16ps issues at half the
-// rate of an fp32 FMA (Intel Sapphire / Emerald Rapids) this is the faster unit, and it runs on every AVX2 CPU.
+// rate of an fp32 FMA this is the faster unit (docs/PERFORMANCE.md), and it runs on every AVX2 CPU.
 //
 // V provides: F (the register type), W (lanes), kQkVecs and kQkKeys (query vectors times keys of a QK register
 // tile; kQkKeys divides kKeyBlock), kPvRows and kPvVecs (rows times column vectors of a PV tile; kPvRows

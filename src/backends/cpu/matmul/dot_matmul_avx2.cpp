@@ -1,15 +1,15 @@
-// The int8 dot-product kernel of fma_matmul.h for CPUs without VNNI, "avx2_int8" (compiled with the AVX2 baseline
+// The int8 dot-product kernel of matmul_kernels.h for CPUs without VNNI, "avx2_int8" (compiled with the AVX2 baseline
 // flags, CMakeLists.txt; called only where isa().has(kAvx2Fma)). The exact int32 sum of q_x * w, rounded once to
 // fp32: the same bits as avx512_vnni.
 //
 // Why vpmaddwd on int16 and not vpmaddubsw on the bytes: vpmaddubsw saturates its int16 pair sums, so an exact
 // kernel must feed it |q| and w with q's sign (vpsignb): four vector instructions per 32 multiply-adds (vpsignb,
-// vpmaddubsw, vpmaddwd, vpaddd), measured at 135 GOP/s on one AMD Zen 3 core against 162-170 for this kernel's loop,
-// both on L1-resident data (docs/CPU_BACKEND.md). vpmaddwd multiplies int16 pairs into int32 without saturation
+// vpmaddubsw, vpmaddwd, vpaddd), slower than this kernel's loop on L1-resident data (docs/CPU_BACKEND.md,
+// docs/PERFORMANCE.md). vpmaddwd multiplies int16 pairs into int32 without saturation
 // (|q|, |w| <= 128): two instructions per 16 multiply-adds, nothing to fix up, and weights of -128 need no
 // exclusion.
 //
-// Layout (FmaWeights::pack_s8 for this kernel): panels of 16 columns, K in spans of kFmaKSpan rows, and within a
+// Layout (MatmulWeights::pack_s8 for this kernel): panels of 16 columns, K in spans of kFmaKSpan rows, and within a
 // span-panel the rows go in pairs of k, [ceil(ks/2)][16][2] bytes zero-padded. x is copied once per call to int16
 // q = u8 - 128, rows of K rounded up to the pair. Per span and panel, block by block of kKB rows: the block's first
 // register tile (up to 6 rows x 16 columns: 12 int32 accumulators, 2 weight vectors, one broadcast pair of q) widens
@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -54,8 +54,8 @@ void prepare(const uint8_t* x, int M, int ldx, int K, int Kp, int16_t* q) {
 
 // acc0 += vpmaddwd(broadcast pair at xp, w0), acc1 likewise with w1. In asm with two fixed temporaries: from the
 // intrinsics GCC kept each sum in a temporary and copied it back, and with 6 rows spilled accumulators to the
-// stack (16 ymm: 12 accumulators, 2 weights, the broadcast and one product). 6 x 16 without spills ran the seed's
-// slices at 132-143 GOP/s against 120-126 for the 4 x 16 tile (bench_matmul --fma, one thread, AMD EPYC Zen 3).
+// stack (16 ymm: 12 accumulators, 2 weights, the broadcast and one product). 6 x 16 without spills runs the seed's
+// slices faster than the 4 x 16 tile (docs/PERFORMANCE.md, "Measurements behind design choices").
 __attribute__((always_inline)) inline void row_pair(const int16_t* xp, __m256i w0, __m256i w1, __m256i& acc0,
                                                     __m256i& acc1) {
   asm("vpbroadcastd %[xm], %%ymm15\n\t"

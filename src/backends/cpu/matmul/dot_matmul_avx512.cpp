@@ -1,20 +1,19 @@
-// The dot-product kernels of fma_matmul.h (compiled with the AVX-512 flags, CMakeLists.txt; each called only where
+// The dot-product kernels of matmul_kernels.h (compiled with the AVX-512 flags, CMakeLists.txt; each called only where
 // isa() allows it): "avx512_vnni" for int8 weights (vpdpbusd: u8 x s8 in groups of 4 k, summed in int32, minus 128
 // x the column sum of w kept at packing, rounded once to fp32: the exact sum) and "avx512_bf16" for bf16 weights
 // (vdpbf16ps: bf16 x bf16 in groups of 2 k, summed in fp32).
 //
-// Layout (FmaWeights::pack* for these kernels): panels of 64 columns, K in spans of kDotKSpan rows (kFmaKSpan for
+// Layout (MatmulWeights::pack* for these kernels): panels of 64 columns, K in spans of kDotKSpan rows (kFmaKSpan for
 // the FMA kernels), and within a span-panel the rows go in groups of G = 4 (int8) or 2 (bf16) k, [ceil(ks/G)][64][G]
 // elements zero-padded: one zmm holds a group of 16 columns, the operand order of the dot instructions. Per span,
 // panel and block of 256 groups (a 64 KB slice of the packed weights, read in place: the first row tile brings
 // it from DRAM, the others read it from L2) a register tile of up to 6 rows x 64 columns runs: 24 accumulators,
 // 4 weight vectors and one broadcast dword of x (a group of one row) per row and group. Partial sums go back to y
-// between blocks (int32 or fp32) and become fp32 after the last. 16 KB blocks (L1-resident) cost 5 points of the
-// peak in those round trips of y (bench_matmul --fma, AMD EPYC Zen 5: int8 hot 92% -> 97%, streamed 84-88% ->
-// 85-92%; bf16 streamed 430-480 -> 460-495 GFLOP/s). The weights are prefetched kAhead bytes ahead of the block
-// in use, spread over the row tiles and within a tile one line per group: issued in one burst per tile, the
-// prefetches filled the miss buffers and stalled the tile's own loads (78-82% of the vpdpbusd peak with weights
-// streamed from DRAM in bursts, 86-89% spread).
+// between blocks (int32 or fp32) and become fp32 after the last: 16 KB blocks (L1-resident) lost several points
+// of the peak in those round trips of y. The weights are prefetched kAhead bytes ahead of the block in use, spread
+// over the row tiles and within a tile one line per group: issued in one burst per tile, the prefetches filled the
+// miss buffers and stalled the tile's own loads. Both measured: docs/PERFORMANCE.md, "Measurements behind design
+// choices".
 //
 // Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -23,7 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -32,8 +31,8 @@ constexpr int kNR = 64;      // columns per panel: 4 zmm of 16 lanes
 constexpr int kMR = 6;       // rows per register tile
 constexpr int kGroups = 256;  // k-groups per block: 256 x 256 bytes = 64 KB (a whole int8 span)
 static_assert(kDotKSpan % (4 * kGroups) == 0, "K blocks must not straddle spans");
-// Prefetch distance, into L1 (bench_matmul --fma, AMD EPYC Zen 5: of 64 KB to 2 MB ahead, into L1 or L2, 64 KB
-// into L1 ran fastest, hot and cold, with 16 KB blocks; with 64 KB blocks, one block ahead, 128 KB ran no faster).
+// Prefetch distance, into L1: one 64 KB block ahead, the fastest of the distances and levels tried
+// (docs/PERFORMANCE.md, "Measurements behind design choices").
 constexpr int kAhead = 64 << 10;
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }

@@ -1,10 +1,10 @@
-// The AVX2 + FMA kernel of fma_matmul.h (compiled with -mavx2 -mfma and without AVX-512, CMakeLists.txt; called
+// The AVX2 + FMA kernel of matmul_kernels.h (compiled with -mavx2 -mfma and without AVX-512, CMakeLists.txt; called
 // only where isa().has(kAvx2Fma)). Panels of 16 columns; per span, panel and block of kKB rows of K the bf16 (or s8)
 // weights are multiplied with every row of x by a register tile of up to 6 rows x 16 columns: 12 ymm
 // accumulators, 2 weight vectors per k, one broadcast. As in fma_matmul_avx512.cpp: the block's first tile widens
 // the weights in registers and leaves them, fp32, in a 16 KB block for the others; x is widened block by block;
 // the partial sums stay in a dense panel buffer between the blocks of a span and reach y only at its end. Each
-// output element is the single fp32 FMA chain over k = 0..K-1 (fma_matmul.h): bitwise the AVX-512 kernel's
+// output element is the single fp32 FMA chain over k = 0..K-1 (matmul_kernels.h): bitwise the AVX-512 kernel's
 // result. The weights are prefetched into L2 256 KB ahead of the block in use and the next block into L1.
 //
 // Like fma_matmul_avx512.cpp: no inline or template function with external linkage may be instantiated here.
@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -20,11 +20,11 @@ namespace {
 constexpr int kNR = 16;   // columns per panel: 2 ymm
 constexpr int kMR = 6;    // rows per register tile
 constexpr int kKB = 256;  // rows of K per widened block: 256 x 16 fp32 = 16 KB
-static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit fma_scratch_bytes()");
+static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit matmul_scratch_bytes()");
 static_assert(kFmaKSpan % kKB == 0, "K blocks must not straddle spans");
 
-// Weights are prefetched into L2 this far ahead of the block being widened (measured on cold weights,
-// bench_matmul --fma: one block ahead left the down slice at 40% of its hot speed; 256 KB ahead, 85-90%).
+// Weights are prefetched into L2 this far ahead of the block being widened: one block ahead left cold weights
+// far below their hot speed (docs/PERFORMANCE.md, "Measurements behind design choices").
 constexpr int kAhead = 256 << 10;
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }

@@ -1,17 +1,17 @@
-// The AVX-512F kernel of fma_matmul.h (compiled with AVX-512 flags, CMakeLists.txt; called only where
+// The AVX-512F kernel of matmul_kernels.h (compiled with AVX-512 flags, CMakeLists.txt; called only where
 // isa().has(kAvx512)). Panels of 64 columns; per span, panel and block of kKB rows of K the bf16 (or s8) weights
 // are multiplied with every row of x by a register tile of up to 6 rows x 64 columns: 24 zmm accumulators, 4
 // weight vectors per k, one broadcast per row. The block's first tile reads the packed weights, widens them in
 // registers and leaves them, fp32, in a 32 KB block that the other tiles read (a separate widening pass stalled
-// on the weights' loads: 2-4% slower with the weights streamed from memory on two threads, as in a step).
+// on the weights' loads, with the weights streamed from memory as in a step).
 // Accumulators start at 0; between the blocks of a span they go through a contiguous panel buffer (yb, [M][64])
 // and reach y only at the span's ends, so each output element is the single fp32 FMA chain over k = 0..K-1
-// (fma_matmul.h). x is widened once per call, block by block, so that a row tile's rows of a block are one
+// (matmul_kernels.h). x is widened once per call, block by block, so that a row tile's rows of a block are one
 // contiguous stretch. The weights are prefetched into L2 256 KB ahead of the block in use and the next block into
 // L1, spread over the row tiles.
 //
-// Why the panel buffer and the block-wise x (bench_matmul --fma, one thread, AMD EPYC Zen 5, the seed's slices:
-// 197-214 -> 232-237 GFLOP/s hot, 168-208 -> 219-232 cold, of a 268-274 peak): the partial sums had gone back to y itself every 64 rows of K,
+// Why the panel buffer and the block-wise x (measured: docs/PERFORMANCE.md, "Measurements behind design
+// choices"): the partial sums had gone back to y itself every 64 rows of K,
 // and y's rows lie N floats apart, often a multiple of 4 KB, so a panel's 64 rows fell into the same few L1 sets
 // and came back from L2 at the start of every tile; x's rows, K floats apart, did the same in fewer sets.
 //
@@ -26,7 +26,7 @@
 
 #include <cstdint>
 
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 
 namespace alpamayo::cpu {
 namespace {
@@ -34,11 +34,11 @@ namespace {
 constexpr int kNR = 64;  // columns per panel: 4 zmm
 constexpr int kMR = 6;   // rows per register tile
 constexpr int kKB = 128;  // rows of K per widened block: 128 x 64 fp32 = 32 KB
-static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit fma_scratch_bytes()");
+static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit matmul_scratch_bytes()");
 static_assert(kFmaKSpan % kKB == 0, "K blocks must not straddle spans");
 
-// Weights are prefetched into L2 this far ahead of the block being widened (measured on cold weights,
-// bench_matmul --fma: one block ahead left the down slice at 40% of its hot speed; 256 KB ahead, 85-90%).
+// Weights are prefetched into L2 this far ahead of the block being widened: one block ahead left cold weights
+// far below their hot speed (docs/PERFORMANCE.md, "Measurements behind design choices").
 constexpr int kAhead = 256 << 10;
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }
@@ -74,7 +74,7 @@ void widen_x(const X* x, int M, int ldx, int K, float* xf) {
 }
 
 // One packed row of 64 weights widened to fp32 (exact), columns 16j..16j+15 in w[j]. bf16 rows hold columns c and
-// c + 16 of each half in one 32-bit word (fma_packed_slot): the low half shifted up and the high half masked are
+// c + 16 of each half in one 32-bit word (matmul_packed_slot): the low half shifted up and the high half masked are
 // the two zmm, two operations per 32 weights.
 __attribute__((always_inline)) inline void widen_row64(const uint16_t* src, __m512* w) {
   const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));

@@ -28,7 +28,7 @@ class AlignedBuf {
   AlignedBuf& operator=(const AlignedBuf&) = delete;
 
   // n elements, contents zeroed. The allocation is kept when it is large enough: a session rebinds its buffers
-  // for every new context, and freeing and re-faulting them cost 15-25 ms of a full-size bind.
+  // for every new context, and freeing and re-faulting them was a visible share of a full-size bind.
   // resize(0) frees it (data() is then nullptr).
   void resize(size_t n) {
     const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;

@@ -1,6 +1,6 @@
-// fma_matmul.h: packing, dispatch, and the portable kernel (plain C++, std::fma: the same FMA chain as the ISA
+// matmul_kernels.h: packing, dispatch, and the portable kernel (plain C++, std::fma: the same FMA chain as the ISA
 // kernels, so the same bits; the fallback where neither AVX2 nor AVX-512 runs, and the tests' oracle).
-#include "backends/cpu/matmul/fma_matmul.h"
+#include "backends/cpu/matmul/matmul_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,118 +24,118 @@ float widen(uint16_t h) {
 
 }  // namespace
 
-const char* fma_kernel_name(FmaKernel k) {
+const char* matmul_kernel_name(MatmulKernel k) {
   switch (k) {
-    case FmaKernel::Avx512: return "avx512_fma";
-    case FmaKernel::Avx2: return "avx2_fma";
-    case FmaKernel::Portable: return "portable_fma";
-    case FmaKernel::Avx512Vnni: return "avx512_vnni";
-    case FmaKernel::Avx512Bf16: return "avx512_bf16";
-    case FmaKernel::Avx2Int8: return "avx2_int8";
+    case MatmulKernel::Avx512: return "avx512_fma";
+    case MatmulKernel::Avx2: return "avx2_fma";
+    case MatmulKernel::Portable: return "portable_fma";
+    case MatmulKernel::Avx512Vnni: return "avx512_vnni";
+    case MatmulKernel::Avx512Bf16: return "avx512_bf16";
+    case MatmulKernel::Avx2Int8: return "avx2_int8";
   }
   return "?";
 }
 
-bool fma_kernel_takes_bf16(FmaKernel k) { return k != FmaKernel::Avx512Vnni && k != FmaKernel::Avx2Int8; }
-bool fma_kernel_takes_int8(FmaKernel k) { return k != FmaKernel::Avx512Bf16; }
+bool matmul_kernel_takes_bf16(MatmulKernel k) { return k != MatmulKernel::Avx512Vnni && k != MatmulKernel::Avx2Int8; }
+bool matmul_kernel_takes_int8(MatmulKernel k) { return k != MatmulKernel::Avx512Bf16; }
 
-bool fma_kernel_runnable(FmaKernel k, const IsaInfo& i) {
+bool matmul_kernel_runnable(MatmulKernel k, const IsaInfo& i) {
   switch (k) {
-    case FmaKernel::Avx512: return i.has(kAvx512);
-    case FmaKernel::Avx2:
-    case FmaKernel::Avx2Int8: return i.has(kAvx2Fma);
-    case FmaKernel::Portable: return true;
-    case FmaKernel::Avx512Vnni: return i.has(kAvx512) && i.has(kAvx512Vnni);
-    case FmaKernel::Avx512Bf16: return i.has(kAvx512) && i.has(kAvx512Bf16);
+    case MatmulKernel::Avx512: return i.has(kAvx512);
+    case MatmulKernel::Avx2:
+    case MatmulKernel::Avx2Int8: return i.has(kAvx2Fma);
+    case MatmulKernel::Portable: return true;
+    case MatmulKernel::Avx512Vnni: return i.has(kAvx512) && i.has(kAvx512Vnni);
+    case MatmulKernel::Avx512Bf16: return i.has(kAvx512) && i.has(kAvx512Bf16);
   }
   return false;
 }
 
-std::string fma_kernel_unavailable(FmaKernel k, const IsaInfo& i) {
-  if (fma_kernel_runnable(k, i)) return "";
-  const char* needs = k == FmaKernel::Avx512       ? "needs AVX-512"
-                      : k == FmaKernel::Avx2 || k == FmaKernel::Avx2Int8 ? "needs AVX2 + FMA"
-                      : k == FmaKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
+std::string matmul_kernel_unavailable(MatmulKernel k, const IsaInfo& i) {
+  if (matmul_kernel_runnable(k, i)) return "";
+  const char* needs = k == MatmulKernel::Avx512       ? "needs AVX-512"
+                      : k == MatmulKernel::Avx2 || k == MatmulKernel::Avx2Int8 ? "needs AVX2 + FMA"
+                      : k == MatmulKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
                                                    : "needs AVX-512 with AVX512-BF16";
   return std::string(needs) + " (usable here: " + i.describe() + ")";
 }
 
-std::string fma_kernel_refuses(FmaKernel k, bool int8, int K) {
-  if (!int8 && !fma_kernel_takes_bf16(k)) return "multiplies int8 weights only";
-  if (int8 && !fma_kernel_takes_int8(k)) return "multiplies bf16 weights only";
-  if (k == FmaKernel::Avx512Vnni && K > kVnniMaxK)
+std::string matmul_kernel_refuses(MatmulKernel k, bool int8, int K) {
+  if (!int8 && !matmul_kernel_takes_bf16(k)) return "multiplies int8 weights only";
+  if (int8 && !matmul_kernel_takes_int8(k)) return "multiplies bf16 weights only";
+  if (k == MatmulKernel::Avx512Vnni && K > kVnniMaxK)
     return "sums K = " + std::to_string(K) + " products in int32; at most " + std::to_string(kVnniMaxK) +
            " cannot overflow";
-  if (k == FmaKernel::Avx2Int8 && K > kAvx2Int8MaxK)
+  if (k == MatmulKernel::Avx2Int8 && K > kAvx2Int8MaxK)
     return "sums K = " + std::to_string(K) + " products in int32; at most " + std::to_string(kAvx2Int8MaxK) +
            " cannot overflow";
   return "";
 }
 
-const char* fma_kernel_instruction(FmaKernel k) {
+const char* matmul_kernel_instruction(MatmulKernel k) {
   switch (k) {
-    case FmaKernel::Avx512: return "vfmadd231ps zmm";
-    case FmaKernel::Avx2: return "vfmadd231ps ymm";
-    case FmaKernel::Portable: return "";
-    case FmaKernel::Avx512Vnni: return "vpdpbusd zmm";
-    case FmaKernel::Avx512Bf16: return "vdpbf16ps zmm";
-    case FmaKernel::Avx2Int8: return "vpmaddwd ymm";
+    case MatmulKernel::Avx512: return "vfmadd231ps zmm";
+    case MatmulKernel::Avx2: return "vfmadd231ps ymm";
+    case MatmulKernel::Portable: return "";
+    case MatmulKernel::Avx512Vnni: return "vpdpbusd zmm";
+    case MatmulKernel::Avx512Bf16: return "vdpbf16ps zmm";
+    case MatmulKernel::Avx2Int8: return "vpmaddwd ymm";
   }
   return "";
 }
 
-bool fma_kernel_from_name(const std::string& name, FmaKernel* k) {
-  for (FmaKernel c : kFmaKernels)
-    if (name == fma_kernel_name(c)) {
+bool matmul_kernel_from_name(const std::string& name, MatmulKernel* k) {
+  for (MatmulKernel c : kMatmulKernels)
+    if (name == matmul_kernel_name(c)) {
       *k = c;
       return true;
     }
   return false;
 }
 
-int fma_k_span(FmaKernel k) {
-  return k == FmaKernel::Avx512Vnni || k == FmaKernel::Avx512Bf16 ? kDotKSpan : kFmaKSpan;
+int matmul_k_span(MatmulKernel k) {
+  return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::Avx512Bf16 ? kDotKSpan : kFmaKSpan;
 }
 
-int fma_panel_width(FmaKernel k) {
-  return k == FmaKernel::Avx2 || k == FmaKernel::Portable || k == FmaKernel::Avx2Int8 ? 16 : 64;
+int matmul_panel_width(MatmulKernel k) {
+  return k == MatmulKernel::Avx2 || k == MatmulKernel::Portable || k == MatmulKernel::Avx2Int8 ? 16 : 64;
 }
 
-int fma_packed_slot(FmaKernel k, bool int8, int j) {
-  if (k != FmaKernel::Avx512 || int8) return j;
+int matmul_packed_slot(MatmulKernel k, bool int8, int j) {
+  if (k != MatmulKernel::Avx512 || int8) return j;
   return j / 32 * 32 + j % 16 * 2 + j % 32 / 16;
 }
 
-int fma_k_group(FmaKernel k) {
-  return k == FmaKernel::Avx512Vnni ? 4 : k == FmaKernel::Avx2Int8 || k == FmaKernel::Avx512Bf16 ? 2 : 1;
+int matmul_k_group(MatmulKernel k) {
+  return k == MatmulKernel::Avx512Vnni ? 4 : k == MatmulKernel::Avx2Int8 || k == MatmulKernel::Avx512Bf16 ? 2 : 1;
 }
 
 namespace {
-// Bytes of the packed layout of an [N, K] matrix: whole panels of fma_panel_width(k) columns, K rounded up to the
+// Bytes of the packed layout of an [N, K] matrix: whole panels of matmul_panel_width(k) columns, K rounded up to the
 // k-group.
-size_t layout_bytes(FmaKernel k, bool int8, int K, int N) {
-  const int g = fma_k_group(k), w = fma_panel_width(k);
+size_t layout_bytes(MatmulKernel k, bool int8, int K, int N) {
+  const int g = matmul_k_group(k), w = matmul_panel_width(k);
   const size_t panels = (size_t(std::max(N, 0)) + w - 1) / w, Kq = (size_t(std::max(K, 0)) + g - 1) / g * g;
   return panels * Kq * w * (int8 ? 1 : 2);
 }
 }  // namespace
 
-size_t FmaWeights::packed_bytes(FmaKernel k, bool int8, int K, int N) {
+size_t MatmulWeights::packed_bytes(MatmulKernel k, bool int8, int K, int N) {
   return (layout_bytes(k, int8, K, N) + 63) / 64 * 64;
 }
 
 template <class T>
-void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* arena) {
-  if (K < 1 || N < 0) throw Error("fma_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
-  if (const std::string why = fma_kernel_refuses(k, std::is_same_v<T, int8_t>, K); !why.empty())
-    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(k) + " " + why);
+void MatmulWeights::pack_with(MatmulKernel k, int K, int N, const T* W, MatmulArena* arena) {
+  if (K < 1 || N < 0) throw Error("run_matmul: cannot pack a " + std::to_string(N) + "x" + std::to_string(K) + " matrix");
+  if (const std::string why = matmul_kernel_refuses(k, std::is_same_v<T, int8_t>, K); !why.empty())
+    throw Error(std::string("run_matmul: kernel ") + matmul_kernel_name(k) + " " + why);
   kernel_ = k;
   K_ = K;
   N_ = N;
   // The dot-product kernels: each span's rows in groups of g, [ceil(ks / g)][w][g] (dot_matmul_avx512.cpp,
   // dot_matmul_avx2.cpp); the others [ks][w].
-  const int g = fma_k_group(k);
-  const int w = fma_panel_width(k), panels = (N + w - 1) / w;
+  const int g = matmul_k_group(k);
+  const int w = matmul_panel_width(k), panels = (N + w - 1) / w;
   bytes_ = layout_bytes(k, std::is_same_v<T, int8_t>, K, N);
   buf_.reset();
   off_ = 0;
@@ -145,7 +145,7 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* aren
     const size_t need = packed_bytes(k, std::is_same_v<T, int8_t>, K, N);
     const size_t left = arena->size - std::min(arena->size, arena->used);
     if (left < need)
-      throw Error("fma_matmul: a packed " + std::to_string(N) + "x" + std::to_string(K) + " matrix needs " +
+      throw Error("run_matmul: a packed " + std::to_string(N) + "x" + std::to_string(K) + " matrix needs " +
                   std::to_string(need) + " bytes of its arena, which has " + std::to_string(left) + " left");
     buf = arena->buf;
     off_ = arena->used;
@@ -155,10 +155,10 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* aren
   }
   auto* dst = reinterpret_cast<T*>(static_cast<char*>(buf->data()) + off_);
   std::vector<int> slot(w);
-  for (int j = 0; j < w; ++j) slot[j] = fma_packed_slot(k, std::is_same_v<T, int8_t>, j);
+  for (int j = 0; j < w; ++j) slot[j] = matmul_packed_slot(k, std::is_same_v<T, int8_t>, j);
   // Written in order, a packed row (one k-group of the panel's columns) at a time: column-major writes, a
   // strided store per element, made packing a full-size model take seconds.
-  const int span = fma_k_span(k);
+  const int span = matmul_k_span(k);
   for (int k0 = 0; k0 < K; k0 += span) {
     const int ks = std::min(span, K - k0), ksq = (ks + g - 1) / g * g;
     for (int p = 0; p < panels; ++p) {
@@ -191,7 +191,7 @@ void FmaWeights::pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* aren
   buf_ = std::move(buf);
 }
 
-void FmaWeights::pack(FmaKernel k, const float* W, int K, int N, FmaArena* arena) {
+void MatmulWeights::pack(MatmulKernel k, const float* W, int K, int N, MatmulArena* arena) {
   // Rounded in one vectorised pass, then copied: rounding inside the packing's transposition took most of a
   // bf16 model's packing time.
   std::vector<uint16_t> b(size_t(std::max(N, 0)) * std::max(K, 0));
@@ -201,20 +201,20 @@ void FmaWeights::pack(FmaKernel k, const float* W, int K, int N, FmaArena* arena
   pack_bf16(k, b.data(), K, N, arena);
 }
 
-void FmaWeights::pack_bf16(FmaKernel k, const uint16_t* W, int K, int N, FmaArena* arena) {
+void MatmulWeights::pack_bf16(MatmulKernel k, const uint16_t* W, int K, int N, MatmulArena* arena) {
   pack_with<uint16_t>(k, K, N, W, arena);
-  type_ = FmaType::BF16;
+  type_ = MatmulType::BF16;
   corr_.clear();
   scale_.clear();
 }
 
-void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N, FmaArena* arena) {
+void MatmulWeights::pack_s8(MatmulKernel k, const int8_t* Wq, const float* scales, int K, int N, MatmulArena* arena) {
   pack_with<int8_t>(k, K, N, Wq, arena);
-  type_ = FmaType::INT8;
+  type_ = MatmulType::INT8;
   corr_.assign(N, 0.f);
   scale_.assign(scales, scales + N);
   colsum_.clear();
-  if (k == FmaKernel::Avx512Vnni) {
+  if (k == MatmulKernel::Avx512Vnni) {
     colsum_.assign(N, 0);
     for (int n = 0; n < N; ++n) {
       const int8_t* w = Wq + size_t(n) * K;
@@ -226,19 +226,19 @@ void FmaWeights::pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int
   }
 }
 
-void FmaWeights::pack_int8(FmaKernel k, const float* W, int K, int N, FmaArena* arena) {
+void MatmulWeights::pack_int8(MatmulKernel k, const float* W, int K, int N, MatmulArena* arena) {
   std::vector<int8_t> q(size_t(std::max(N, 0)) * std::max(K, 0));
   std::vector<float> scales(std::max(N, 0));
   quantize_weight_rows(W, K, N, q.data(), scales.data(), nullptr);
   pack_s8(k, q.data(), scales.data(), K, N, arena);
 }
 
-size_t fma_scratch_bytes(FmaKernel k, int M, int K) {
-  if (const int g = fma_k_group(k); g > 1) {  // the dot-product kernels: x in rows of K rounded up to the group
+size_t matmul_scratch_bytes(MatmulKernel k, int M, int K) {
+  if (const int g = matmul_k_group(k); g > 1) {  // the dot-product kernels: x in rows of K rounded up to the group
     const size_t rows = size_t(std::max(M, 0)) * ((std::max(K, 0) + g - 1) / g * g);
-    if (k == FmaKernel::Avx2Int8)  // q as int16, then one int16 weight block of 16 columns and a panel's int32 sums
+    if (k == MatmulKernel::Avx2Int8)  // q as int16, then one int16 weight block of 16 columns and a panel's int32 sums
       return (rows * 2 + 63) / 64 * 64 + size_t(kAvx2Int8KBlock) * 16 * 2 + size_t(std::max(M, 0)) * 16 * 4;
-    return rows * (k == FmaKernel::Avx512Vnni ? 1 : 2) + 64;
+    return rows * (k == MatmulKernel::Avx512Vnni ? 1 : 2) + 64;
   }
   const size_t xf = (size_t(std::max(M, 0)) * std::max(K, 0) + 15) / 16 * 16;
   return (xf + size_t(kFmaKBlock) * 64 + size_t(std::max(M, 0)) * 64) * sizeof(float);
@@ -291,37 +291,37 @@ void fma_matmul_s8_portable(const int8_t* w, int K, int N, const uint8_t* x, int
   portable(w, K, N, x, M, ldx, y, ldy, scratch, x_ready);
 }
 
-void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch, bool x_ready) {
+void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch, bool x_ready) {
   if (M <= 0 || w.N() == 0) return;
-  if (!fma_kernel_runnable(w.kernel()))
-    throw Error(std::string("fma_matmul: kernel ") + fma_kernel_name(w.kernel()) + " cannot run on this CPU (" +
+  if (!matmul_kernel_runnable(w.kernel()))
+    throw Error(std::string("run_matmul: kernel ") + matmul_kernel_name(w.kernel()) + " cannot run on this CPU (" +
                 isa().describe() + ")");
   auto* s = static_cast<float*>(scratch);
-  if (w.type() == FmaType::INT8) {
+  if (w.type() == MatmulType::INT8) {
     const auto* xq = static_cast<const uint8_t*>(x);
     switch (w.kernel()) {
-      case FmaKernel::Avx512: fma_matmul_s8_avx512(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
-      case FmaKernel::Avx2: fma_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
-      case FmaKernel::Portable: fma_matmul_s8_portable(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
-      case FmaKernel::Avx512Vnni:
+      case MatmulKernel::Avx512: fma_matmul_s8_avx512(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
+      case MatmulKernel::Avx2: fma_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
+      case MatmulKernel::Portable: fma_matmul_s8_portable(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, s, x_ready); break;
+      case MatmulKernel::Avx512Vnni:
         fma_matmul_s8_avx512vnni(w.data_s8(), w.col_sums(), w.K(), w.N(), xq, M, ldx, y, ldy,
                                  static_cast<uint8_t*>(scratch), x_ready);
         break;
-      case FmaKernel::Avx2Int8:
+      case MatmulKernel::Avx2Int8:
         dot_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, static_cast<uint8_t*>(scratch), x_ready);
         break;
-      case FmaKernel::Avx512Bf16: break;  // refused at packing
+      case MatmulKernel::Avx512Bf16: break;  // refused at packing
     }
     return;
   }
   const auto* xb = static_cast<const uint16_t*>(x);
   switch (w.kernel()) {
-    case FmaKernel::Avx512: fma_matmul_avx512(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
-    case FmaKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
-    case FmaKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
-    case FmaKernel::Avx512Bf16: dot_matmul_avx512bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch, x_ready); break;
-    case FmaKernel::Avx512Vnni:
-    case FmaKernel::Avx2Int8: break;  // refused at packing
+    case MatmulKernel::Avx512: fma_matmul_avx512(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
+    case MatmulKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
+    case MatmulKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
+    case MatmulKernel::Avx512Bf16: dot_matmul_avx512bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch, x_ready); break;
+    case MatmulKernel::Avx512Vnni:
+    case MatmulKernel::Avx2Int8: break;  // refused at packing
   }
 }
 

@@ -1,11 +1,16 @@
-// bf16-weight matmuls on fp32 FMAs: y[M, ldy] (first N columns) = x[M, K] (bf16) * W[N, K]^T (bf16), the
-// product oneDNN's bf16 matmul computes, without `vdpbf16ps`. Both operands are widened to fp32 in registers
-// (exact: a bf16 is the top half of an fp32) and multiplied with `vfmadd231ps`. Why: on Intel Xeon (Sapphire /
-// Emerald Rapids) `vdpbf16ps` runs at half the rate of fp32 FMA, and on AVX2-only CPUs oneDNN 2.6 has no bf16
-// matmul at all (docs/CPU_BACKEND.md, "bf16 matmuls on fp32 FMAs").
+// The cpu backend's own matmul kernels, one table of them (MatmulKernel): y[M, ldy] (first N columns) =
+// x[M, K] * W[N, K]^T for bf16 or int8 weights packed once, run on one thread's column slice. Two families:
+//  - FMA kernels (avx512_fma, avx2_fma, portable_fma; fma_matmul_avx512.cpp, fma_matmul_avx2.cpp, here): both
+//    operands widened to fp32 in registers (exact: a bf16 is the top half of an fp32) and multiplied with
+//    `vfmadd231ps`. Why: where `vdpbf16ps` runs at half the rate of fp32 FMA, and where oneDNN 2.6 has no bf16
+//    matmul at all (AVX2-only CPUs), they beat oneDNN's bf16 path (docs/CPU_BACKEND.md, "bf16 matmuls on fp32
+//    FMAs"; docs/PERFORMANCE.md, "Measurements behind design choices").
+//  - dot-product kernels (avx512_vnni, avx512_bf16, avx2_int8; dot_matmul_avx512.cpp, dot_matmul_avx2.cpp),
+//    described below.
+// The oneDNN path is not in this table: onednn_matmul.h.
 //
-// Layout: W is packed once (bf16, RNE from fp32) into panels of `fma_panel_width(kernel)` output columns (64 for
-// AVX-512, 16 for AVX2 and the portable kernel), the last one zero-padded, and K into spans of fma_k_span(kernel)
+// Layout: W is packed once (bf16, RNE from fp32) into panels of `matmul_panel_width(kernel)` output columns (64 for
+// AVX-512, 16 for AVX2 and the portable kernel), the last one zero-padded, and K into spans of matmul_k_span(kernel)
 // rows (the last one shorter): span by span, panel by panel, each [span rows][width]. A kernel walks spans, panels,
 // rows in that order, so it streams its weights strictly sequentially while its fp32 copy of x for one span
 // (M x 1024 x 4 bytes) stays in L2 whatever K is.
@@ -24,9 +29,10 @@
 // multiplied in pairs of k by vpmaddwd into int32; the exact int32 sum rounded once to fp32, so the same bits as
 // avx512_vnni.
 //
-// Summation order: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k], acc) for
-// k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. All kernels (AVX-512,
-// AVX2, portable) therefore give bitwise identical results, and so does any split of the columns over threads.
+// Summation order of the FMA kernels: every output element is the fp32 chain acc = 0; acc = fma(x[m][k], w[n][k],
+// acc) for k = 0, 1, ..., K-1, whatever M, N, the column slice, the register block or the kernel. The FMA kernels
+// (AVX-512, AVX2, portable) therefore give bitwise identical results, and so does any split of the columns over
+// threads.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -39,81 +45,82 @@
 
 namespace alpamayo::cpu {
 
-enum class FmaKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16, Avx2Int8 };
+enum class MatmulKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16, Avx2Int8 };
 
 // "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16", "avx2_int8": the names
 // ALPAMAYO_CPU_KERNELS uses for matmul_bf16 and matmul_int8.
-const char* fma_kernel_name(FmaKernel k);
+const char* matmul_kernel_name(MatmulKernel k);
 // Whether the kernel multiplies bf16 weights (all but avx512_vnni and avx2_int8) and int8 ones (all but avx512_bf16).
-bool fma_kernel_takes_bf16(FmaKernel k);
-bool fma_kernel_takes_int8(FmaKernel k);
+bool matmul_kernel_takes_bf16(MatmulKernel k);
+bool matmul_kernel_takes_int8(MatmulKernel k);
 // The largest K whose int32 sums cannot overflow on avx512_vnni (255 * 128 * K < 2^31: u8 x s8 before the
 // correction); none for the others.
 inline constexpr int kVnniMaxK = 65700;
 // The same for avx2_int8 (128 * 128 * K < 2^31: |q| <= 128 with x's u8 of any value, |w| <= 128).
 inline constexpr int kAvx2Int8MaxK = 131000;
 // Whether the kernel may run within `i` (isa(), or a model's cap: isa_with_cap); the portable one always.
-bool fma_kernel_runnable(FmaKernel k, const IsaInfo& i = isa());
+bool matmul_kernel_runnable(MatmulKernel k, const IsaInfo& i = isa());
 // Empty when runnable, else why not ("needs AVX-512 with AVX512-VNNI (usable here: ...)").
-std::string fma_kernel_unavailable(FmaKernel k, const IsaInfo& i = isa());
+std::string matmul_kernel_unavailable(MatmulKernel k, const IsaInfo& i = isa());
 // Empty when the kernel takes weights of this type (int8 or bf16) with K rows, else why not ("multiplies int8
-// weights only", or avx512_vnni's int32 bound). FmaWeights::pack* throws with it; the backend's choice skips.
-std::string fma_kernel_refuses(FmaKernel k, bool int8, int K);
+// weights only", or avx512_vnni's int32 bound). MatmulWeights::pack* throws with it; the backend's choice skips.
+std::string matmul_kernel_refuses(MatmulKernel k, bool int8, int K);
 // The instruction doing its multiply-adds ("vpdpbusd zmm", "vfmadd231ps ymm", ...; peaks.h measures its peak);
 // "" for the portable kernel.
-const char* fma_kernel_instruction(FmaKernel k);
-// The kernel named `name` (fma_kernel_name); false for any other name.
-bool fma_kernel_from_name(const std::string& name, FmaKernel* k);
+const char* matmul_kernel_instruction(MatmulKernel k);
+// The kernel named `name` (matmul_kernel_name); false for any other name.
+bool matmul_kernel_from_name(const std::string& name, MatmulKernel* k);
 // Every kernel, our dot-product kernels first (the order the cpu backend tries them in).
-inline constexpr FmaKernel kFmaKernels[] = {FmaKernel::Avx512Vnni, FmaKernel::Avx512Bf16, FmaKernel::Avx2Int8,
-                                            FmaKernel::Avx512,     FmaKernel::Avx2,       FmaKernel::Portable};
+inline constexpr MatmulKernel kMatmulKernels[] = {MatmulKernel::Avx512Vnni, MatmulKernel::Avx512Bf16,
+                                                  MatmulKernel::Avx2Int8,   MatmulKernel::Avx512,
+                                                  MatmulKernel::Avx2,       MatmulKernel::Portable};
 // Output columns per packed panel.
-int fma_panel_width(FmaKernel k);
-// Where column j (< fma_panel_width(k)) of a panel sits within a packed row (a k-group's row for the dot-product
+int matmul_panel_width(MatmulKernel k);
+// Where column j (< matmul_panel_width(k)) of a panel sits within a packed row (a k-group's row for the dot-product
 // kernels): j itself, except for avx512_fma's bf16 weights, whose 32-column halves are interleaved (columns c and
 // c + 16 side by side in one 32-bit word), so that one shift and one mask widen a 32-weight load to two zmm of
-// fp32 where a zero-extension and a shift widened 16 (on Intel both take the FMA ports' issue slots).
-int fma_packed_slot(FmaKernel k, bool int8, int j);
+// fp32 where a zero-extension and a shift widened 16 (on CPUs where both take the FMA ports' issue slots).
+int matmul_packed_slot(MatmulKernel k, bool int8, int j);
 
 // The weights' element type: bf16 (x bf16), or int8 (x u8 = q + 128, the cpu backend's int8 activations).
-enum class FmaType { BF16, INT8 };
+enum class MatmulType { BF16, INT8 };
 
-// One buffer that several packed matrices share (FmaWeights::pack* with an arena): the cpu backend packs a
+// One buffer that several packed matrices share (MatmulWeights::pack* with an arena): the cpu backend packs a
 // thread's columns of a layer as chunks, back to back in one huge-page buffer, where buffers of their own
 // would each be too small for a huge page.
-struct FmaArena {
+struct MatmulArena {
   std::shared_ptr<HugeBuf> buf;
   size_t size = 0;  // bytes of buf
   size_t used = 0;  // bytes taken so far (each matrix's start is 64-byte aligned)
-  explicit FmaArena(size_t bytes) : buf(std::make_shared<HugeBuf>(bytes)), size(bytes) {}
+  explicit MatmulArena(size_t bytes) : buf(std::make_shared<HugeBuf>(bytes)), size(bytes) {}
 };
 
 // One packed weight matrix (a thread's column slice) for one kernel. Immutable once packed; copies share it.
-class FmaWeights {
+class MatmulWeights {
  public:
-  // Packs W [N, K] (fp32 rows, rounded to bf16 to nearest even) for kernel k (fma_kernel_takes_bf16(k), else
-  // alpamayo::Error; the int8 packers likewise need fma_kernel_takes_int8(k)). Into a buffer of its own, or
+  // Packs W [N, K] (fp32 rows, rounded to bf16 to nearest even) for kernel k (matmul_kernel_takes_bf16(k), else
+  // alpamayo::Error; the int8 packers likewise need matmul_kernel_takes_int8(k)). Into a buffer of its own, or
   // into `arena` from its first unused byte (alpamayo::Error where packed_bytes() do not fit).
-  void pack(FmaKernel k, const float* W, int K, int N, FmaArena* arena = nullptr);
+  void pack(MatmulKernel k, const float* W, int K, int N, MatmulArena* arena = nullptr);
   // Packs W [N, K] already in bf16.
-  void pack_bf16(FmaKernel k, const uint16_t* W, int K, int N, FmaArena* arena = nullptr);
+  void pack_bf16(MatmulKernel k, const uint16_t* W, int K, int N, MatmulArena* arena = nullptr);
   // int8: W [N, K] quantized per output row by quantize_weight_rows (cpu_ops.h), as the oneDNN int8 path is:
   // scale max|w| / 127, q = round(w / scale) in [-127, 127]. The kernel widens x (u8 = q + 128) to q itself, so y is
   // sum_k q_x w_q (products exact in fp32) and col_correction() is all zeros; col_scale() the row scales.
-  void pack_int8(FmaKernel k, const float* W, int K, int N, FmaArena* arena = nullptr);
+  void pack_int8(MatmulKernel k, const float* W, int K, int N, MatmulArena* arena = nullptr);
   // int8 with given values and scales (tests).
-  void pack_s8(FmaKernel k, const int8_t* Wq, const float* scales, int K, int N, FmaArena* arena = nullptr);
+  void pack_s8(MatmulKernel k, const int8_t* Wq, const float* scales, int K, int N, MatmulArena* arena = nullptr);
   // Bytes an arena needs for one packed [N, K] matrix (int8 or bf16 weights), its alignment included.
-  static size_t packed_bytes(FmaKernel k, bool int8, int K, int N);
+  static size_t packed_bytes(MatmulKernel k, bool int8, int K, int N);
 
-  FmaKernel kernel() const { return kernel_; }
-  FmaType type() const { return type_; }
+  MatmulKernel kernel() const { return kernel_; }
+  MatmulType type() const { return type_; }
   int K() const { return K_; }
   int N() const { return N_; }
   const uint16_t* data() const { return reinterpret_cast<const uint16_t*>(bytes_ptr()); }  // bf16
   const int8_t* data_s8() const { return reinterpret_cast<const int8_t*>(bytes_ptr()); }    // int8
   size_t bytes() const { return bytes_; }
-  // int8: the epilogue's inputs (as PackedLinear's): zeros and the weight scales; nullptr for bf16.
+  // int8: the epilogue's inputs (as OnednnLinear's): zeros and the weight scales; nullptr for bf16.
   const float* col_correction() const { return corr_.empty() ? nullptr : corr_.data(); }
   const float* col_scale() const { return scale_.empty() ? nullptr : scale_.data(); }
   // avx512_vnni: sum_k w[n][k] per column (the kernel subtracts 128 x it); empty for the other kernels.
@@ -121,10 +128,10 @@ class FmaWeights {
 
  private:
   template <class T>
-  void pack_with(FmaKernel k, int K, int N, const T* W, FmaArena* arena);  // W [N, K], row-major
+  void pack_with(MatmulKernel k, int K, int N, const T* W, MatmulArena* arena);  // W [N, K], row-major
   const char* bytes_ptr() const { return buf_ ? static_cast<const char*>(buf_->data()) + off_ : nullptr; }
-  FmaKernel kernel_ = FmaKernel::Portable;
-  FmaType type_ = FmaType::BF16;
+  MatmulKernel kernel_ = MatmulKernel::Portable;
+  MatmulType type_ = MatmulType::BF16;
   int K_ = 0, N_ = 0;
   size_t bytes_ = 0, off_ = 0;
   std::shared_ptr<const HugeBuf> buf_;  // huge pages: the weights stream cold from DRAM every step
@@ -132,21 +139,21 @@ class FmaWeights {
   std::vector<int32_t> colsum_;
 };
 
-// Scratch bytes (64-byte aligned memory) fma_matmul needs for M rows of K: x widened to fp32 and one
+// Scratch bytes (64-byte aligned memory) run_matmul needs for M rows of K: x widened to fp32 and one
 // widened weight block (avx512_vnni, avx512_bf16: x copied to rows of K rounded up to the k-group; avx2_int8: q as
 // int16 in such rows, one int16 weight block and a panel's int32 sums).
-size_t fma_scratch_bytes(FmaKernel k, int M, int K);
+size_t matmul_scratch_bytes(MatmulKernel k, int M, int K);
 
 // y[m][n] = sum_k x[m][k] w[n][k] (the fixed order above) for m < M, n < w.N(): x [M, ldx] bf16 (bf16 weights)
 // or u8 = q + 128 (int8 weights; the sum is over q), y fp32 [M, ldy]. Runs w.kernel(), which must be runnable
 // here; M == 0 or N == 0 does nothing. x_ready: the last call on this scratch had the same x, M, ldx, K and
 // kernel, so the copy of x it left there (widened, or padded to the k-group) is reused instead of made again;
 // that is what lets a thread run a matrix as several column chunks (the cpu backend's work stealing).
-void fma_matmul(const FmaWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch,
+void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch,
                 bool x_ready = false);
 
-// Internal: the kernels on raw packed panels (fma_matmul_avx512.cpp, fma_matmul_avx2.cpp, fma_matmul.cpp).
-// scratch: fma_scratch_bytes(kernel, M, K).
+// Internal: the kernels on raw packed panels (fma_matmul_avx512.cpp, fma_matmul_avx2.cpp, matmul_kernels.cpp).
+// scratch: matmul_scratch_bytes(kernel, M, K).
 void fma_matmul_avx512(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
                        float* scratch, bool x_ready);
 void fma_matmul_avx2(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
@@ -172,15 +179,15 @@ inline constexpr int kFmaKBlock = 128;
 inline constexpr int kFmaKSpan = 1024;
 // The same for the dot-product kernels (avx512_vnni, avx512_bf16, avx2_int8), which keep x as it is (no fp32 copy
 // per span): one span covers the seed's K (1536, 2048, 6144), so a panel's partial sums never go back to memory
-// between spans. With six samples (M = 384) those round trips were 15% of the int8 gate_up phase
+// between spans: with six samples (M = 384) those round trips were a large share of the int8 gate_up phase
 // (docs/PERFORMANCE.md). A multiple of kFmaKSpan, so the kernels' K blocks, and with them every sum, are the same.
 inline constexpr int kDotKSpan = 8 * kFmaKSpan;
 // K rows per widened (int16) weight block of avx2_int8; its scratch holds one such block of 16 columns.
 inline constexpr int kAvx2Int8KBlock = 512;
 // The span of kernel k's packed layout.
-int fma_k_span(FmaKernel k);
+int matmul_k_span(MatmulKernel k);
 // k per packed group: the dot-product kernels keep a group of consecutive k of one column side by side (4 for
 // avx512_vnni, 2 for avx2_int8 and avx512_bf16), the others 1.
-int fma_k_group(FmaKernel k);
+int matmul_k_group(MatmulKernel k);
 
 }  // namespace alpamayo::cpu

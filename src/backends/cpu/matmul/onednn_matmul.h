@@ -3,8 +3,8 @@
 // int8 activations are symmetric s8 values stored as u8 = q + 128 (vpdpbusd's native u8 x s8 form); the
 // caller's epilogue subtracts col_correction()[n] = 128 * sum_k w_q[n][k] and multiplies by
 // col_scale()[n] and the activation row scale. No oneDNN output scales: oneDNN 2.6 drops from brgemm to
-// a 30% slower gemm for int8 matmuls with runtime scales.
-// Each PackedLinear is one column slice run by one pool thread with single-threaded oneDNN.
+// a slower gemm for int8 matmuls with runtime scales (docs/PERFORMANCE.md).
+// Each OnednnLinear is one column slice run by one pool thread with single-threaded oneDNN.
 #pragma once
 #include <dnnl.hpp>
 #include <map>
@@ -28,7 +28,7 @@ enum class WeightType { BF16, INT8 };
 std::string onednn_int8_refused(const IsaInfo& i = isa());
 
 // One compiled matmul shape, shared by every slice with the same sizes.
-struct MatmulKernel {
+struct OnednnPrimitive {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
   size_t scratch_bytes = 0;
@@ -36,42 +36,42 @@ struct MatmulKernel {
 
 // Creates kernels on first use (thread-safe). Must be called with OpenMP limited to one thread
 // (ScopedOmpThreads), so that oneDNN plans for the single thread that will run it.
-class MatmulKernels {
+class OnednnPrimitives {
  public:
-  explicit MatmulKernels(const dnnl::engine& eng) : eng_(eng) {}
+  explicit OnednnPrimitives(const dnnl::engine& eng) : eng_(eng) {}
   // The kernel oneDNN prefers for these sizes (weights layout `any`).
-  std::shared_ptr<const MatmulKernel> get(WeightType t, int M, int K, int N, int ldy);
+  std::shared_ptr<const OnednnPrimitive> get(WeightType t, int M, int K, int N, int ldy);
   // A kernel for these sizes reading weights already packed in layout `wei`; null if oneDNN has none.
-  std::shared_ptr<const MatmulKernel> get_for_layout(WeightType t, int M, int K, int N, int ldy,
+  std::shared_ptr<const OnednnPrimitive> get_for_layout(WeightType t, int M, int K, int N, int ldy,
                                                      const dnnl::memory::desc& wei);
   const dnnl::engine& engine() const { return eng_; }
 
  private:
   dnnl::engine eng_;
   std::mutex mu_;
-  std::map<std::tuple<int, int, int, int, int, bool>, std::shared_ptr<const MatmulKernel>> cache_;
+  std::map<std::tuple<int, int, int, int, int, bool>, std::shared_ptr<const OnednnPrimitive>> cache_;
 };
 
-// How one session runs one PackedLinear for its M rows: a kernel for the model's packed layout, or, only
+// How one session runs one OnednnLinear for its M rows: a kernel for the model's packed layout, or, only
 // where oneDNN has none for this M, the session's own repacked copy of the weights.
-struct MatmulPlan {
-  std::shared_ptr<const MatmulKernel> kernel;
+struct OnednnPlan {
+  std::shared_ptr<const OnednnPrimitive> kernel;
   dnnl::memory own_weights;  // empty unless repacked for this session
   size_t scratch_bytes() const { return kernel ? kernel->scratch_bytes : 0; }
   size_t own_bytes() const { return own_weights ? own_weights.get_desc().get_size() : 0; }
 };
 
-class PackedLinear {
+class OnednnLinear {
  public:
   // Packs W [N, K] (fp32 rows) in the layout oneDNN prefers for M-row inputs and an output leading
   // dimension ldy (any M can run it later, see plan()); int8 quantizes
   // each row symmetrically (scale = max|w| / 127, values in [-127, 127]).
-  void pack(MatmulKernels& kernels, WeightType t, int K, int N, const float* W, int M, int ldy);
+  void pack(OnednnPrimitives& kernels, WeightType t, int K, int N, const float* W, int M, int ldy);
   // A plan for M-row inputs and output leading dimension ldy (at a session's bind). The packed weights
   // are never modified, so sessions with different M share them.
-  MatmulPlan plan(MatmulKernels& kernels, int M, int ldy) const;
+  OnednnPlan plan(OnednnPrimitives& kernels, int M, int ldy) const;
   // y[M, ldy] (first N columns written) = x W^T. x: bf16 or u8 [M, K]; scratch: plan.scratch_bytes().
-  void run(dnnl::stream& s, const MatmulPlan& plan, const void* x, float* y, void* scratch) const;
+  void run(dnnl::stream& s, const OnednnPlan& plan, const void* x, float* y, void* scratch) const;
   // The packed weights, for prefetching.
   const char* packed_data() const { return N_ ? static_cast<const char*>(weights_.get_data_handle()) : nullptr; }
   size_t packed_bytes() const { return N_ ? weights_.get_desc().get_size() : 0; }

@@ -1,4 +1,4 @@
-#include "backends/cpu/matmul/packed_matmul.h"
+#include "backends/cpu/matmul/onednn_matmul.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,7 +28,7 @@ std::string onednn_int8_refused(const IsaInfo& i) {
          i.describe() + ")";
 }
 
-std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int K, int N, int ldy) {
+std::shared_ptr<const OnednnPrimitive> OnednnPrimitives::get(WeightType t, int M, int K, int N, int ldy) {
   const auto key = std::make_tuple(static_cast<int>(t), M, K, N, ldy, false);
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
@@ -38,7 +38,7 @@ std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int 
     const memory::desc dst({M, N}, dt::f32, memory::dims{ldy, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    auto k = std::make_shared<MatmulKernel>();
+    auto k = std::make_shared<OnednnPrimitive>();
     k->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, eng_);
     k->prim = dnnl::matmul(k->pd);
     k->scratch_bytes = k->pd.scratchpad_desc().get_size();
@@ -50,19 +50,19 @@ std::shared_ptr<const MatmulKernel> MatmulKernels::get(WeightType t, int M, int 
   }
 }
 
-std::shared_ptr<const MatmulKernel> MatmulKernels::get_for_layout(WeightType t, int M, int K, int N, int ldy,
+std::shared_ptr<const OnednnPrimitive> OnednnPrimitives::get_for_layout(WeightType t, int M, int K, int N, int ldy,
                                                                   const memory::desc& wei) {
   // Every slice of one (K, N) is packed in the same layout, so the key need not hold the descriptor.
   const auto key = std::make_tuple(static_cast<int>(t), M, K, N, ldy, true);
   std::lock_guard<std::mutex> lk(mu_);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-  std::shared_ptr<MatmulKernel> k;
+  std::shared_ptr<OnednnPrimitive> k;
   try {
     const memory::desc src({M, K}, src_type(t), memory::dims{K, 1});
     const memory::desc dst({M, N}, dt::f32, memory::dims{ldy, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    k = std::make_shared<MatmulKernel>();
+    k = std::make_shared<OnednnPrimitive>();
     k->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, eng_);
     k->prim = dnnl::matmul(k->pd);
     k->scratch_bytes = k->pd.scratchpad_desc().get_size();
@@ -73,7 +73,7 @@ std::shared_ptr<const MatmulKernel> MatmulKernels::get_for_layout(WeightType t, 
   return k;
 }
 
-void PackedLinear::pack(MatmulKernels& kernels, WeightType t, int K, int N, const float* W, int M, int ldy) {
+void OnednnLinear::pack(OnednnPrimitives& kernels, WeightType t, int K, int N, const float* W, int M, int ldy) {
   type_ = t;
   K_ = K;
   N_ = N;
@@ -98,8 +98,8 @@ void PackedLinear::pack(MatmulKernels& kernels, WeightType t, int K, int N, cons
   s.wait();
 }
 
-MatmulPlan PackedLinear::plan(MatmulKernels& kernels, int M, int ldy) const {
-  MatmulPlan p;
+OnednnPlan OnednnLinear::plan(OnednnPrimitives& kernels, int M, int ldy) const {
+  OnednnPlan p;
   p.kernel = kernels.get(type_, M, K_, N_, ldy);
   if (p.kernel->pd.weights_desc() == weights_.get_desc()) return p;
   if (auto k = kernels.get_for_layout(type_, M, K_, N_, ldy, weights_.get_desc())) {
@@ -113,9 +113,9 @@ MatmulPlan PackedLinear::plan(MatmulKernels& kernels, int M, int ldy) const {
   return p;
 }
 
-// bf16 weights on transparent huge pages: their matmuls ran ~1.5% faster (cold weights, fewer TLB
-// misses). int8 weights stay on oneDNN's allocation: huge pages measured slower there (bench_step).
-memory PackedLinear::new_weights(const memory::desc& md, const dnnl::engine& eng) {
+// bf16 weights on transparent huge pages: their matmuls ran faster (cold weights, fewer TLB misses). int8
+// weights stay on oneDNN's allocation: huge pages measured slower there (docs/PERFORMANCE.md).
+memory OnednnLinear::new_weights(const memory::desc& md, const dnnl::engine& eng) {
   if (type_ != WeightType::BF16) {
     buf_.reset();
     return memory(md, eng);
@@ -124,7 +124,7 @@ memory PackedLinear::new_weights(const memory::desc& md, const dnnl::engine& eng
   return memory(md, eng, buf_->data());
 }
 
-void PackedLinear::run(dnnl::stream& s, const MatmulPlan& plan, const void* x, float* y, void* scratch) const {
+void OnednnLinear::run(dnnl::stream& s, const OnednnPlan& plan, const void* x, float* y, void* scratch) const {
   const auto& pd = plan.kernel->pd;
   const dnnl::engine eng = pd.get_engine();
   memory src(pd.src_desc(), eng, const_cast<void*>(x));
