@@ -19,6 +19,7 @@
 #include "backends/cpu/matmul/matmul_kernels.h"
 #include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
+#include "backends/cpu/kernel_registry.h"
 #include "backends/cpu/profile/peaks.h"
 #include "test_util.h"
 
@@ -198,6 +199,95 @@ TEST(Isa, KernelPinForcesEveryChoiceMade) {
       ++pinned;
     }
   EXPECT_EQ(pinned, 2);
+}
+
+// The one choice procedure (kernel_registry.h) on an op of made-up kernels: each with a fixed accuracy and rate.
+struct FakeKernel {
+  std::string name;
+  double ratio, rate;  // worst |d| / bound at the check; GFLOP/s
+  std::string why_not;
+};
+class FakeBench final : public KernelBench {
+ public:
+  FakeBench(std::vector<FakeKernel> k, int* built) : k_(std::move(k)) { ++*built; }
+  std::string shape() const override { return "fake shape"; }
+  KernelAccuracy check(const std::string& name, std::string* fail) override {
+    KernelAccuracy a;
+    a.ratio = of(name).ratio;
+    *fail = a.ok() ? "" : name + " too far off";
+    return a;
+  }
+  double rate(const std::string& name, bool) override { return of(name).rate; }
+
+ private:
+  const FakeKernel& of(const std::string& name) const {
+    for (const FakeKernel& k : k_)
+      if (k.name == name) return k;
+    throw Error("no fake kernel " + name);
+  }
+  std::vector<FakeKernel> k_;
+};
+
+KernelOp fake_op(const std::vector<FakeKernel>& kernels, const std::string& key, int* built) {
+  KernelOp op;
+  op.op = "attention";  // an op of kKernelOps, on a timing shape of its own (cache_key)
+  op.yardstick = "portable";
+  op.cache_key = "fake " + key;
+  for (const FakeKernel& k : kernels) op.candidates.push_back({k.name, "instr_" + k.name, k.why_not});
+  op.bench = [kernels, built] { return std::make_unique<FakeBench>(kernels, built); };
+  return op;
+}
+
+TEST(KernelRegistry, OneProcedureChecksTimesPicksAndForces) {
+  const std::vector<FakeKernel> k = {{"wrong", 3.0, 900, ""},    // fastest, but beyond its bound
+                                     {"first", 0.1, 100, ""},    // preferred
+                                     {"close", 0.2, 120, ""},    // faster, within the margin: not taken
+                                     {"absent", 0.0, 999, "needs a unit this CPU lacks"},
+                                     {"portable", 0.0, 10, ""}};
+  int built = 0;
+  const KernelScope none = process_kernel_scope();
+  KernelChoice c = choose_kernel(fake_op(k, "a", &built), none);
+  EXPECT_EQ(c.kernel, "first");
+  EXPECT_EQ(c.instruction, "instr_first");
+  EXPECT_EQ(c.why, "fastest of first 100.0, close 120.0 GFLOP/s (1 thread, fake shape)");
+  EXPECT_EQ(c.gflops, 100);
+  EXPECT_EQ(c.check, "checked against portable on fake shape, worst |d| / bound: first 0.1, close 0.2; rejected: "
+                     "wrong too far off");
+  EXPECT_EQ(choose_kernel(fake_op(k, "a", &built), none).why, c.why);  // cached: measured once
+  EXPECT_EQ(built, 1);
+  // A later candidate more than kChoiceMargin times faster wins.
+  std::vector<FakeKernel> k2 = k;
+  k2[2].rate = 100 * kChoiceMargin * 1.01;
+  EXPECT_EQ(choose_kernel(fake_op(k2, "b", &built), none).kernel, "close");
+  // Forced: checked, not timed (unless the op times lone kernels), named with its source; errors name the
+  // candidates.
+  KernelScope forced = none;
+  forced.kernels = "attention=close";
+  c = choose_kernel(fake_op(k, "a", &built), forced);
+  EXPECT_EQ(c.kernel, "close");
+  EXPECT_EQ(c.why, "forced by kernels");
+  EXPECT_EQ(c.gflops, 0);
+  EXPECT_EQ(c.check, "checked against portable on fake shape, worst |d| / bound: close 0.2");
+  forced.kernels = "attention=wrong";
+  test::expect_error([&] { choose_kernel(fake_op(k, "a", &built), forced); },
+                     {"kernels: attention=wrong fails the accuracy check: wrong too far off"});
+  forced.kernels = "attention=absent";
+  test::expect_error([&] { choose_kernel(fake_op(k, "a", &built), forced); },
+                     {"attention=absent cannot be used: needs a unit this CPU lacks", "Candidates: wrong (runs here)",
+                      "absent (not here: needs a unit this CPU lacks)"});
+  forced.kernels = "attention=nothing";
+  test::expect_error([&] { choose_kernel(fake_op(k, "a", &built), forced); }, {"unknown kernel", "Candidates"});
+  // Only the yardstick runs, or only it passes.
+  const std::vector<FakeKernel> lone = {{"absent", 0.0, 999, "no"}, {"portable", 0.0, 10, ""}};
+  c = choose_kernel(fake_op(lone, "c", &built), none);
+  EXPECT_EQ(c.kernel, "portable");
+  EXPECT_EQ(c.why, "only one");
+  EXPECT_EQ(c.check, "");
+  const std::vector<FakeKernel> bad = {{"wrong", 2.0, 999, ""}, {"portable", 0.0, 10, ""}};
+  c = choose_kernel(fake_op(bad, "d", &built), none);
+  EXPECT_EQ(c.kernel, "portable");
+  EXPECT_EQ(c.why, "the only kernel that passes the accuracy check");
+  EXPECT_NE(c.check.find("rejected: wrong too far off"), std::string::npos) << c.check;
 }
 
 TEST(AttentionSelection, NamesAndAvailability) {
