@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/attention/attention.h"
@@ -42,6 +43,10 @@ int main(int argc, char** argv) {
   app.add_option("--kernel", only, "one kernel: avx512_bf16 | avx512_vnni | avx512_fma | avx2_fma | portable");
   app.add_option("--kv", kv, "the cache: bf16 | int8")->check(CLI::IsMember({"bf16", "int8"}));
   CLI11_PARSE(app, argc, argv);
+  // ALPAMAYO_CPU_ISA caps everything this program runs, oneDNN too (before its first primitive).
+  BackendOptions env;
+  options_from_environment(env, "cpu");
+  set_isa_ceiling(env.isa_cap, env.isa_cap_source);
   ScopedOmpThreads one(1);
   const AttnGeometry g = AttnGeometry::make(d, group, T);
   std::mt19937 rng(1);
@@ -164,8 +169,10 @@ int main(int argc, char** argv) {
     if (e.rate > 0) std::printf("  %s %.1f %s", e.instruction.c_str(), e.rate, e.unit.c_str());
   std::printf("\n");
   if (only.empty()) {
-    const AttnKernel chosen = select_attention_kernel(d, group, T, 2048, int8);
-    for (const KernelChoice& c : kernel_choices())
+    KernelChoices made;
+    const KernelScope scope{isa(), env.kernels, env.kernels_source};  // ALPAMAYO_CPU_KERNELS forces it
+    const AttnKernel chosen = select_attention_kernel(d, group, T, 2048, int8, scope, &made);
+    for (const KernelChoice& c : made)
       if (c.op == (int8 ? "attention_kv_int8" : "attention"))
         std::printf("selected: %s (%s%s%s)\n", attn_kernel_name(chosen), c.why.c_str(), c.check.empty() ? "" : "; ",
                     c.check.c_str());

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/runtime/aligned.h"
@@ -316,7 +317,10 @@ int main(int argc, char** argv) {
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
                           {"gate_up 1536->12288", 1536, 12288}, {"down 6144->1536", 6144, 1536}};
-  isa();  // first: ALPAMAYO_CPU_ISA caps oneDNN's instruction set only before its first primitive
+  // ALPAMAYO_CPU_ISA caps everything this program runs, oneDNN too (before its first primitive).
+  alpamayo::BackendOptions env;
+  alpamayo::options_from_environment(env, "cpu");
+  set_isa_ceiling(env.isa_cap, env.isa_cap_source);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   if (fma) {
     fma_kernels(eng, M, reps < 5 ? reps : 5);

@@ -21,11 +21,13 @@
 #include <thread>
 
 #include "alpamayo/engine.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/tensor.h"
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-#include "backends/cpu/runtime/isa.h"
+#include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/profile/peaks.h"
 #include "backends/cpu/profile/profile_table.h"
+#include "backends/cpu/runtime/isa.h"
 #endif
 
 namespace {
@@ -145,6 +147,7 @@ int main(int argc, char** argv) {
     opts.kv = kv_format;
     opts.bf16_weights = bf16_weights;
     opts.profile = profile;  // the tables go to stderr after every sample
+    options_from_environment(opts, backend);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
     auto t0 = std::chrono::steady_clock::now();
     auto model = Model::from_weights(cfg, w, nullptr, backend, opts);
     const double load_s = seconds_since(t0);
@@ -237,9 +240,11 @@ int main(int argc, char** argv) {
       const cpu::StepWork work = cpu::step_work(L, D, Hq, Hkv, d, I, T, keys);
       // The peaks again after the steps, the best of both kept: one neighbour's burst at bind cannot lower them.
       cpu::remeasure_peaks(nt);
-      const std::vector<cpu::OpFloor> floors = cpu::step_floors(work, model->weights(), nt, model->kv() == "int8");
-      std::printf("isa: %s\n", cpu::isa().describe().c_str());
-      for (const cpu::KernelChoice& c : cpu::kernel_choices()) {
+      const auto& cm = dynamic_cast<const cpu::CpuModel&>(model->backend());
+      const std::vector<cpu::OpFloor> floors =
+          cpu::step_floors(work, cm.kernel_choices(), model->weights(), nt, model->kv() == "int8");
+      std::printf("isa: %s\n", cm.isa().describe().c_str());
+      for (const cpu::KernelChoice& c : cm.kernel_choices()) {
         std::printf("kernel %s\n", cpu::format_kernel_choice(c).c_str());
         if (!c.check.empty()) std::printf("check %s\n", cpu::format_kernel_check(c).c_str());
       }

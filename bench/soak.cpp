@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "alpamayo/engine.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "alpamayo/synthetic.h"
 
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
     auto ckpt = alpamayo::Checkpoint::open(dir + "/ck");
     alpamayo::BackendOptions opts;
     opts.threads = 1;  // one thread per session: the sessions are the parallelism
+    alpamayo::options_from_environment(opts, backend);
     auto model = alpamayo::Model::load(ckpt, backend, opts);
     // Contexts of random batch sizes, rows, valid lengths, shared prompts with suffixes.
     std::mt19937 rng(1);

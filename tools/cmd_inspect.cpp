@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "alpamayo/checkpoint.h"
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 #include "commands.h"
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
@@ -65,19 +66,25 @@ Run add_inspect(CLI::App& app) {
     for (const auto& f : ck->files()) std::printf("file         %s\n", f.c_str());
     std::printf("skipped      %lld vlm.* tensors (never read)\n", static_cast<long long>(ck->vlm_tensors_skipped()));
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-    // The instruction sets the cpu backend may use here (after ALPAMAYO_CPU_ISA).
-    std::printf("cpu isa      %s\n", cpu::isa().describe().c_str());
+    // The instruction sets the cpu backend may use here (after ALPAMAYO_CPU_ISA), and the kernels it would choose
+    // under ALPAMAYO_CPU_KERNELS: what a model loaded by `sample` in this environment gets.
+    BackendOptions bo;
+    options_from_environment(bo, "cpu");
+    const cpu::KernelScope scope = cpu::kernel_scope(bo);
+    std::printf("cpu isa      %s\n", scope.isa.describe().c_str());
     if (a->kernels) {
+      cpu::KernelChoices made;
       for (bool kv_int8 : {false, true})
-        cpu::select_attention_kernel(cpu::kRepHeadDim, cpu::kRepGroup, cpu::kRepTokens, 2048, kv_int8);
+        cpu::select_attention_kernel(cpu::kRepHeadDim, cpu::kRepGroup, cpu::kRepTokens, 2048, kv_int8, scope, &made);
       const int k_model = std::max({c.D, c.Hq * c.d, c.I});
-      for (cpu::WeightType t : {cpu::WeightType::BF16, cpu::WeightType::INT8}) cpu::select_matmul_kernel(t, k_model);
-      for (const cpu::KernelChoice& k : cpu::kernel_choices()) {
+      for (cpu::WeightType t : {cpu::WeightType::BF16, cpu::WeightType::INT8})
+        cpu::record_kernel_choice(made, cpu::select_matmul_kernel(t, k_model, scope));
+      for (const cpu::KernelChoice& k : made) {
         std::printf("cpu kernel   %s\n", cpu::format_kernel_choice(k).c_str());
         if (!k.check.empty()) std::printf("cpu check    %s\n", cpu::format_kernel_check(k).c_str());
       }
       // Timed choices can differ between processes where kernels are close: this value reproduces these.
-      std::printf("cpu pin      ALPAMAYO_CPU_KERNELS=%s\n", cpu::kernel_pin().c_str());
+      std::printf("cpu pin      ALPAMAYO_CPU_KERNELS=%s\n", cpu::kernel_pin(made).c_str());
       const cpu::Peaks& p = cpu::measured_peaks(a->threads);
       for (const cpu::PeakEntry& e : p.entries)
         if (e.rate > 0)

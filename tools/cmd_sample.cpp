@@ -7,6 +7,7 @@
 #include <iostream>
 #include <memory>
 
+#include "alpamayo/environment.h"
 #include "alpamayo/engine.h"
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
@@ -100,7 +101,7 @@ void run_sample(const SampleArgs& a) {
   bo.bf16_weights = a.bf16_weights;
   bo.profile = a.profile;
   bo.exact_freqs = a.exact_freqs;
-  options_from_environment(bo, a.backend);
+  options_from_environment(bo, a.backend);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
   Session session(Model::load(ck, a.backend, bo));
   Context ctx = Context::open(a.context);
   const int B = ctx.batch();

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 
+#include "alpamayo/environment.h"
 #include "alpamayo/engine.h"
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
@@ -170,6 +171,7 @@ Run add_demo(CLI::App& app) {
     bo.kv = a->kv;
     options_from_environment(bo, a->backend);
     const auto t0 = std::chrono::steady_clock::now();
+    options_from_environment(bo, a->backend);  // ALPAMAYO_CPU_KERNELS, ALPAMAYO_CPU_ISA
     Session session(Model::load(ck, a->backend, bo));
     Context ctx = Context::open(ctx_path.string());
     const std::optional<EgoHistory> history = ctx.history();

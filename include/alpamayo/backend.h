@@ -102,11 +102,18 @@ struct BackendOptions {
   bool profile = false;     // record a per-op profile of every step (backends that support it; Session::profiles)
   bool exact_freqs = false; // unrounded Fourier frequencies when the checkpoint has no buffers
   // Backends that choose kernels at load (BackendInfo::kernel_choices): the kernels to use, "op=kernel,..." as
-  // BackendModel::kernels() reports them. The cpu backend: instead of timing (and instead of the
-  // ALPAMAYO_CPU_KERNELS variable); docs/CPU_BACKEND.md. The cuda backend: its weight matmuls, "gemm=cublaslt" or
-  // "gemm=own" (default: cublaslt for bf16, own for fp8); docs/CUDA_BACKEND.md. Empty: each backend's default.
+  // BackendModel::kernels() reports them. The cpu backend: instead of timing; docs/CPU_BACKEND.md. The cuda backend:
+  // its weight matmuls, "gemm=cublaslt" or "gemm=own" (default: cublaslt for bf16, own for fp8);
+  // docs/CUDA_BACKEND.md. Empty: each backend's default. Programs fill it from ALPAMAYO_CPU_KERNELS /
+  // ALPAMAYO_CUDA_GEMM when not given (options_from_environment, alpamayo/environment.h).
   // Results match bit for bit across processes and runs only where the kernels do. An error for other backends.
   std::string kernels;
+  // The cpu backend: the instruction sets this model's kernels may use ("avx2", "avx2_vnni", "avx512",
+  // "avx512_vnni", "avx512_bf16", "amx", "all"; docs/CPU_BACKEND.md); empty: all this CPU has. Filled from
+  // ALPAMAYO_CPU_ISA when not given. Ignored by other backends.
+  std::string isa_cap;
+  // Where kernels and isa_cap came from, for messages: "" for the option, else the variable that filled it.
+  std::string kernels_source, isa_cap_source;
   // The cuda backend: run each sample as one captured CUDA graph (false: the same launches, eagerly).
   bool graphs = true;
   // The cuda backend: the cuBLASLt library to load (a path, or a file name the dynamic loader searches for);
@@ -256,6 +263,10 @@ struct BackendInfo {
   std::function<std::unique_ptr<BackendModel>(const ExpertConfig&, const ModelWeights&, const BackendOptions&)> load;
   std::function<std::string()> unavailable = [] { return std::string(); };
   bool kernel_choices = false;  // chooses kernels at load, and takes BackendOptions::kernels
+  // The environment variable that pins its kernels at the programs' boundary (options_from_environment,
+  // alpamayo/environment.h) and the op its value names: with kernels_variable_op "gemm", ALPAMAYO_CUDA_GEMM=own
+  // pins "gemm=own"; with none, the value is the whole "op=kernel,..." list. Empty: no such variable.
+  std::string kernels_variable, kernels_variable_op;
   BackendFeatures features;
   BackendMemory memory;
 };

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <vector>
 
+#include "alpamayo/environment.h"
 #include "alpamayo/error.h"
 
 namespace alpamayo {
@@ -136,7 +137,8 @@ double available_memory_bytes(std::string* source) {
       src = "the address-space limit (ulimit -v)";
     }
   }
-  if (const char* env = std::getenv("ALPAMAYO_MEMORY_LIMIT"); env && *env) {
+  if (const std::string limit = memory_limit_from_environment(); !limit.empty()) {
+    const char* env = limit.c_str();
     char* end = nullptr;
     errno = 0;
     double v = std::strtod(env, &end);

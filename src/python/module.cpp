@@ -404,7 +404,7 @@ NB_MODULE(_core, m) {
                bo.kernels = kernels;
                bo.exact_freqs = exact_freqs;
                bo.profile = profile;
-               options_from_environment(bo, backend);
+               options_from_environment(bo, backend);  // ALPAMAYO_CPU_KERNELS where no kernels are given, ALPAMAYO_CPU_ISA
                model = Model::load(ck, backend, bo);
              }
              new (self) ModelHandle{std::move(ck), std::move(model)};

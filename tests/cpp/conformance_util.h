@@ -117,9 +117,11 @@ class Problem {
 
   std::shared_ptr<const Model> model(const std::string& backend, const std::string& format, int threads = 2,
                                      const std::vector<std::string>& bf16_weights = {}, const std::string& kv = "",
-                                     const std::string& kernels = "", bool profile = false) const {
+                                     const std::string& kernels = "", bool profile = false,
+                                     const std::string& isa_cap = "") const {
     BackendOptions o;
     o.profile = profile;
+    o.isa_cap = isa_cap;
     o.weights = format;
     o.kv = kv;
     o.kernels = kernels;

@@ -426,9 +426,13 @@ struct CpuKernelTarget {
 };
 std::vector<CpuKernelTarget> cpu_kernel_targets() {
   std::vector<CpuKernelTarget> v;
+  // Only the cache decides here, with every instruction set allowed: the tests are listed before the binary's
+  // instruction-set ceiling is set, and each test checks this CPU's when it runs.
+  cpu::IsaInfo every;
+  every.detected = every.usable = ~0u;
   auto attention = [&](const std::string& format, const std::string& kv) {
     for (cpu::AttnKernel k : cpu::kAttnKernels)
-      if (cpu::attn_kernel_unavailable(k, kv == "int8").rfind("reads only", 0) != 0)
+      if (cpu::attn_kernel_unavailable(k, kv == "int8", every).rfind("reads only", 0) != 0)
         v.push_back({format, kv, kv == "int8" ? "attention_kv_int8" : "attention", cpu::attn_kernel_name(k)});
   };
   for (const std::string format : {"bf16", "int8", "bfp8_b", "bfp4_b"}) attention(format, "");
@@ -451,7 +455,6 @@ std::string cpu_kernel_unavailable(const CpuKernelTarget& t) {
   }
   if (t.kernel == "onednn") {
     if (t.format == "int8" && !cpu::onednn_int8_refused().empty()) return cpu::onednn_int8_refused();
-    cpu::isa();  // the ISA cap reaches oneDNN before its first primitive
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     cpu::OnednnPrimitives kernels(eng);
     try {  // e.g. no bf16 matmul in oneDNN below AVX-512
@@ -495,9 +498,10 @@ TEST(Conformance, CpuMatmulKernelChoiceAndErrors) {
   o.threads = 2;
   o.weights = "bf16";
   {
-    test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "matmul_bf16=fastest_ever");
+    BackendOptions bad = o;
+    bad.kernels = "matmul_bf16=fastest_ever";
     try {
-      load_cpu_backend(p.cfg, p.w, o);
+      load_cpu_backend(p.cfg, p.w, bad);
       ADD_FAILURE() << "an unknown matmul_bf16 kernel was accepted";
     } catch (const Error& e) {
       const std::string m = e.what();
@@ -509,28 +513,28 @@ TEST(Conformance, CpuMatmulKernelChoiceAndErrors) {
   auto bm = load_cpu_backend(p.cfg, p.w, o);
   const std::string k = static_cast<const cpu::CpuModel&>(*bm).matmul_kernel();
   bool recorded = false;
-  for (const cpu::KernelChoice& c : cpu::kernel_choices())
+  for (const cpu::KernelChoice& c : static_cast<const cpu::CpuModel&>(*bm).kernel_choices())
     if (c.op == "matmul_bf16") {
       recorded = c.kernel == k && (c.why.rfind("fastest of ", 0) == 0 || c.why == "only one");
       std::printf("  matmul_bf16: %s (%s, %.1f GFLOP/s)\n", c.kernel.c_str(), c.why.c_str(), c.gflops);
     }
   EXPECT_TRUE(recorded) << k;
   // A second load of the same shapes reuses the timing (cached per process): the same kernel, the same figure.
-  auto gflops = [] {
-    for (const cpu::KernelChoice& c : cpu::kernel_choices())
+  auto gflops = [](const BackendModel& m) {
+    for (const cpu::KernelChoice& c : static_cast<const cpu::CpuModel&>(m).kernel_choices())
       if (c.op == "matmul_bf16") return c.gflops;
     return -1.0;
   };
-  const double first = gflops();
+  const double first = gflops(*bm);
   auto again = load_cpu_backend(p.cfg, p.w, o);
   EXPECT_EQ(static_cast<const cpu::CpuModel&>(*again).matmul_kernel(), k);
-  EXPECT_EQ(gflops(), first);
+  EXPECT_EQ(gflops(*again), first);
   // int8: its own choice (op matmul_int8); oneDNN only with VNNI (without it its u8 x s8 kernel saturates).
   o.weights = "int8";
   auto bm8 = load_cpu_backend(p.cfg, p.w, o);
   const std::string k8 = static_cast<const cpu::CpuModel&>(*bm8).matmul_kernel();
   bool recorded8 = false;
-  for (const cpu::KernelChoice& c : cpu::kernel_choices())
+  for (const cpu::KernelChoice& c : static_cast<const cpu::CpuModel&>(*bm8).kernel_choices())
     if (c.op == "matmul_int8") {
       recorded8 = c.kernel == k8;
       std::printf("  matmul_int8: %s (%s, %.1f GFLOP/s)\n", c.kernel.c_str(), c.why.c_str(), c.gflops);
@@ -545,7 +549,8 @@ TEST(Conformance, CpuMatmulKernelChoiceAndErrors) {
   EXPECT_EQ(static_cast<const cpu::CpuModel&>(*bmb).matmul_kernel(), "");
 }
 
-// ALPAMAYO_CPU_KERNELS forces the attention kernel at load; a name that is unknown or cannot run here is an
+// The `kernels` option forces the attention kernel at load (filled from ALPAMAYO_CPU_KERNELS, which messages
+// then name); a name that is unknown or cannot run here is an
 // error naming the candidates.
 TEST(Conformance, CpuForcedAttentionKernel) {
   const Shape& sh = shapes()[1];
@@ -553,13 +558,14 @@ TEST(Conformance, CpuForcedAttentionKernel) {
   BackendOptions o;
   o.threads = 1;
   o.weights = "int8";
-  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "attention=portable");
+  o.kernels_source = "ALPAMAYO_CPU_KERNELS";
+  o.kernels = "attention=portable";
   {
     auto bm = load_cpu_backend(p.cfg, p.w, o);
     auto sess = bm->new_session();
     EXPECT_EQ(static_cast<cpu::CpuSession*>(sess.get())->attention_kernel(), cpu::AttnKernel::Portable);
     bool found = false;
-    for (const cpu::KernelChoice& c : cpu::kernel_choices())
+    for (const cpu::KernelChoice& c : static_cast<const cpu::CpuModel&>(*bm).kernel_choices())
       if (c.op == "attention") {
         found = true;
         EXPECT_EQ(c.kernel, "portable");
@@ -567,17 +573,17 @@ TEST(Conformance, CpuForcedAttentionKernel) {
       }
     EXPECT_TRUE(found);
   }
-  env.set("attention=avx9000");
+  o.kernels = "attention=avx9000";
   test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); },
                      {"ALPAMAYO_CPU_KERNELS", "unknown attention kernel \"avx9000\"", "avx512_bf16", "avx512_fma",
                       "avx2_fma", "portable"});
   for (cpu::AttnKernel k : cpu::kAttnKernels)
     if (const std::string why = cpu::attn_kernel_unavailable(k); !why.empty()) {
-      env.set(std::string("attention=") + cpu::attn_kernel_name(k));
+      o.kernels = std::string("attention=") + cpu::attn_kernel_name(k);
       test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); },
                          {"ALPAMAYO_CPU_KERNELS", "cannot run here", why, "runnable here", "portable"});
     }
-  env.set("attention=avx2_fma,matmul_fp8=x");
+  o.kernels = "attention=avx2_fma,matmul_fp8=x";
   test::expect_error([&] { load_cpu_backend(p.cfg, p.w, o); }, {"ALPAMAYO_CPU_KERNELS", "unknown op \"matmul_fp8\""});
 }
 
@@ -674,25 +680,23 @@ TEST(Conformance, CpuProfilesBothPassesOfAGuidedStep) {
   for (size_t i = 2; i < s.profiles().size(); ++i) EXPECT_EQ(s.profiles()[i].s_max, s.profiles()[i - 2].s_max);
 }
 
-// A model's `kernels` option pins its kernels, ahead of ALPAMAYO_CPU_KERNELS: what one model reports
-// (Model::kernels) given to another loads the same kernels, which sample the same bits; a bad value is an error
-// naming the option, and so is the option on a backend without kernel choices.
+// A model's `kernels` option pins its kernels: what one model reports (Model::kernels) given to another loads the
+// same kernels, which sample the same bits; a bad value is an error naming the option, and so is the option on a
+// backend without kernel choices.
 TEST(Conformance, CpuKernelsOptionPinsTheChoice) {
   const Shape& sh = shapes()[1];
   Problem p(sh);
   for (const std::string format : {"bf16", "int8", "bfp8_b"})
     for (const std::string kv : {"bf16", "int8"}) {
       const std::string at = format + " weights, " + kv + " cache";
-      test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
       const auto timed = p.model("cpu", format, 2, {}, kv);
       const std::string pin = timed->kernels();
       const std::string attn = kv == "int8" ? "attention_kv_int8=" : "attention=";
       EXPECT_EQ(pin.rfind(attn, 0), 0u) << at << ": " << pin;
       const bool block = format == "bfp8_b";
       EXPECT_EQ(pin.find(",matmul_" + format + "="), block ? std::string::npos : pin.find(',')) << at << ": " << pin;
-      // The variable forces other kernels; the option wins over it.
-      env.set("attention=portable,matmul_bf16=portable_fma,matmul_int8=portable_fma");
-      const auto forced = p.model("cpu", format, 2, {}, kv);
+      const auto forced =
+          p.model("cpu", format, 2, {}, kv, "attention=portable,matmul_bf16=portable_fma,matmul_int8=portable_fma");
       EXPECT_EQ(forced->kernels(), attn + "portable" + (block ? "" : ",matmul_" + format + "=portable_fma")) << at;
       const auto pinned = p.model("cpu", format, 2, {}, kv, pin);
       EXPECT_EQ(pinned->kernels(), pin) << at;
@@ -700,7 +704,6 @@ TEST(Conformance, CpuKernelsOptionPinsTheChoice) {
       EXPECT_EQ(a.r.x_steps, b.r.x_steps) << at;
       EXPECT_EQ(a.r.xyz, b.r.xyz) << at;
     }
-  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
   test::expect_error([&] { p.model("cpu", "int8", 1, {}, "", "attention=avx9000"); },
                      {"kernels", "unknown attention kernel \"avx9000\"", "avx2_fma", "portable"});
   test::expect_error([&] { p.model("cpu", "int8", 1, {}, "", "matmul_int8=fastest_ever"); },
@@ -710,6 +713,68 @@ TEST(Conformance, CpuKernelsOptionPinsTheChoice) {
   test::expect_error([&] { p.model("cpu", "bf16", 1, {}, "", "attention"); }, {"\"attention\" is not op=kernel"});
   test::expect_error([&] { p.model("reference", "f32", 1, {}, "", "attention=avx2_fma"); },
                      {"backend reference", "kernels \"attention=avx2_fma\"", "no kernels to choose"});
+}
+
+// Two models in one process with different pins each run their own kernels: sessions of both, interleaved, sample
+// what a model loaded alone with that pin samples, bit for bit, and each model reports its own choices.
+TEST(Conformance, CpuModelsInOneProcessKeepTheirOwnKernels) {
+  Problem p(shapes()[1]);
+  const std::string slow = "attention=portable,matmul_int8=portable_fma";
+  std::string fast;
+  RunOut alone_slow, alone_fast;
+  {
+    const auto m = p.model("cpu", "int8", 2, {}, "", slow);
+    alone_slow = run(m, p.context(), -1);
+  }
+  {
+    const auto m = p.model("cpu", "int8", 2);  // timed: the fastest kernels here
+    fast = m->kernels();
+    alone_fast = run(m, p.context(), -1);
+  }
+  ASSERT_NE(fast, slow) << "the timed choice is the portable one: nothing to tell apart";
+  const auto a = p.model("cpu", "int8", 2, {}, "", slow);
+  const auto b = p.model("cpu", "int8", 2, {}, "", fast);
+  EXPECT_EQ(a->kernels(), slow);
+  EXPECT_EQ(b->kernels(), fast);
+  for (const auto& [m, want] : {std::pair{a, slow}, std::pair{b, fast}}) {
+    const auto& cm = static_cast<const cpu::CpuModel&>(m->backend());
+    EXPECT_EQ(cpu::kernel_pin(cm.kernel_choices()), want);
+    for (const cpu::KernelChoice& c : cm.kernel_choices()) EXPECT_EQ(c.why, "forced by kernels") << c.op;
+  }
+  Session sa(a), sb(b);
+  sa.bind(p.context());
+  sb.bind(p.context());
+  const SampleResult rb = sb.sample({.seed = 11, .all_steps = true});
+  const SampleResult ra = sa.sample({.seed = 11, .all_steps = true});
+  EXPECT_EQ(ra.x_steps, alone_slow.r.x_steps);
+  EXPECT_EQ(rb.x_steps, alone_fast.r.x_steps);
+  EXPECT_EQ(ra.xyz, alone_slow.r.xyz);
+  EXPECT_EQ(rb.xyz, alone_fast.r.xyz);
+  EXPECT_NE(ra.x_steps, rb.x_steps) << "the two pins' kernels differ in rounding";
+}
+
+// Instruction-set caps are per model too: a model capped to AVX2 chooses among the AVX2 kernels while an uncapped
+// one loaded beside it keeps everything this CPU has, and the capped model samples what its own pin samples.
+TEST(Conformance, CpuIsaCapIsPerModel) {
+  Problem p(shapes()[1]);
+  const auto capped = p.model("cpu", "bf16", 2, {}, "", "", false, "avx2");
+  const auto open = p.model("cpu", "bf16", 2);
+  const auto& cc = static_cast<const cpu::CpuModel&>(capped->backend());
+  const auto& co = static_cast<const cpu::CpuModel&>(open->backend());
+  EXPECT_EQ(cc.isa().usable & ~cpu::isa_cap_from_name("avx2"), 0u) << cc.isa().describe();
+  EXPECT_EQ(co.isa().usable, cpu::isa().usable) << co.isa().describe();
+  if (cc.isa().usable != cc.isa().detected)
+    EXPECT_NE(cc.isa().describe().find("[off by isa_cap=avx2"), std::string::npos) << cc.isa().describe();
+  for (const cpu::KernelChoice& c : cc.kernel_choices()) {
+    EXPECT_EQ(c.instruction.find("zmm"), std::string::npos) << c.op << "=" << c.kernel;
+    EXPECT_NE(c.kernel, "onednn") << "oneDNN is not capped per model";
+    std::printf("  capped to avx2: %s\n", cpu::format_kernel_choice(c).c_str());
+  }
+  const auto pinned = p.model("cpu", "bf16", 2, {}, "", capped->kernels());
+  const RunOut a = run(capped, p.context(), -1), b = run(pinned, p.context(), -1);
+  EXPECT_EQ(a.r.x_steps, b.r.x_steps);
+  test::expect_error([&] { p.model("cpu", "bf16", 1, {}, "", "", false, "avx3"); },
+                     {"isa_cap=\"avx3\" is not an instruction-set cap", "avx2, avx2_vnni"});
 }
 #endif
 

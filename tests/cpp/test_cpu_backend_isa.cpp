@@ -1,6 +1,6 @@
-// The cpu backend's run-time kernel choice: ISA detection and its cap (ALPAMAYO_CPU_ISA), forced kernels
-// (ALPAMAYO_CPU_KERNELS), the attention kernel's selection, the accuracy check at the choice, and the instruction
-// peaks.
+// The cpu backend's run-time kernel choice: ISA detection and its caps (BackendOptions::isa_cap, the process
+// ceiling), forced kernels (BackendOptions::kernels), the attention kernel's selection, the accuracy check at the
+// choice, and the instruction peaks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "alpamayo/environment.h"
 #include "alpamayo/tensor.h"
 #include "backends/cpu/attention/attention.h"
 #include "backends/cpu/cpu_backend_impl.h"
@@ -18,6 +19,7 @@
 #include "backends/cpu/matmul/matmul_kernels.h"
 #include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
+#include "backends/cpu/kernel_registry.h"
 #include "backends/cpu/profile/peaks.h"
 #include "test_util.h"
 
@@ -25,11 +27,16 @@ namespace alpamayo::cpu {
 namespace {
 
 // ctest's conformance_avx2 reruns part of this suite with ALPAMAYO_CPU_ISA=avx2 and ALPAMAYO_TEST_ONLY_IF_CAPPED=1
-// (CMakeLists.txt). Where that cap takes away nothing this CPU has (no AVX-512, no AVX-VNNI), the rerun would
-// repeat the main suite test for test: every test is then skipped, and the reason printed.
+// (CMakeLists.txt). The test binary reads ALPAMAYO_CPU_ISA once, here, as the programs do (options_from_environment)
+// and makes it the process's ceiling, which every model and kernel test of the run stays within. Where that cap
+// takes away nothing this CPU has (no AVX-512, no AVX-VNNI), the rerun would repeat the main suite test for test:
+// every test is then skipped, and the reason printed.
 class OnlyIfCapped : public ::testing::Environment {
  public:
   void SetUp() override {
+    BackendOptions env;
+    options_from_environment(env, "cpu");
+    set_isa_ceiling(env.isa_cap, env.isa_cap_source);
     const char* v = std::getenv("ALPAMAYO_TEST_ONLY_IF_CAPPED");
     if (!v || !*v) return;
     const IsaInfo& i = isa();
@@ -69,36 +76,102 @@ TEST(Isa, UsableIsDetectedWithinTheCap) {
   std::printf("isa: %s\n", i.describe().c_str());
 }
 
+// A model's cap: within the process's instruction sets, named in messages by where it came from.
+TEST(Isa, CapPerModel) {
+  const IsaInfo all = isa_with_cap("");
+  EXPECT_EQ(all.usable, isa().usable);
+  const IsaInfo avx2 = isa_with_cap("avx2");
+  EXPECT_EQ(avx2.usable, isa().usable & isa_cap_from_name("avx2"));
+  EXPECT_EQ(avx2.cap, "avx2");
+  if (avx2.usable != avx2.detected) {
+    EXPECT_NE(avx2.describe().find("[off by isa_cap=avx2: "), std::string::npos) << avx2.describe();
+    EXPECT_NE(isa_with_cap("avx2", "ALPAMAYO_CPU_ISA").describe().find("[off by ALPAMAYO_CPU_ISA=avx2: "),
+              std::string::npos);
+  }
+  // oneDNN has one instruction set per process: no candidate for a model whose cap takes from it.
+  EXPECT_EQ(onednn_within_cap(avx2).empty(), avx2.usable == isa().usable) << onednn_within_cap(avx2);
+  EXPECT_EQ(onednn_within_cap(isa()), "");
+  EXPECT_EQ(isa().usable, all.usable) << "a model's cap leaves the process's as it was";
+  test::expect_error([] { isa_with_cap("avx3"); }, {"isa_cap=\"avx3\" is not an instruction-set cap", "avx2"});
+  test::expect_error([] { set_isa_ceiling("avx2", "ALPAMAYO_CPU_ISA"); }, {"after the backend started"});
+}
+
+// The boundary: options_from_environment fills what the options leave empty, and only that.
+TEST(Isa, OptionsFromEnvironment) {
+  test::ScopedEnv k("ALPAMAYO_CPU_KERNELS", "attention=portable");
+  test::ScopedEnv i("ALPAMAYO_CPU_ISA", "avx2");
+  BackendOptions o;
+  options_from_environment(o, "cpu");
+  EXPECT_EQ(o.kernels, "attention=portable");
+  EXPECT_EQ(o.kernels_source, "ALPAMAYO_CPU_KERNELS");
+  EXPECT_EQ(o.isa_cap, "avx2");
+  EXPECT_EQ(o.isa_cap_source, "ALPAMAYO_CPU_ISA");
+  BackendOptions given;
+  given.kernels = "attention=avx2_fma";
+  given.isa_cap = "all";
+  options_from_environment(given, "cpu");  // the options win over the variables
+  EXPECT_EQ(given.kernels, "attention=avx2_fma");
+  EXPECT_EQ(given.kernels_source, "");
+  EXPECT_EQ(given.isa_cap, "all");
+  BackendOptions other;  // the kernels variable is the cpu backend's: other backends have other kernels
+  options_from_environment(other, "reference");
+  EXPECT_EQ(other.kernels, "");
+  EXPECT_EQ(other.isa_cap, "avx2");
+  k.set("");
+  i.set("");
+  BackendOptions none;
+  options_from_environment(none, "cpu");
+  EXPECT_EQ(none.kernels, "");
+  EXPECT_EQ(none.isa_cap, "");
+}
+
+// The forced kernels come from the model's option only (the programs fill it from ALPAMAYO_CPU_KERNELS).
 TEST(Isa, ForcedKernelParsing) {
-  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
-  EXPECT_EQ(forced_kernel("attention"), "");
-  env.set("attention=avx2_fma,matmul_bf16=onednn");
-  EXPECT_EQ(forced_kernel("attention"), "avx2_fma");
-  EXPECT_EQ(forced_kernel("matmul_bf16"), "onednn");
-  EXPECT_EQ(forced_kernel("matmul_int8"), "");
-  EXPECT_EQ(forced_kernel("attention_kv_int8"), "");  // select_attention_kernel falls back to "attention"
-  env.set("attention_kv_int8=avx512_vnni");
-  EXPECT_EQ(forced_kernel("attention_kv_int8"), "avx512_vnni");
-  EXPECT_EQ(forced_kernel("attention"), "");
-  test::expect_error([] { forced_kernel("conv"); }, {"no kernel choice for op \"conv\"", "attention, attention_kv_int8, matmul_bf16"});
-  env.set("attention");
-  test::expect_error([] { forced_kernel("attention"); },
+  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "attention=portable");  // read by nothing under src/ but the boundary
+  EXPECT_EQ(forced_kernel("attention", ""), "");
+  std::string spec = "attention=avx2_fma,matmul_bf16=onednn";
+  EXPECT_EQ(forced_kernel("attention", spec), "avx2_fma");
+  EXPECT_EQ(forced_kernel("matmul_bf16", spec), "onednn");
+  EXPECT_EQ(forced_kernel("matmul_int8", spec), "");
+  EXPECT_EQ(forced_kernel("attention_kv_int8", spec), "");  // select_attention_kernel falls back to "attention"
+  spec = "attention_kv_int8=avx512_vnni";
+  EXPECT_EQ(forced_kernel("attention_kv_int8", spec), "avx512_vnni");
+  EXPECT_EQ(forced_kernel("attention", spec), "");
+  test::expect_error([] { forced_kernel("conv", ""); },
+                     {"no kernel choice for op \"conv\"", "attention, attention_kv_int8, matmul_bf16"});
+  test::expect_error([] { forced_kernel("attention", "attention", "ALPAMAYO_CPU_KERNELS"); },
                      {"ALPAMAYO_CPU_KERNELS=\"attention\"", "is not op=kernel",
                       "attention, attention_kv_int8, matmul_bf16, matmul_int8"});
-  env.set("attention=");
-  test::expect_error([] { forced_kernel("attention"); }, {"\"attention=\" is not op=kernel"});
-  env.set("attention=avx2_fma,matmul_bf16=onednn,attention=portable");
-  test::expect_error([] { forced_kernel("matmul_int8"); }, {"op \"attention\" given twice"});
-  env.set("attn=avx2_fma");
-  test::expect_error([] { forced_kernel("matmul_bf16"); }, {"unknown op \"attn\"", "attention, attention_kv_int8, matmul_bf16"});
+  test::expect_error([] { forced_kernel("attention", "attention="); }, {"kernels=\"attention=\"", "is not op=kernel"});
+  test::expect_error([] { forced_kernel("matmul_int8", "attention=avx2_fma,matmul_bf16=onednn,attention=portable"); },
+                     {"op \"attention\" given twice"});
+  test::expect_error([] { forced_kernel("matmul_bf16", "attn=avx2_fma"); },
+                     {"unknown op \"attn\"", "attention, attention_kv_int8, matmul_bf16"});
+}
+
+// What programs without a model choose under (isa(), nothing forced), forcing `kernels` as the CLI passes them.
+KernelScope scope(const std::string& kernels = "") {
+  KernelScope s = process_kernel_scope();
+  s.kernels = kernels;
+  s.source = "ALPAMAYO_CPU_KERNELS";
+  return s;
+}
+
+KernelChoice choice_in(const KernelChoices& made, const std::string& op) {
+  for (const KernelChoice& c : made)
+    if (c.op == op) return c;
+  ADD_FAILURE() << "no choice recorded for " << op;
+  return {};
 }
 
 TEST(Isa, KernelChoicesReplacePerOp) {
-  const auto before = kernel_choices();
-  record_kernel_choice({"test_op", "a", "first", 1.0, ""});
-  record_kernel_choice({"test_op", "b", "second", 2.0, "vfmadd231ps ymm"});
+  KernelChoices made;
+  record_kernel_choice(made, {"other_op", "x", "first", 1.0, ""});
+  record_kernel_choice(made, {"test_op", "a", "first", 1.0, ""});
+  record_kernel_choice(made, {"test_op", "b", "second", 2.0, "vfmadd231ps ymm"});
+  EXPECT_EQ(made.size(), 2u);
   int n = 0;
-  for (const KernelChoice& c : kernel_choices())
+  for (const KernelChoice& c : made)
     if (c.op == "test_op") {
       ++n;
       EXPECT_EQ(c.kernel, "b");
@@ -111,23 +184,110 @@ TEST(Isa, KernelChoicesReplacePerOp) {
 // choice of kKernelOps made in this process, in their order, and forces each to what it was.
 TEST(Isa, KernelPinForcesEveryChoiceMade) {
   if (!isa().has(kAvx2Fma)) GTEST_SKIP() << "no AVX2 + FMA: only the portable attention kernel runs here";
-  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "attention=avx2_fma");
-  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, true), AttnKernel::Avx2Fma);
-  env.set("attention=avx2_fma,attention_kv_int8=portable");
-  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, false), AttnKernel::Avx2Fma);
-  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, true), AttnKernel::Portable);
-  record_kernel_choice({"test_op", "a", "first", 1.0, ""});
-  const std::string pin = kernel_pin();
-  EXPECT_EQ(pin.find("attention=avx2_fma,attention_kv_int8=portable"), 0u) << pin;
-  EXPECT_EQ(pin.find("test_op"), std::string::npos) << pin;
-  env.set(pin);
+  KernelChoices made;
+  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, true, scope("attention=avx2_fma"), &made), AttnKernel::Avx2Fma);
+  const KernelScope both = scope("attention=avx2_fma,attention_kv_int8=portable");
+  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, false, both, &made), AttnKernel::Avx2Fma);
+  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, true, both, &made), AttnKernel::Portable);
+  record_kernel_choice(made, {"test_op", "a", "first", 1.0, ""});
+  const std::string pin = kernel_pin(made);
+  EXPECT_EQ(pin, "attention=avx2_fma,attention_kv_int8=portable");
   int pinned = 0;
-  for (const KernelChoice& c : kernel_choices())
+  for (const KernelChoice& c : made)
     if (c.op != "test_op") {
-      EXPECT_EQ(forced_kernel(c.op), c.kernel) << c.op << " in " << pin;
+      EXPECT_EQ(forced_kernel(c.op, pin), c.kernel) << c.op << " in " << pin;
       ++pinned;
     }
-  EXPECT_GE(pinned, 2);
+  EXPECT_EQ(pinned, 2);
+}
+
+// The one choice procedure (kernel_registry.h) on an op of made-up kernels: each with a fixed accuracy and rate.
+struct FakeKernel {
+  std::string name;
+  double ratio, rate;  // worst |d| / bound at the check; GFLOP/s
+  std::string why_not;
+};
+class FakeBench final : public KernelBench {
+ public:
+  FakeBench(std::vector<FakeKernel> k, int* built) : k_(std::move(k)) { ++*built; }
+  std::string shape() const override { return "fake shape"; }
+  KernelAccuracy check(const std::string& name, std::string* fail) override {
+    KernelAccuracy a;
+    a.ratio = of(name).ratio;
+    *fail = a.ok() ? "" : name + " too far off";
+    return a;
+  }
+  double rate(const std::string& name, bool) override { return of(name).rate; }
+
+ private:
+  const FakeKernel& of(const std::string& name) const {
+    for (const FakeKernel& k : k_)
+      if (k.name == name) return k;
+    throw Error("no fake kernel " + name);
+  }
+  std::vector<FakeKernel> k_;
+};
+
+KernelOp fake_op(const std::vector<FakeKernel>& kernels, const std::string& key, int* built) {
+  KernelOp op;
+  op.op = "attention";  // an op of kKernelOps, on a timing shape of its own (cache_key)
+  op.yardstick = "portable";
+  op.cache_key = "fake " + key;
+  for (const FakeKernel& k : kernels) op.candidates.push_back({k.name, "instr_" + k.name, k.why_not});
+  op.bench = [kernels, built] { return std::make_unique<FakeBench>(kernels, built); };
+  return op;
+}
+
+TEST(KernelRegistry, OneProcedureChecksTimesPicksAndForces) {
+  const std::vector<FakeKernel> k = {{"wrong", 3.0, 900, ""},    // fastest, but beyond its bound
+                                     {"first", 0.1, 100, ""},    // preferred
+                                     {"close", 0.2, 120, ""},    // faster, within the margin: not taken
+                                     {"absent", 0.0, 999, "needs a unit this CPU lacks"},
+                                     {"portable", 0.0, 10, ""}};
+  int built = 0;
+  const KernelScope none = process_kernel_scope();
+  KernelChoice c = choose_kernel(fake_op(k, "a", &built), none);
+  EXPECT_EQ(c.kernel, "first");
+  EXPECT_EQ(c.instruction, "instr_first");
+  EXPECT_EQ(c.why, "fastest of first 100.0, close 120.0 GFLOP/s (1 thread, fake shape)");
+  EXPECT_EQ(c.gflops, 100);
+  EXPECT_EQ(c.check, "checked against portable on fake shape, worst |d| / bound: first 0.1, close 0.2; rejected: "
+                     "wrong too far off");
+  EXPECT_EQ(choose_kernel(fake_op(k, "a", &built), none).why, c.why);  // cached: measured once
+  EXPECT_EQ(built, 1);
+  // A later candidate more than kChoiceMargin times faster wins.
+  std::vector<FakeKernel> k2 = k;
+  k2[2].rate = 100 * kChoiceMargin * 1.01;
+  EXPECT_EQ(choose_kernel(fake_op(k2, "b", &built), none).kernel, "close");
+  // Forced: checked, not timed (unless the op times lone kernels), named with its source; errors name the
+  // candidates.
+  KernelScope forced = none;
+  forced.kernels = "attention=close";
+  c = choose_kernel(fake_op(k, "a", &built), forced);
+  EXPECT_EQ(c.kernel, "close");
+  EXPECT_EQ(c.why, "forced by kernels");
+  EXPECT_EQ(c.gflops, 0);
+  EXPECT_EQ(c.check, "checked against portable on fake shape, worst |d| / bound: close 0.2");
+  forced.kernels = "attention=wrong";
+  test::expect_error([&] { choose_kernel(fake_op(k, "a", &built), forced); },
+                     {"kernels: attention=wrong fails the accuracy check: wrong too far off"});
+  forced.kernels = "attention=absent";
+  test::expect_error([&] { choose_kernel(fake_op(k, "a", &built), forced); },
+                     {"attention=absent cannot be used: needs a unit this CPU lacks", "Candidates: wrong (runs here)",
+                      "absent (not here: needs a unit this CPU lacks)"});
+  forced.kernels = "attention=nothing";
+  test::expect_error([&] { choose_kernel(fake_op(k, "a", &built), forced); }, {"unknown kernel", "Candidates"});
+  // Only the yardstick runs, or only it passes.
+  const std::vector<FakeKernel> lone = {{"absent", 0.0, 999, "no"}, {"portable", 0.0, 10, ""}};
+  c = choose_kernel(fake_op(lone, "c", &built), none);
+  EXPECT_EQ(c.kernel, "portable");
+  EXPECT_EQ(c.why, "only one");
+  EXPECT_EQ(c.check, "");
+  const std::vector<FakeKernel> bad = {{"wrong", 2.0, 999, ""}, {"portable", 0.0, 10, ""}};
+  c = choose_kernel(fake_op(bad, "d", &built), none);
+  EXPECT_EQ(c.kernel, "portable");
+  EXPECT_EQ(c.why, "the only kernel that passes the accuracy check");
+  EXPECT_NE(c.check.find("rejected: wrong too far off"), std::string::npos) << c.check;
 }
 
 TEST(AttentionSelection, NamesAndAvailability) {
@@ -155,12 +315,12 @@ TEST(AttentionSelection, UnknownOrUnrunnableNamesAreErrors) {
 }
 
 TEST(AttentionSelection, FastestRunnableOrForced) {
-  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
-  const AttnKernel k = select_attention_kernel(64, 2, 8, 512);
+  KernelChoices made;
+  const AttnKernel k = select_attention_kernel(64, 2, 8, 512, false, scope(), &made);
   EXPECT_TRUE(attn_kernel_unavailable(k).empty());
   if (isa().has(kAvx2Fma)) { EXPECT_NE(k, AttnKernel::Portable) << "a vectorised kernel runs on every AVX2 CPU"; }
   bool found = false;
-  for (const KernelChoice& c : kernel_choices())
+  for (const KernelChoice& c : made)
     if (c.op == "attention") {
       found = true;
       EXPECT_EQ(c.kernel, attn_kernel_name(k));
@@ -170,12 +330,15 @@ TEST(AttentionSelection, FastestRunnableOrForced) {
     }
   EXPECT_TRUE(found);
   // Cached: the same shape again picks the same kernel without timing.
-  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512), k);
-  env.set("attention=portable");
-  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512), AttnKernel::Portable);
-  env.set("attention=fastest");
-  test::expect_error([] { select_attention_kernel(64, 2, 8, 512); },
+  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, false, scope(), nullptr), k);
+  EXPECT_EQ(select_attention_kernel(64, 2, 8, 512, false, scope("attention=portable"), nullptr), AttnKernel::Portable);
+  test::expect_error([] { select_attention_kernel(64, 2, 8, 512, false, scope("attention=fastest"), nullptr); },
                      {"ALPAMAYO_CPU_KERNELS", "unknown attention kernel \"fastest\"", "avx2_fma"});
+  // Under a model's cap: only what the cap allows, chosen on its own (a different cache entry).
+  const IsaInfo avx2 = isa_with_cap("avx2");
+  const AttnKernel capped = select_attention_kernel(64, 2, 8, 512, false, {avx2, "", "kernels"}, &made);
+  EXPECT_EQ(attn_kernel_unavailable(capped, false, avx2), "");
+  EXPECT_EQ(choice_in(made, "attention").kernel, attn_kernel_name(capped));
 }
 
 // The accuracy check at the choice (kernel_check.h, docs/CPU_BACKEND.md "Accuracy check at the choice").
@@ -350,13 +513,12 @@ TEST(KernelCheck, AttentionBoundsHoldAndHavePower) {
 
 // The timing data's check as the choice runs it: every candidate that runs here passes, and the choice says so.
 TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
-  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
-  select_matmul_kernel(WeightType::BF16, kRepModelDim);
-  select_matmul_kernel(WeightType::INT8, kRepModelDim);
-  for (bool int8 : {false, true}) select_attention_kernel(64, 2, 8, 512, int8);
+  KernelChoices made;
+  record_kernel_choice(made, select_matmul_kernel(WeightType::BF16, kRepModelDim, scope()));
+  record_kernel_choice(made, select_matmul_kernel(WeightType::INT8, kRepModelDim, scope()));
+  for (bool int8 : {false, true}) select_attention_kernel(64, 2, 8, 512, int8, scope(), &made);
   int n = 0;
-  for (const KernelChoice& c : kernel_choices()) {
-    if (c.op == "test_op") continue;  // Isa.* record one when run in this process
+  for (const KernelChoice& c : made) {
     std::printf("%s\n%s\n", format_kernel_choice(c).c_str(), format_kernel_check(c).c_str());
     EXPECT_EQ(c.check.find("rejected"), std::string::npos) << c.op << ": " << c.check;
     if (c.kernel != "portable" && c.kernel != "portable_fma") {
@@ -377,17 +539,18 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
       {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma"}}};
   for (const auto& [op, kernels] : ops)
     for (const std::string& k : kernels) {
-      env.set(op + "=" + k);
+      const KernelScope forced = scope(op + "=" + k);
       try {
-        if (op == "matmul_bf16") select_matmul_kernel(WeightType::BF16, kRepModelDim);
-        else if (op == "matmul_int8") select_matmul_kernel(WeightType::INT8, kRepModelDim);
-        else select_attention_kernel(64, 2, 8, 512, op == "attention_kv_int8");
+        if (op.rfind("matmul", 0) == 0)
+          record_kernel_choice(made, select_matmul_kernel(op == "matmul_int8" ? WeightType::INT8 : WeightType::BF16,
+                                                          kRepModelDim, forced));
+        else select_attention_kernel(64, 2, 8, 512, op == "attention_kv_int8", forced, &made);
       } catch (const Error& e) {
         const std::string msg = e.what();
         EXPECT_EQ(msg.find("accuracy"), std::string::npos) << msg;  // only "cannot run here" may refuse it
         continue;
       }
-      for (const KernelChoice& c : kernel_choices())
+      for (const KernelChoice& c : made)
         if (c.op == op) {
           EXPECT_EQ(c.kernel, k);
           EXPECT_EQ(c.why, "forced by ALPAMAYO_CPU_KERNELS");
@@ -410,28 +573,25 @@ class ScopedPerturbation {
   std::string op_, kernel_;
 };
 
-KernelChoice choice_of(const std::string& op) {
-  for (const KernelChoice& c : kernel_choices())
-    if (c.op == op) return c;
-  ADD_FAILURE() << "no choice recorded for " << op;
-  return {};
-}
-
 // A candidate whose output is off is left out of the timing, named as rejected with its difference and bound, and
 // forcing it is an error; far below the bound it passes; without the perturbation the earlier choice is back.
 TEST(KernelCheck, InaccurateCandidateIsRejectedAndNamed) {
   if (!isa().has(kAvx2Fma)) GTEST_SKIP() << "no AVX2 + FMA: only the portable kernels run here";
-  test::ScopedEnv env("ALPAMAYO_CPU_KERNELS", "");
+  KernelChoices made;
+  std::string spec;  // forced kernels of the selections below
+  auto choice_of = [&](const std::string& op) { return choice_in(made, op); };
   struct Op {
     std::string op;
     double relative;  // far beyond the op's bound on the timing data (the test prints how far)
     std::function<void()> select;
   };
   const std::vector<Op> ops = {
-      {"matmul_bf16", 1e-2, [] { select_matmul_kernel(WeightType::BF16, kRepModelDim); }},
-      {"matmul_int8", 1e-2, [] { select_matmul_kernel(WeightType::INT8, kRepModelDim); }},
-      {"attention", 1.0, [] { select_attention_kernel(64, 2, 8, 512, false); }},
-      {"attention_kv_int8", 1.0, [] { select_attention_kernel(64, 2, 8, 512, true); }}};
+      {"matmul_bf16", 1e-2,
+       [&] { record_kernel_choice(made, select_matmul_kernel(WeightType::BF16, kRepModelDim, scope(spec))); }},
+      {"matmul_int8", 1e-2,
+       [&] { record_kernel_choice(made, select_matmul_kernel(WeightType::INT8, kRepModelDim, scope(spec))); }},
+      {"attention", 1.0, [&] { select_attention_kernel(64, 2, 8, 512, false, scope(spec), &made); }},
+      {"attention_kv_int8", 1.0, [&] { select_attention_kernel(64, 2, 8, 512, true, scope(spec), &made); }}};
   for (const Op& o : ops) {
     o.select();
     const KernelChoice before = choice_of(o.op);
@@ -450,10 +610,10 @@ TEST(KernelCheck, InaccurateCandidateIsRejectedAndNamed) {
                                                        : "against portable on d=64, 16 rows, 520 keys"),
                 std::string::npos)
           << line;
-      env.set(o.op + "=" + k);
+      spec = o.op + "=" + k;
       test::expect_error(o.select, {"ALPAMAYO_CPU_KERNELS: " + o.op + "=" + k, "fails the accuracy check",
                                     k + " |d| ", " > bound ", "times the bound"});
-      env.set("");
+      spec = "";
     }
     {
       ScopedPerturbation p(o.op, k, 1e-7 * o.relative);  // far below the bound
@@ -508,7 +668,9 @@ TEST(Peaks, StepFloorFromTheConfig) {
   const StepWork w = step_work(64, 1536, 16, 8, 128, 6144, 64, {4700 + 64});
   EXPECT_NEAR(w.matmul_gflop, 309, 2);
   EXPECT_NEAR(w.attention_gflop, 160, 3);
-  const auto f = step_floors(w, "bf16", 1);
+  const KernelChoices chosen = {{"matmul_bf16", "avx2_fma", "", 0.0, "vfmadd231ps ymm"},
+                                {"attention", "avx2_fma", "", 0.0, "vfmadd231ps ymm"}};
+  const auto f = step_floors(w, chosen, "bf16", 1);
   ASSERT_EQ(f.size(), 2u);
   EXPECT_EQ(f[0].op, "matmul_bf16");
   EXPECT_EQ(f[1].op, "attention");

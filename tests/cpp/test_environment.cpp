@@ -2,6 +2,7 @@
 // BackendOptions, where the caller left an option at its default.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -39,24 +40,28 @@ TEST(Environment, NothingSetLeavesTheOptions) {
   EXPECT_EQ(o.cublaslt_path, "");
 }
 
-TEST(Environment, CudaGemmIsAKernelPinForTheCudaBackendOnly) {
-  const EnvVar g("ALPAMAYO_CUDA_GEMM", "own");
-  BackendOptions o;
-  options_from_environment(o, "cuda");
-  EXPECT_EQ(o.kernels, "gemm=own");
-  BackendOptions other;
-  options_from_environment(other, "reference");
-  EXPECT_EQ(other.kernels, "");
-  BackendOptions dflt;  // the default backend
-  options_from_environment(dflt);
-  EXPECT_EQ(dflt.kernels, backend_names().front() == "cuda" ? "gemm=own" : "");
-  BackendOptions given;
-  given.kernels = "gemm=cublaslt";
-  options_from_environment(given, "cuda");
-  EXPECT_EQ(given.kernels, "gemm=cublaslt");
-  const EnvVar bad("ALPAMAYO_CUDA_GEMM", "fast");
-  test::expect_error([] { BackendOptions b; options_from_environment(b, "cuda"); },
-                     {"ALPAMAYO_CUDA_GEMM", "expected cublaslt or own", "'fast'"});
+// Each backend's kernels variable (BackendInfo::kernels_variable) pins that backend's kernels, and no other's.
+TEST(Environment, KernelsVariablesPinTheirBackendOnly) {
+  int checked = 0;
+  for (const BackendInfo& b : registered_backends()) {
+    if (b.kernels_variable.empty()) continue;
+    const EnvVar v(b.kernels_variable.c_str(), "own");
+    BackendOptions o;
+    options_from_environment(o, b.name);
+    EXPECT_EQ(o.kernels, b.kernels_variable_op.empty() ? "own" : b.kernels_variable_op + "=own") << b.name;
+    EXPECT_EQ(o.kernels_source, b.kernels_variable) << b.name;  // named by the backend's error for a bad value
+    BackendOptions other;
+    options_from_environment(other, "reference");
+    EXPECT_EQ(other.kernels, "") << b.kernels_variable << " pinned the reference backend";
+    BackendOptions given;
+    given.kernels = "given";
+    options_from_environment(given, b.name);
+    EXPECT_EQ(given.kernels, "given") << b.name << ": the caller's option wins";
+    ++checked;
+  }
+  const bool has_kernel_choices = std::any_of(registered_backends().begin(), registered_backends().end(),
+                                              [](const BackendInfo& b) { return b.kernel_choices; });
+  if (has_kernel_choices) EXPECT_GT(checked, 0) << "a backend with kernel choices declares no variable";
 }
 
 TEST(Environment, CudaGraphsAndCublasLtPath) {

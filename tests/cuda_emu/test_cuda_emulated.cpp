@@ -69,6 +69,11 @@ TEST(CudaEmulated, KernelsOptionPicksTheMatmul) {
   test::expect_error([&] { p.model("cuda_emu", emu_options("bf16", "gemm=fast")); },
                      {"gemm=fast", "expected gemm=cublaslt or gemm=own"});
   test::expect_error([&] { p.model("cuda_emu", emu_options("bf16", "attention=own")); }, {"attention=own"});
+  // A value from the environment (options_from_environment: the entry's kernels_variable) is named as such.
+  BackendOptions from_env = emu_options("bf16", "gemm=fast");
+  from_env.kernels_source = find_backend("cuda_emu").kernels_variable;
+  EXPECT_EQ(from_env.kernels_source, "ALPAMAYO_CUDA_GEMM");
+  test::expect_error([&] { p.model("cuda_emu", from_env); }, {"gemm=fast", "(from ALPAMAYO_CUDA_GEMM)"});
 }
 
 TEST(CudaEmulated, CublasLtPathOptionReachesTheLoader) {

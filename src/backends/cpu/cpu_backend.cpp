@@ -17,6 +17,7 @@
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
+#include "backends/cpu/kernel_registry.h"
 #include "backends/cpu/attention/kv_quant.h"
 #include "backends/cpu/profile/peaks.h"
 
@@ -51,33 +52,27 @@ std::vector<Slice> split_cols(int N, int parts) {
 
 
 // The kernel for the weights' matmuls, op "matmul_bf16" (bf16 weights) or "matmul_int8" (int8 weights): oneDNN
-// (OnednnLinear) or the fp32-FMA kernels (matmul_kernels.h). Forced by ALPAMAYO_CPU_KERNELS, else the fastest runnable
-// one on an M x K x N slice (timed once per process, op and shape) of those that pass the accuracy check on it
-// (kernel_check.h); a forced one must pass it too.
-struct MatmulChoice {
-  std::string name, why;
-  double gflops = 0;
-  std::string check;  // the accuracy check's result (KernelChoice::check)
-};
-
+// (OnednnLinear) or the fp32-FMA and dot-product kernels (matmul_kernels.h), chosen by choose_kernel
+// (kernel_registry.h) on an M x K x N slice.
 constexpr const char* kOnednn = "onednn";
 
 // Empty when the candidate runs here, else why not.
 // k_model: the model's largest K (avx512_vnni's int32 sums must not overflow).
 std::string matmul_unrunnable(const std::string& name, WeightType t, OnednnPrimitives& kernels, int M, int K, int N,
-                              int k_model) {
+                              int k_model, const IsaInfo& i) {
   if (name == kOnednn) {
+    if (std::string why = onednn_within_cap(i); !why.empty()) return why;
     try {
       kernels.get(t, M, K, N, N);
     } catch (const Error& e) {
       return e.what();
     }
-    return t == WeightType::INT8 ? onednn_int8_refused() : "";
+    return t == WeightType::INT8 ? onednn_int8_refused(i) : "";
   }
   MatmulKernel k;
   if (!matmul_kernel_from_name(name, &k)) return "unknown kernel";
   if (std::string why = matmul_kernel_refuses(k, t == WeightType::INT8, k_model); !why.empty()) return why;
-  return matmul_kernel_unavailable(k);
+  return matmul_kernel_unavailable(k, i);
 }
 
 // The timing shape's random data, which the timing and the accuracy check share: W [N][K] and activations x [M][K]
@@ -211,125 +206,73 @@ KernelAccuracy check_matmul(const std::string& op, const std::string& name, Matm
   return a;
 }
 
-MatmulChoice choose_matmul(const std::string& op, WeightType t, OnednnPrimitives& kernels, int M, int K, int N,
-                           int k_model, const std::string& spec) {
-  // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN: inside a
-  // full-size step they ran faster than oneDNN, with less peak memory (docs/PERFORMANCE.md), which the warm timing
-  // shape barely shows; oneDNN must be kChoiceMargin times faster there to be taken instead, as with AMX.
-  std::vector<std::string> names;
+// The matmul candidates' timing data: the accuracy check's yardstick once, then each candidate packed in turn
+// (the one checked last is the one timed).
+class MatmulBench final : public KernelBench {
+ public:
+  MatmulBench(std::string op, WeightType t, int M, int K, int N, OnednnPrimitives& kernels)
+      : op_(std::move(op)), d_(t, M, K, N), kernels_(kernels), ys_(matmul_yardstick(d_, kernels)) {}
+  std::string shape() const override { return ys_.shape; }
+  KernelAccuracy check(const std::string& name, std::string* fail) override {
+    return check_matmul(op_, name, run_of(name), d_, ys_, fail);
+  }
+  double rate(const std::string& name, bool) override {
+    return 2.0 * d_.M * d_.K * d_.N / time_matmul(run_of(name)) / 1e9;
+  }
+
+ private:
+  MatmulRun& run_of(const std::string& name) {
+    if (!run_ || name_ != name) run_ = std::make_unique<MatmulRun>(name, d_, kernels_), name_ = name;
+    return *run_;
+  }
+  std::string op_;
+  MatmulData d_;
+  OnednnPrimitives& kernels_;
+  MatmulYardstick ys_;
+  std::unique_ptr<MatmulRun> run_;
+  std::string name_;
+};
+
+KernelOp matmul_op(WeightType t, OnednnPrimitives& kernels, int M, int K, int N, int k_model, const IsaInfo& isa) {
+  KernelOp op;
+  op.op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
+  op.yardstick = "portable_fma";
+  op.unit = t == WeightType::INT8 ? "GOP/s" : "GFLOP/s";
+  // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a
+  // full-size step they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5),
+  // which the warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as with AMX.
   for (MatmulKernel k : kMatmulKernels) {
-    if (k == MatmulKernel::Avx512) names.push_back(kOnednn);  // after the dot-product kernels, before the FMA ones
-    names.push_back(matmul_kernel_name(k));
+    if (k == MatmulKernel::Avx512)  // after the dot-product kernels, before the FMA ones
+      op.candidates.push_back({kOnednn, "", matmul_unrunnable(kOnednn, t, kernels, M, K, N, k_model, isa)});
+    const std::string name = matmul_kernel_name(k);
+    op.candidates.push_back(
+        {name, matmul_kernel_instruction(k), matmul_unrunnable(name, t, kernels, M, K, N, k_model, isa)});
   }
-  static std::mutex mu;
-  // The ISA cap is fixed per process; the test-only perturbations get choices of their own (kernel_check.h).
-  static std::map<std::tuple<std::string, int, int, int, int, std::string, std::string>, MatmulChoice> cache;
-  const std::string forced = forced_kernel(op, spec);
-  if (!forced.empty()) {
-    const bool known = std::find(names.begin(), names.end(), forced) != names.end();
-    const std::string why = known ? matmul_unrunnable(forced, t, kernels, M, K, N, k_model) : "unknown kernel";
-    if (!why.empty()) {
-      std::string list;
-      for (const std::string& n : names) {
-        const std::string w = matmul_unrunnable(n, t, kernels, M, K, N, k_model);
-        list += (list.empty() ? "" : "; ") + n + (w.empty() ? " (runs here)" : " (not here: " + w + ")");
-      }
-      throw Error(ErrorCode::Unsupported, kernel_spec_source(spec) + ": " + op + "=" + forced + " cannot be used: " + why + ". Candidates: " +
-                  list);
-    }
-    const std::string src = kernel_spec_source(spec);
-    if (forced == "portable_fma") return {forced, "forced by " + src, 0, ""};  // the check's yardstick
-    // Checked once per process, op, shape and kernel, as a timed choice is.
-    std::lock_guard<std::mutex> lk(mu);
-    const auto key = std::make_tuple(op, M, K, N, -1, forced, kernel_check_perturbations(op));
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-      const MatmulData d(t, M, K, N);
-      const MatmulYardstick ys = matmul_yardstick(d, kernels);
-      MatmulRun r(forced, d, kernels);
-      std::string fail;
-      const KernelAccuracy a = check_matmul(op, forced, r, d, ys, &fail);
-      // A failure is kept with no kernel, thrown on every attempt.
-      const MatmulChoice c{a.ok() ? forced : "", "forced by " + src, 0,
-                           a.ok() ? accuracy_summary("portable_fma", ys.shape, {{forced, a.ratio}}) : fail};
-      it = cache.emplace(key, c).first;
-    }
-    if (it->second.name.empty())
-      throw Error(ErrorCode::Unsupported, src + ": " + op + "=" + forced + " fails the accuracy check: " + it->second.check);
-    return it->second;
-  }
-  std::lock_guard<std::mutex> lk(mu);
-  // k_model matters only through the int8 dot kernels' bounds on K
-  const auto key = std::make_tuple(op, M, K, N, int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK), std::string(),
-                                   kernel_check_perturbations(op));
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  // The portable kernel only where nothing else runs or passes the accuracy check; it is the check's yardstick.
-  std::vector<std::string> run;
-  for (const std::string& n : names)
-    if (n != "portable_fma" && matmul_unrunnable(n, t, kernels, M, K, N, k_model).empty()) run.push_back(n);
-  MatmulChoice c;
-  if (run.empty()) {
-    c = {"portable_fma", "only one", 0, ""};
-    cache[key] = c;
-    return c;
-  }
-  // Each candidate runs once on the timing data and is compared with portable_fma; those within their bound are
-  // timed. A later one must be kChoiceMargin times faster (isa.h).
-  const MatmulData d(t, M, K, N);
-  const MatmulYardstick ys = matmul_yardstick(d, kernels);
-  std::vector<std::pair<std::string, double>> passed;
-  std::string rejected, list, fail;
-  double best = 1e30;
-  for (const std::string& n : run) {
-    MatmulRun r(n, d, kernels);
-    const KernelAccuracy a = check_matmul(op, n, r, d, ys, &fail);
-    if (!a.ok()) {
-      rejected += "; rejected: " + fail;
-      continue;
-    }
-    passed.emplace_back(n, a.ratio);
-    if (run.size() == 1) break;  // nothing to time it against
-    const double sec = time_matmul(r);
-    char rate[32];
-    std::snprintf(rate, sizeof rate, " %.1f", 2.0 * M * K * N / sec / 1e9);
-    list += (list.empty() ? "" : ", ") + n + rate;
-    if (sec * kChoiceMargin < best) {
-      best = sec;
-      c.name = n;
-    }
-  }
-  if (passed.empty()) {
-    c = {"portable_fma", "the only kernel that passes the accuracy check", 0, ""};
-  } else if (run.size() == 1) {
-    c = {passed[0].first, "only one", 0, ""};
-  } else {
-    c.why = "fastest of " + list + (t == WeightType::INT8 ? " GOP/s" : " GFLOP/s") + " (1 thread, " + ys.shape + ")";
-    c.gflops = 2.0 * M * K * N / best / 1e9;
-  }
-  c.check = accuracy_summary("portable_fma", ys.shape, passed) + rejected;
-  cache[key] = c;
-  return c;
+  // k_model matters only through the int8 dot kernels' bounds on K.
+  op.cache_key = std::to_string(M) + "x" + std::to_string(K) + "x" + std::to_string(N) + " k" +
+                 std::to_string(int(k_model > kVnniMaxK) + int(k_model > kAvx2Int8MaxK));
+  op.isa_key = isa.usable | (onednn_within_cap(isa).empty() ? 0x80000000u : 0u);
+  op.bench = [=, &kernels, op_name = op.op] { return std::make_unique<MatmulBench>(op_name, t, M, K, N, kernels); };
+  return op;
 }
 
 }  // namespace
 
-std::string select_matmul_kernel(WeightType t, OnednnPrimitives& kernels, int k_model, const std::string& spec) {
+KernelChoice select_matmul_kernel(WeightType t, OnednnPrimitives& kernels, int k_model, const KernelScope& scope) {
   ScopedOmpThreads one(1);  // timed as it runs: single-threaded on one pool thread
-  const std::string op = t == WeightType::INT8 ? "matmul_int8" : "matmul_bf16";
   // 64 x 1536 x 1024: the seed's M and K, 1024 of its gate/up columns.
-  const MatmulChoice c = choose_matmul(op, t, kernels, kRepTokens, kRepModelDim, 1024, k_model, spec);
-  // The instruction the floor holds the kernel to (peaks.h); oneDNN's: the fastest unit for its operands ("").
-  MatmulKernel k;
-  const std::string instr = matmul_kernel_from_name(c.name, &k) ? matmul_kernel_instruction(k) : "";
-  record_kernel_choice({op, c.name, c.why, c.gflops, instr, t == WeightType::INT8 ? "GOP/s" : "GFLOP/s", c.check});
-  return c.name;
+  return choose_kernel(matmul_op(t, kernels, kRepTokens, kRepModelDim, 1024, k_model, scope.isa), scope);
 }
 
-std::string select_matmul_kernel(WeightType t, int k_model) {
-  isa();  // the ISA cap must reach oneDNN before its first primitive
+KernelScope kernel_scope(const BackendOptions& o) {
+  const std::string src = o.kernels_source.empty() ? "kernels" : o.kernels_source;
+  return {isa_with_cap(o.isa_cap, o.isa_cap_source.empty() ? "isa_cap" : o.isa_cap_source), o.kernels, src};
+}
+
+KernelChoice select_matmul_kernel(WeightType t, int k_model, const KernelScope& scope) {
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   OnednnPrimitives kernels(eng);
-  return select_matmul_kernel(t, kernels, k_model);
+  return select_matmul_kernel(t, kernels, k_model, scope);
 }
 
 namespace {
@@ -463,7 +406,8 @@ void CpuModel::pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLa
 }
 
 CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts)
-    : opts_((isa(), opts)),  // the ISA cap must reach oneDNN before its first primitive
+    : scope_(kernel_scope(opts)),
+      opts_(opts),
       wf_(parse_weight_format(opts)),
       wtype_(parse_weights(opts.weights)),
       nthreads_(resolve_threads(opts.threads)),
@@ -482,12 +426,14 @@ CpuModel::CpuModel(const ExpertConfig& cfg, const ModelWeights& w, const Backend
   // the choice, and with it the rounding, then depends on the machine only, never on the model's sizes or
   // the thread count, and a tiny model (where overheads decide) picks what a full-size one does.
   kv_int8_ = opts.kv == "int8";  // Model::load checked the format against cpu_backend_info()
-  attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens, 2048, kv_int8_, opts.kernels);
+  attn_kernel_ = select_attention_kernel(kRepHeadDim, kRepGroup, kRepTokens, 2048, kv_int8_, scope_, &choices_);
   // Packing runs on a temporary pool; each session has its own.
   ThreadPool pool(nthreads_);
   ScopedOmpThreads one(1);  // oneDNN kernels are planned and run single-threaded per pool thread
   if (!wf_.is_block()) {
-    matmul_kernel_ = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}), opts.kernels);
+    const KernelChoice c = select_matmul_kernel(wtype_, *kernels_, std::max({D, Hq * d, cfg.I}), scope_);
+    record_kernel_choice(choices_, c);
+    matmul_kernel_ = c.kernel;
     use_fma_ = matmul_kernel_from_name(matmul_kernel_, &fma_kernel_);  // else onednn
   }
   pool.run([&](int tid) {

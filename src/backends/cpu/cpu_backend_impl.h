@@ -62,14 +62,16 @@ enum Phase { kNorm1, kQkv, kRope, kAttn, kOproj, kNorm2, kGateUp, kDown, kPhases
 class CpuSession;
 
 // Packed weights (immutable after construction) and what every session of the model shares.
-// The weight matmuls' kernel for bf16 or int8 weights (op "matmul_bf16" / "matmul_int8"): the one forced by
-// `spec` or else ALPAMAYO_CPU_KERNELS (forced_kernel(), isa.h), else the fastest runnable candidate on the
-// representative slice kRepTokens x kRepModelDim x 1024 (timed once per process) of those that pass the accuracy
-// check on it (kernel_check.h); recorded with record_kernel_choice. k_model: the model's largest K (avx512_vnni's
-// int32 sums must not overflow). Throws alpamayo::Error for a forced kernel that cannot run or fails the check.
-std::string select_matmul_kernel(WeightType t, OnednnPrimitives& kernels, int k_model, const std::string& spec = "");
+// The weight matmuls' kernel for bf16 or int8 weights (op "matmul_bf16" / "matmul_int8") within scope.isa: the one
+// forced by scope.kernels (forced_kernel(), isa.h), else the fastest runnable candidate on the representative slice
+// kRepTokens x kRepModelDim x 1024 (timed once per process and instruction-set cap) of those that pass the accuracy
+// check on it (kernel_check.h). k_model: the model's largest K (avx512_vnni's int32 sums must not overflow). Throws
+// alpamayo::Error for a forced kernel that cannot run or fails the check.
+KernelChoice select_matmul_kernel(WeightType t, OnednnPrimitives& kernels, int k_model, const KernelScope& scope);
 // The same on an engine of its own (inspect --kernels).
-std::string select_matmul_kernel(WeightType t, int k_model);
+KernelChoice select_matmul_kernel(WeightType t, int k_model, const KernelScope& scope);
+// A model's scope: isa_with_cap(o.isa_cap) and o.kernels, with where each came from.
+KernelScope kernel_scope(const BackendOptions& o);
 
 class CpuModel final : public BackendModel {
  public:
@@ -84,6 +86,9 @@ class CpuModel final : public BackendModel {
   // "attention=K" (or "attention_kv_int8=K"), then "matmul_bf16=K" or "matmul_int8=K" unless the weights are in
   // a block format: what BackendOptions::kernels takes to choose the same again.
   std::string kernels() const override;
+  // What this model chose, per op (inspect, --profile, bench_step), and the instruction sets it may use.
+  const KernelChoices& kernel_choices() const { return choices_; }
+  const IsaInfo& isa() const { return scope_.isa; }
 
  private:
   friend class CpuSession;
@@ -93,6 +98,7 @@ class CpuModel final : public BackendModel {
   void pack_layer(const LayerWeights& lw, CpuLayer& out, PackScratch& sc);
   void pack_layer_blocks(const float* qkv, const LayerWeights& lw, CpuLayer& out, PackScratch& sc);
 
+  KernelScope scope_;  // first: its cap reaches oneDNN before the model's first primitive
   BackendOptions opts_;
   WeightFormat wf_;  // block formats run on the block kernels, with bf16 activations
   WeightType wtype_;
@@ -108,6 +114,7 @@ class CpuModel final : public BackendModel {
   MatmulKernel fma_kernel_ = MatmulKernel::Portable;
   bool kv_int8_ = false;    // BackendOptions::kv == "int8": sessions hold their caches as int8 (kv_int8.h)
   AttnKernel attn_kernel_;  // chosen at load (select_attention_kernel)
+  KernelChoices choices_;   // every choice above, as made
   HostProjections proj_;
 };
 

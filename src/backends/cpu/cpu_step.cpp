@@ -330,14 +330,14 @@ void CpuSession::record_profile(double step_ms) {
   pr.wall_seconds = 1e-3 * step_ms;
   // Which kernel each op runs and why, then the step's floor at the measured peaks (measured once per process,
   // at bind, on this session's thread count) against the phases above.
-  pr.isa = isa().describe();
-  for (const KernelChoice& c : kernel_choices())
+  pr.isa = m_.isa().describe();
+  for (const KernelChoice& c : m_.kernel_choices())
     pr.kernels.push_back({c.op, c.kernel, c.why, c.gflops, c.unit, c.instruction, c.check});
-  pr.kernel_pin = kernel_pin();
+  pr.kernel_pin = kernel_pin(m_.kernel_choices());
   std::vector<long long> keys(B_);
   for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
   const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);
-  std::vector<OpFloor> floors = step_floors(work, m_.opts_.weights, nthreads_, m_.kv_int8_);
+  std::vector<OpFloor> floors = step_floors(work, m_.kernel_choices(), m_.opts_.weights, nthreads_, m_.kv_int8_);
   floors[0].actual_ms = 1e3 * (phase_s_[kQkv] + phase_s_[kOproj] + phase_s_[kGateUp] + phase_s_[kDown]);
   floors[1].actual_ms = 1e3 * phase_s_[kAttn];
   for (const OpFloor& f : floors)

@@ -48,6 +48,8 @@ BackendInfo backend_info() {
   b.load = load_backend;
   b.unavailable = unavailable;
   b.kernel_choices = true;  // the weight matmuls: "gemm=cublaslt" or "gemm=own"
+  b.kernels_variable = "ALPAMAYO_CUDA_GEMM";
+  b.kernels_variable_op = "gemm";
   // Weights live in device memory (the backend checks that memory itself); the host holds only the action
   // projections, which every backend's estimate counts. Shared prompts, suffix rows, left padding and guidance
   // are not implemented on this backend yet (docs/CUDA_BACKEND.md).
@@ -60,12 +62,14 @@ BackendInfo backend_info() {
 namespace {
 
 // BackendOptions::kernels for this backend: "gemm=cublaslt" or "gemm=own"; empty keeps `dflt`.
-GemmImpl parse_gemm_choice(const std::string& kernels, GemmImpl dflt) {
+// source: where the kernels came from ("" for the option, else the variable that filled it), for the message.
+GemmImpl parse_gemm_choice(const std::string& kernels, const std::string& source, GemmImpl dflt) {
   GemmImpl g = dflt;
   std::stringstream in(kernels);
   for (std::string item; std::getline(in, item, ',');) {
     check(item == "gemm=cublaslt" || item == "gemm=own", ErrorCode::Unsupported,
-          "cuda backend: kernels \"" + kernels + "\": expected gemm=cublaslt or gemm=own, found '" + item + "'");
+          "cuda backend: kernels \"" + kernels + "\"" + (source.empty() ? "" : " (from " + source + ")") +
+              ": expected gemm=cublaslt or gemm=own, found '" + item + "'");
     g = item == "gemm=own" ? GemmImpl::Own : GemmImpl::Lt;
   }
   return g;
@@ -89,7 +93,7 @@ CudaModel::CudaModel(const ExpertConfig& cfg, const ModelWeights& w, const Backe
   use_graphs_ = opts.graphs;
   // bf16 through cuBLASLt; fp8 through our W8A16 kernel, which keeps the activations in bf16 (cuBLASLt's
   // fp8 path needs e4m3 activations too, which measured too inaccurate: docs/CUDA_BACKEND.md).
-  gemm_ = parse_gemm_choice(opts.kernels, fp8_ ? GemmImpl::Own : GemmImpl::Lt);
+  gemm_ = parse_gemm_choice(opts.kernels, opts.kernels_source, fp8_ ? GemmImpl::Own : GemmImpl::Lt);
   // Every session creates a cuBLASLt handle, whichever matmul it runs.
   if (const std::string why = lt::load(opts.cublaslt_path); !why.empty()) throw Error("cuda backend: " + why);
 

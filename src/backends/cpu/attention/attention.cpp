@@ -13,6 +13,7 @@
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/kernel_check.h"
+#include "backends/cpu/kernel_registry.h"
 #include "backends/cpu/attention/kv_quant.h"
 
 namespace alpamayo::cpu {
@@ -96,7 +97,7 @@ const char* attn_kernel_instruction(AttnKernel k) {
 
 bool attn_kernel_is_fp32(AttnKernel k) { return k == AttnKernel::Avx512Fma || k == AttnKernel::Avx2Fma; }
 
-std::string attn_kernel_unavailable(AttnKernel k, bool int8) {
+std::string attn_kernel_unavailable(AttnKernel k, bool int8, const IsaInfo& i) {
   if (k == AttnKernel::Avx512Bf16 && int8) return "reads only bf16 caches (not kv int8)";
   if (k == AttnKernel::Avx512Vnni && !int8) return "reads only int8 caches (kv int8)";
   uint32_t need = 0;
@@ -107,24 +108,23 @@ std::string attn_kernel_unavailable(AttnKernel k, bool int8) {
     case AttnKernel::Avx2Fma: need = kAvx2Fma; break;
     case AttnKernel::Portable: return "";
   }
-  const IsaInfo& i = isa();
   if (i.has(need)) return "";
   std::string why = "needs " + isa_names(need & ~i.usable);
-  if ((i.detected & need) == need) why += " (switched off by ALPAMAYO_CPU_ISA=" + i.cap + ")";
+  if ((i.detected & need) == need) why += " (switched off by " + i.cap_source + "=" + i.cap + ")";
   else why += " (not offered by this CPU and OS)";
   return why;
 }
 
-AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what, bool int8) {
+AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what, bool int8, const IsaInfo& i) {
   std::string all, runnable;
   for (AttnKernel k : kAttnKernels) {
     all += std::string(all.empty() ? "" : ", ") + attn_kernel_name(k);
-    if (attn_kernel_unavailable(k, int8).empty())
+    if (attn_kernel_unavailable(k, int8, i).empty())
       runnable += std::string(runnable.empty() ? "" : ", ") + attn_kernel_name(k);
   }
   for (AttnKernel k : kAttnKernels)
     if (name == attn_kernel_name(k)) {
-      if (const std::string why = attn_kernel_unavailable(k, int8); !why.empty())
+      if (const std::string why = attn_kernel_unavailable(k, int8, i); !why.empty())
         throw Error(ErrorCode::Unsupported, what + ": attention kernel \"" + name + "\" cannot run here: " + why + "; runnable here: " +
                     runnable);
       return k;
@@ -284,87 +284,71 @@ double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, do
   return time_attention(k, data, min_seconds);
 }
 
-AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8, const std::string& spec) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, bool, std::string, std::string>, std::pair<AttnKernel, KernelChoice>>
-      cache;
-  // Op "attention" (bf16 caches) or "attention_kv_int8"; ALPAMAYO_CPU_KERNELS=attention=NAME forces both, unless
-  // attention_kv_int8=NAME forces the int8 cache's.
-  const std::string op = int8 ? "attention_kv_int8" : "attention";
-  std::string forced = forced_kernel(op, spec);
-  if (forced.empty() && int8) forced = forced_kernel("attention", spec);
-  const std::string src = kernel_spec_source(spec);
-  std::lock_guard<std::mutex> lk(mu);
-  // The test-only perturbations get choices of their own (kernel_check.h).
-  const auto key = std::make_tuple(d, group, T, keys, int8, forced.empty() ? forced : src + "=" + forced,
-                                   kernel_check_perturbations(op));
-  if (auto it = cache.find(key); it != cache.end()) {
-    record_kernel_choice(it->second.second);
-    return it->second.first;
-  }
-  if (!forced.empty()) {
-    const AttnKernel k = attn_kernel_from_name(forced, src, int8);
-    // Timed too (briefly; the portable kernel, the check's yardstick, on fewer keys), so that reports show what it
-    // achieves.
-    KernelChoice c{op, attn_kernel_name(k), "forced by " + src, 0, attn_kernel_instruction(k)};
-    if (k == AttnKernel::Portable) {
-      c.gflops = time_attention_kernel(k, d, group, T, 128, 0.02, int8);
-    } else {
-      const AttnData data(d, group, T, keys, int8);
-      std::string fail;
-      const KernelAccuracy a = check_attention(op, k, data, attention_yardstick(data), &fail);
-      if (!a.ok()) throw Error(ErrorCode::Unsupported, src + ": " + op + "=" + forced + " fails the accuracy check: " + fail);
-      c.check = accuracy_summary("portable", data.shape(), {{forced, a.ratio}});
-      c.gflops = time_attention(k, data, 0.02);
-    }
-    cache[key] = {k, c};
-    record_kernel_choice(c);
-    return k;
-  }
-  // The vectorised kernels that can run here; the portable one only where none can (it is never faster) or none
-  // passes the accuracy check (it is the check's yardstick).
-  std::vector<AttnKernel> cand;
+namespace {
+
+AttnKernel attn_kernel_named(const std::string& name) {
   for (AttnKernel k : kAttnKernels)
-    if (k != AttnKernel::Portable && attn_kernel_unavailable(k, int8).empty()) cand.push_back(k);
-  AttnKernel best = AttnKernel::Portable;
-  KernelChoice c{op, "portable", "the only kernel this CPU can run (no AVX2 + FMA)", 0.0, "scalar"};
-  if (!cand.empty()) {
-    // Each candidate runs once on the timing data and is compared with portable; those within their bound are timed,
-    // about 40 ms per kernel on one thread (the ratios between kernels are those of the full pool).
-    const AttnData data(d, group, T, keys, int8);
-    const AttnYardstick ys = attention_yardstick(data);
-    std::vector<std::pair<std::string, double>> passed;
-    std::string rejected, why = "fastest of", fail;
-    double best_gf = -1;
-    for (AttnKernel k : cand) {
-      const KernelAccuracy a = check_attention(op, k, data, ys, &fail);
-      if (!a.ok()) {
-        rejected += "; rejected: " + fail;
-        continue;
-      }
-      passed.emplace_back(attn_kernel_name(k), a.ratio);
-      const double gf = time_attention(k, data, cand.size() == 1 ? 0.02 : 0.04);
-      char buf[64];
-      std::snprintf(buf, sizeof buf, " %s %.1f,", attn_kernel_name(k), gf);
-      why += buf;
-      // In the order of kAttnKernels; a later one must be kChoiceMargin times faster (isa.h).
-      if (best_gf < 0 || gf > kChoiceMargin * best_gf) best_gf = gf, best = k;
-    }
-    if (passed.empty()) {
-      c = {op, "portable", "the only kernel that passes the accuracy check", 0.0, "scalar"};
-    } else if (cand.size() == 1) {
-      c = {op, attn_kernel_name(best), "the only vectorised kernel runnable here", best_gf,
-           attn_kernel_instruction(best)};
-    } else {
-      why.back() = ' ';
-      why += "GFLOP/s (1 thread, " + data.shape() + ")";
-      c = {op, attn_kernel_name(best), why, best_gf, attn_kernel_instruction(best)};
-    }
-    c.check = accuracy_summary("portable", data.shape(), passed) + rejected;
+    if (name == attn_kernel_name(k)) return k;
+  return AttnKernel::Portable;
+}
+
+// The attention candidates' timing data (built at the first check) and its yardstick; the portable kernel alone is
+// timed on 128 keys (forced: the check's reference needs no data).
+class AttnBench final : public KernelBench {
+ public:
+  AttnBench(std::string op, int d, int group, int T, int keys, bool int8)
+      : op_(std::move(op)), d_(d), group_(group), T_(T), keys_(keys), int8_(int8) {}
+  std::string shape() const override { return data().shape(); }
+  KernelAccuracy check(const std::string& name, std::string* fail) override {
+    if (!ys_) ys_ = std::make_unique<AttnYardstick>(attention_yardstick(data()));
+    return check_attention(op_, attn_kernel_named(name), data(), *ys_, fail);
   }
-  cache[key] = {best, c};
-  record_kernel_choice(c);
-  return best;
+  double rate(const std::string& name, bool lone) override {
+    const AttnKernel k = attn_kernel_named(name);
+    if (k == AttnKernel::Portable) return time_attention_kernel(k, d_, group_, T_, 128, 0.02, int8_);
+    // About 40 ms per kernel on one thread (the ratios between kernels are those of the full pool).
+    return time_attention(k, data(), lone ? 0.02 : 0.04);
+  }
+
+ private:
+  const AttnData& data() const {
+    if (!data_) data_ = std::make_unique<AttnData>(d_, group_, T_, keys_, int8_);
+    return *data_;
+  }
+  std::string op_;
+  int d_, group_, T_, keys_;
+  bool int8_;
+  mutable std::unique_ptr<AttnData> data_;
+  std::unique_ptr<AttnYardstick> ys_;
+};
+
+}  // namespace
+
+AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8, const KernelScope& scope,
+                                   KernelChoices* made) {
+  KernelOp op;
+  // Op "attention" (bf16 caches) or "attention_kv_int8"; attention=NAME forces both, unless attention_kv_int8=NAME
+  // forces the int8 cache's.
+  op.op = int8 ? "attention_kv_int8" : "attention";
+  op.fallback_op = int8 ? "attention" : "";
+  op.yardstick = "portable";
+  // The portable kernel runs only where no vectorised one can (it is never faster) or none passes the check.
+  for (AttnKernel k : kAttnKernels)
+    op.candidates.push_back(
+        {attn_kernel_name(k), attn_kernel_instruction(k), attn_kernel_unavailable(k, int8, scope.isa)});
+  op.cache_key = std::to_string(d) + "," + std::to_string(group) + "," + std::to_string(T) + "," +
+                 std::to_string(keys) + (int8 ? ",int8" : "");
+  op.isa_key = scope.isa.usable;
+  op.bench = [=, name = op.op] { return std::make_unique<AttnBench>(name, d, group, T, keys, int8); };
+  op.time_lone = true;
+  op.lone_why = "the only vectorised kernel runnable here";
+  op.none_why = "the only kernel this CPU can run (no AVX2 + FMA)";
+  op.refuse = [&](const std::string& name, const std::string&, const std::string& src) {
+    attn_kernel_from_name(name, src, int8, scope.isa);  // throws, naming the candidates
+  };
+  const KernelChoice c = choose_kernel(op, scope);
+  if (made) record_kernel_choice(*made, c);
+  return attn_kernel_named(c.kernel);
 }
 
 // Same math as the AVX-512 path (bf16 operands, fp32 accumulation, base-2 online softmax with bf16

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backends/cpu/runtime/aligned.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 
@@ -123,19 +124,20 @@ inline constexpr AttnKernel kAttnKernels[] = {AttnKernel::Avx512Bf16, AttnKernel
 // "avx512_bf16", "avx512_vnni", "avx512_fma", "avx2_fma", "portable"
 const char* attn_kernel_name(AttnKernel k);
 const char* attn_kernel_instruction(AttnKernel k);  // what does the multiply-adds: "vdpbf16ps zmm", ...
-// Empty when the kernel can run here (isa(), after ALPAMAYO_CPU_ISA) on a bf16 cache (int8 = false) or an int8
-// one, else why not ("needs avx512_bf16", "reads only int8 caches (kv int8)").
-std::string attn_kernel_unavailable(AttnKernel k, bool int8 = false);
+// Empty when the kernel can run within `i` (isa(), or a model's cap: isa_with_cap) on a bf16 cache (int8 = false)
+// or an int8 one, else why not ("needs avx512_bf16", "reads only int8 caches (kv int8)").
+std::string attn_kernel_unavailable(AttnKernel k, bool int8 = false, const IsaInfo& i = isa());
 // The kernel by name; throws alpamayo::Error naming the candidates for an unknown one or one that cannot run.
-AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what, bool int8 = false);
+AttnKernel attn_kernel_from_name(const std::string& name, const std::string& what, bool int8 = false,
+                                 const IsaInfo& i = isa());
 
 // The kernel for the model's attention shape (head dim d, group * T query rows per KV head) and cache (bf16 or
-// int8): the one forced by `spec` or else ALPAMAYO_CPU_KERNELS (attention=NAME, attention_kv_int8=NAME;
-// forced_kernel(), isa.h), else the fastest runnable one, timed once per process, shape and cache on `keys`
+// int8) within scope.isa: the one scope.kernels forces (attention=NAME, attention_kv_int8=NAME; forced_kernel(),
+// isa.h), else the fastest runnable one, timed once per process, shape, cache and instruction sets on `keys`
 // random keys (about 0.1 s in all), of those that pass the accuracy check on the same data (kernel_check.h); a forced
-// one that fails it is an alpamayo::Error. Records the choice (isa.h, kernel_choices()).
-AttnKernel select_attention_kernel(int d, int group, int T, int keys = 2048, bool int8 = false,
-                                   const std::string& spec = "");
+// one that fails it is an alpamayo::Error. The choice is added to *made (isa.h, record_kernel_choice) if given.
+AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8, const KernelScope& scope,
+                                   KernelChoices* made);
 // GFLOP/s of one kernel on one thread for that shape (4 * R * keys * d flops per run): for the benchmarks.
 double time_attention_kernel(AttnKernel k, int d, int group, int T, int keys, double min_seconds, bool int8 = false);
 

@@ -39,25 +39,25 @@ const char* matmul_kernel_name(MatmulKernel k) {
 bool matmul_kernel_takes_bf16(MatmulKernel k) { return k != MatmulKernel::Avx512Vnni && k != MatmulKernel::Avx2Int8; }
 bool matmul_kernel_takes_int8(MatmulKernel k) { return k != MatmulKernel::Avx512Bf16; }
 
-bool matmul_kernel_runnable(MatmulKernel k) {
+bool matmul_kernel_runnable(MatmulKernel k, const IsaInfo& i) {
   switch (k) {
-    case MatmulKernel::Avx512: return isa().has(kAvx512);
+    case MatmulKernel::Avx512: return i.has(kAvx512);
     case MatmulKernel::Avx2:
-    case MatmulKernel::Avx2Int8: return isa().has(kAvx2Fma);
+    case MatmulKernel::Avx2Int8: return i.has(kAvx2Fma);
     case MatmulKernel::Portable: return true;
-    case MatmulKernel::Avx512Vnni: return isa().has(kAvx512) && isa().has(kAvx512Vnni);
-    case MatmulKernel::Avx512Bf16: return isa().has(kAvx512) && isa().has(kAvx512Bf16);
+    case MatmulKernel::Avx512Vnni: return i.has(kAvx512) && i.has(kAvx512Vnni);
+    case MatmulKernel::Avx512Bf16: return i.has(kAvx512) && i.has(kAvx512Bf16);
   }
   return false;
 }
 
-std::string matmul_kernel_unavailable(MatmulKernel k) {
-  if (matmul_kernel_runnable(k)) return "";
+std::string matmul_kernel_unavailable(MatmulKernel k, const IsaInfo& i) {
+  if (matmul_kernel_runnable(k, i)) return "";
   const char* needs = k == MatmulKernel::Avx512       ? "needs AVX-512"
                       : k == MatmulKernel::Avx2 || k == MatmulKernel::Avx2Int8 ? "needs AVX2 + FMA"
                       : k == MatmulKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
                                                    : "needs AVX-512 with AVX512-BF16";
-  return std::string(needs) + " (usable here: " + isa().describe() + ")";
+  return std::string(needs) + " (usable here: " + i.describe() + ")";
 }
 
 std::string matmul_kernel_refuses(MatmulKernel k, bool int8, int K) {

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "backends/cpu/runtime/huge_buf.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 
@@ -57,10 +58,10 @@ bool matmul_kernel_takes_int8(MatmulKernel k);
 inline constexpr int kVnniMaxK = 65700;
 // The same for avx2_int8 (128 * 128 * K < 2^31: |q| <= 128 with x's u8 of any value, |w| <= 128).
 inline constexpr int kAvx2Int8MaxK = 131000;
-// Whether this process may run the kernel (isa(), capped by ALPAMAYO_CPU_ISA); the portable one always.
-bool matmul_kernel_runnable(MatmulKernel k);
+// Whether the kernel may run within `i` (isa(), or a model's cap: isa_with_cap); the portable one always.
+bool matmul_kernel_runnable(MatmulKernel k, const IsaInfo& i = isa());
 // Empty when runnable, else why not ("needs AVX-512 with AVX512-VNNI (usable here: ...)").
-std::string matmul_kernel_unavailable(MatmulKernel k);
+std::string matmul_kernel_unavailable(MatmulKernel k, const IsaInfo& i = isa());
 // Empty when the kernel takes weights of this type (int8 or bf16) with K rows, else why not ("multiplies int8
 // weights only", or avx512_vnni's int32 bound). MatmulWeights::pack* throws with it; the backend's choice skips.
 std::string matmul_kernel_refuses(MatmulKernel k, bool int8, int K);

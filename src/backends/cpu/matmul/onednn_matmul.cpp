@@ -22,10 +22,10 @@ dt wei_type(WeightType t) { return t == WeightType::INT8 ? dt::s8 : dt::bf16; }
 
 }  // namespace
 
-std::string onednn_int8_refused() {
-  if (isa().has(kAvx512Vnni) || isa().has(kAvxVnni)) return "";
+std::string onednn_int8_refused(const IsaInfo& i) {
+  if (i.has(kAvx512Vnni) || i.has(kAvxVnni)) return "";
   return "oneDNN's u8 x s8 matmul without VNNI (vpmaddubsw) saturates int16 pair sums (usable here: " +
-         isa().describe() + ")";
+         i.describe() + ")";
 }
 
 std::shared_ptr<const OnednnPrimitive> OnednnPrimitives::get(WeightType t, int M, int K, int N, int ldy) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cpu/runtime/huge_buf.h"
+#include "backends/cpu/runtime/isa.h"
 
 namespace alpamayo::cpu {
 
@@ -24,7 +25,7 @@ enum class WeightType { BF16, INT8 };
 // AVX-VNNI, as isa() allows) oneDNN 2.6 multiplies u8 x s8 with vpmaddubsw, whose int16 pair sums saturate
 // (gemm:jit, under ALPAMAYO_CPU_ISA=avx2 and on AVX2-only CPUs: errors of 11% of the largest output in
 // the op suite's int8 linear on oneDNN, and conformance PCC 0.99 instead of >= 0.999).
-std::string onednn_int8_refused();
+std::string onednn_int8_refused(const IsaInfo& i = isa());
 
 // One compiled matmul shape, shared by every slice with the same sizes.
 struct OnednnPrimitive {

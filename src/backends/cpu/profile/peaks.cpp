@@ -187,9 +187,9 @@ StepWork step_work(int L, int D, int Hq, int Hkv, int d, int I, int T, const std
   return w;
 }
 
-std::vector<OpFloor> step_floors(const StepWork& w, const std::string& weights, int threads, bool kv_int8) {
+std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices, const std::string& weights,
+                                 int threads, bool kv_int8) {
   const Peaks& p = measured_peaks(threads);
-  const std::vector<KernelChoice> choices = kernel_choices();
   auto chosen = [&](const std::string& op) {
     for (const KernelChoice& c : choices)
       if (c.op == op) return c;

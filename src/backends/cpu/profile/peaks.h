@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/runtime/isa.h"
+
 namespace alpamayo::cpu {
 
 struct PeakEntry {
@@ -51,8 +53,8 @@ float peak_loop_maddwd_ymm(long iters, float seed, double* ops_per_iter);       
 namespace alpamayo::cpu {
 
 // The floor of one denoising step: the weight matmuls and the attention at the measured peak of the
-// instruction their chosen kernel multiplies with (kernel_choices(), isa.h). Weight matmuls without a
-// recorded instruction (oneDNN, the block kernels) are held to the fastest unit for their operands: bf16 ->
+// instruction their chosen kernel multiplies with (`chosen`: the model's, CpuModel::kernel_choices()). Weight
+// matmuls without a recorded instruction (oneDNN, the block kernels) are held to the fastest unit for their operands: bf16 ->
 // max(vdpbf16ps, fp32 FMA), int8 -> the fastest of vpdpbusd and vpmaddwd.
 struct OpFloor {
   std::string op, kernel, instruction;
@@ -68,7 +70,8 @@ struct StepWork {
 // Per step of B samples of T tokens; attended[b]: keys sample b attends to (prompt + suffix + own rows).
 StepWork step_work(int L, int D, int Hq, int Hkv, int d, int I, int T, const std::vector<long long>& attended);
 // weights: the weight format ("bf16", "int8", "bfp8_b", ...); kv_int8: an int8 KV cache (op "attention_kv_int8").
-std::vector<OpFloor> step_floors(const StepWork& w, const std::string& weights, int threads, bool kv_int8 = false);
+std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& chosen, const std::string& weights,
+                                 int threads, bool kv_int8 = false);
 // A table (one line per op, then the total), each line starting with `indent`.
 std::string format_floors(const std::vector<OpFloor>& f, int threads, const std::string& indent);
 

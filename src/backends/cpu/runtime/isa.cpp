@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <mutex>
 
 #include "alpamayo/error.h"
@@ -80,13 +79,28 @@ const CapName kCaps[] = {
     {"all", kAll, dnnl::cpu_isa::all},
 };
 
-const CapName& cap_entry(const std::string& name) {
+const CapName& cap_entry(const std::string& name, const std::string& source) {
   for (const CapName& c : kCaps)
     if (name == c.name) return c;
   std::string ok;
   for (const CapName& c : kCaps) ok += std::string(ok.empty() ? "" : ", ") + c.name;
-  throw Error("ALPAMAYO_CPU_ISA=\"" + name + "\" is not an instruction-set cap; use one of: " + ok);
+  throw Error(source + "=\"" + name + "\" is not an instruction-set cap; use one of: " + ok);
 }
+
+uint32_t detected_once() {
+  static const uint32_t bits = detect();
+  return bits;
+}
+
+// The process's ceiling (set_isa_ceiling), guarded by ceiling_mu until the first isa() fixes it.
+std::mutex ceiling_mu;
+bool ceiling_read = false;
+uint32_t ceiling_bits = ~0u;
+std::string ceiling_cap, ceiling_source = "ALPAMAYO_CPU_ISA";
+
+// oneDNN's instruction set is one per process (dnnl::set_max_cpu_isa, only before its first primitive): the
+// ceiling's, set once by set_isa_ceiling; all it detects otherwise.
+uint32_t onednn_bits = kAll;  // as the ceiling
 
 }  // namespace
 
@@ -100,56 +114,74 @@ std::string isa_names(uint32_t bits) {
   return s.empty() ? "none" : s;
 }
 
-uint32_t isa_cap_from_name(const std::string& name) { return cap_entry(name).bits; }
+uint32_t isa_cap_from_name(const std::string& name) { return cap_entry(name, "ALPAMAYO_CPU_ISA").bits; }
 
 std::string IsaInfo::describe() const {
   std::string s = isa_names(usable);
-  if (const uint32_t off = detected & ~usable) s += " [off by ALPAMAYO_CPU_ISA=" + cap + ": " + isa_names(off) + "]";
+  if (const uint32_t off = detected & ~usable) s += " [off by " + cap_source + "=" + cap + ": " + isa_names(off) + "]";
   return s;
 }
 
+void set_isa_ceiling(const std::string& cap, const std::string& source) {
+  if (cap.empty()) return;
+  std::lock_guard<std::mutex> lk(ceiling_mu);
+  if (ceiling_read) throw Error(source + "=" + cap + ": the instruction-set ceiling is set after the backend started");
+  const CapName& c = cap_entry(cap, source);
+  if (dnnl::set_max_cpu_isa(c.onednn) != dnnl::status::success)
+    throw Error(source + "=" + cap + ": oneDNN's instruction set was already fixed in this process");
+  onednn_bits = c.bits;
+  ceiling_bits = c.bits;
+  ceiling_cap = cap;
+  ceiling_source = source;
+}
+
 const IsaInfo& isa() {
-  static IsaInfo info;
-  static std::once_flag once;
-  static std::string error;
-  std::call_once(once, [] {
-    info.detected = info.usable = detect();
-    const char* env = std::getenv("ALPAMAYO_CPU_ISA");
-    if (!env || !*env) return;
-    info.cap = env;
-    try {
-      const CapName& c = cap_entry(info.cap);
-      info.usable &= c.bits;
-      // Also caps oneDNN's JIT kernels; fails only if a primitive already exists (then say so).
-      if (dnnl::set_max_cpu_isa(c.onednn) != dnnl::status::success)
-        error = "ALPAMAYO_CPU_ISA=" + info.cap + ": oneDNN's instruction set was already fixed in this process";
-    } catch (const Error& e) {
-      error = e.what();
-    }
-  });
-  if (!error.empty()) throw Error(error);
+  static const IsaInfo info = [] {
+    std::lock_guard<std::mutex> lk(ceiling_mu);
+    ceiling_read = true;
+    IsaInfo i;
+    i.detected = detected_once();
+    i.usable = i.detected & ceiling_bits;
+    i.cap = ceiling_cap;
+    i.cap_source = ceiling_source;
+    return i;
+  }();
   return info;
 }
 
-std::string kernel_spec_source(const std::string& spec) {
-  return spec.empty() ? "ALPAMAYO_CPU_KERNELS" : "kernels";
+IsaInfo isa_with_cap(const std::string& cap, const std::string& source) {
+  IsaInfo i = isa();
+  if (cap.empty()) return i;
+  const CapName& c = cap_entry(cap, source);
+  i.usable &= c.bits;
+  i.cap = cap;
+  i.cap_source = source;
+  return i;
 }
 
-std::string forced_kernel(const std::string& op, const std::string& spec) {
+KernelScope process_kernel_scope() { return {isa(), "", "kernels"}; }
+
+std::string onednn_within_cap(const IsaInfo& i) {
+  isa();  // the ceiling, and with it oneDNN's instruction set, is fixed from here on
+  if ((onednn_bits & i.detected & ~i.usable) == 0) return "";
+  return "oneDNN's instruction set is one per process (" +
+         (isa().cap.empty() ? std::string("all this CPU has") : isa().cap_source + "=" + isa().cap) +
+         ") and the model's cap " + i.cap_source + "=" + i.cap + " takes " +
+         isa_names(onednn_bits & i.detected & ~i.usable) + " from it";
+}
+
+std::string forced_kernel(const std::string& op, const std::string& spec, const std::string& src) {
   bool known = false;
   for (const char* o : kKernelOps) known = known || op == o;
-  // The option replaces the variable entirely (a partial option does not combine with it).
-  const char* value = spec.empty() ? std::getenv("ALPAMAYO_CPU_KERNELS") : spec.c_str();
-  const std::string src = kernel_spec_source(spec);
   const std::string ops = [] {
     std::string s;
     for (const char* o : kKernelOps) s += std::string(s.empty() ? "" : ", ") + o;
     return s;
   }();
   if (!known) throw Error(ErrorCode::Unsupported, "cpu backend: no kernel choice for op \"" + op + "\" (ops: " + ops + ")");
-  if (!value || !*value) return "";
+  if (spec.empty()) return "";
   std::string found, seen = ",";  // the ops named so far, comma-delimited
-  const std::string v = value;
+  const std::string& v = spec;
   size_t pos = 0;
   while (pos <= v.size()) {
     const size_t end = std::min(v.find(',', pos), v.size());
@@ -170,19 +202,13 @@ std::string forced_kernel(const std::string& op, const std::string& spec) {
   return found;
 }
 
-namespace {
-std::mutex choices_mu;
-std::vector<KernelChoice> choices;
-}  // namespace
-
-void record_kernel_choice(const KernelChoice& c) {
-  std::lock_guard<std::mutex> lk(choices_mu);
-  for (KernelChoice& e : choices)
+void record_kernel_choice(KernelChoices& made, const KernelChoice& c) {
+  for (KernelChoice& e : made)
     if (e.op == c.op) {
       e = c;
       return;
     }
-  choices.push_back(c);
+  made.push_back(c);
 }
 
 std::string format_kernel_choice(const KernelChoice& c) {
@@ -201,14 +227,8 @@ std::string format_kernel_check(const KernelChoice& c) {
   return op + c.check;
 }
 
-std::vector<KernelChoice> kernel_choices() {
-  std::lock_guard<std::mutex> lk(choices_mu);
-  return choices;
-}
-
-std::string kernel_pin() {
+std::string kernel_pin(const KernelChoices& made) {
   std::string pin;
-  const std::vector<KernelChoice> made = kernel_choices();
   for (const char* op : kKernelOps)
     for (const KernelChoice& c : made)
       if (c.op == op) pin += (pin.empty() ? "" : ",") + c.op + "=" + c.kernel;

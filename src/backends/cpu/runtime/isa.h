@@ -1,5 +1,6 @@
 // What the CPU and the operating system let this process execute, detected once per process with CPUID
-// and XGETBV (and, for AMX, Linux's permission request), optionally capped by ALPAMAYO_CPU_ISA. Every
+// and XGETBV (and, for AMX, Linux's permission request), optionally capped per model (BackendOptions::isa_cap,
+// which the CLI, C API and Python module fill from ALPAMAYO_CPU_ISA: alpamayo/environment.h). Every
 // ISA-specific kernel is compiled in its own translation unit with its own target flags and is called only
 // after a check here (docs/CPU_BACKEND.md, "Kernels chosen at run time").
 #pragma once
@@ -22,38 +23,58 @@ enum IsaBit : uint32_t {
 
 struct IsaInfo {
   uint32_t detected = 0;  // what CPUID/XGETBV/the OS expose
-  uint32_t usable = 0;    // detected, capped by ALPAMAYO_CPU_ISA
-  std::string cap;        // the ALPAMAYO_CPU_ISA value in force ("" when unset)
+  uint32_t usable = 0;    // detected, within the cap
+  std::string cap;        // the cap in force ("" when none)
+  std::string cap_source = "ALPAMAYO_CPU_ISA";  // where the cap came from, for messages
   bool has(uint32_t bits) const { return (usable & bits) == bits; }
   // "avx2_fma avx512 avx512_vnni avx512_bf16" (usable), with the capped-away features in brackets.
   std::string describe() const;
 };
 
-// Detected once (thread-safe). ALPAMAYO_CPU_ISA caps what the kernels may use:
+// A cap on what the kernels may use (BackendOptions::isa_cap, the values of ALPAMAYO_CPU_ISA):
 //   avx2        AVX2 + FMA: the portable baseline
 //   avx2_vnni   AVX2 + FMA + AVX-VNNI
 //   avx512      + AVX-512 F/BW/VL/DQ
 //   avx512_vnni + AVX512-VNNI
 //   avx512_bf16 + AVX512-BF16
 //   amx / all   everything detected (the default)
-// An unknown value is an error naming the variable and the accepted values. The cap also limits oneDNN
-// (dnnl::set_max_cpu_isa) before its first primitive, so that no code path can exceed it.
+// An unknown value is an error naming where it came from and the accepted values.
+//
+// isa(): detected once (thread-safe), within the process's ceiling (set_isa_ceiling; none unless a program sets
+// one): what a kernel may run on at all, and what programs without a model (benchmarks) use.
 const IsaInfo& isa();
+// isa() capped further by `cap` ("" for none; `source` names it in messages): what one model's kernels may use.
+IsaInfo isa_with_cap(const std::string& cap, const std::string& source = "isa_cap");
+// oneDNN's instruction set is one per process (dnnl::set_max_cpu_isa, only before its first primitive): the
+// ceiling's. Empty when it stays within i (a model's cap), else why not: oneDNN is then no candidate for that
+// model, so that one model's cap never changes what another runs.
+std::string onednn_within_cap(const IsaInfo& i);
+// The process's ceiling, for a program that caps everything it runs (the test binary under ctest's
+// conformance_avx2): isa() and every model stay within it, oneDNN too. Call before anything else of the backend.
+void set_isa_ceiling(const std::string& cap, const std::string& source);
+
+// What a model's kernel choices depend on besides the machine: the instruction sets it may use and the kernels it
+// forces (BackendOptions::isa_cap and kernels, with where the latter came from).
+struct KernelScope {
+  IsaInfo isa;
+  std::string kernels, source = "kernels";
+};
+// isa() and nothing forced: what programs without a model (benchmarks, tests of one kernel) choose under.
+KernelScope process_kernel_scope();
 
 // Names for messages and for ALPAMAYO_CPU_ISA; bits_from_name throws alpamayo::Error on unknown names.
 std::string isa_names(uint32_t bits);
 uint32_t isa_cap_from_name(const std::string& name);
 
-// Kernel choice per op. The ops with several kernels are listed in kKernelOps; ALPAMAYO_CPU_KERNELS
-// ("attention=avx2_fma,matmul_bf16=onednn") forces one. forced_kernel() returns the forced name for op
-// ("" if none) and throws alpamayo::Error for a malformed variable or an op not in kKernelOps; the op's
-// selector must reject a name it does not know or cannot run here, naming the candidates. "attention" also
-// forces the int8 cache's kernel unless "attention_kv_int8" is given. A model's own `kernels` option
-// (BackendOptions::kernels, same syntax) is passed as `spec` and replaces the variable when not empty.
+// Kernel choice per op. The ops with several kernels are listed in kKernelOps; a model's `kernels` option
+// (BackendOptions::kernels, filled from ALPAMAYO_CPU_KERNELS at the program's boundary when not given:
+// "attention=avx2_fma,matmul_bf16=onednn") forces one. forced_kernel() returns the name spec forces for op
+// ("" if none) and throws alpamayo::Error for a malformed spec or an op not in kKernelOps, naming `source` (where
+// spec came from: "kernels" or "ALPAMAYO_CPU_KERNELS"); the op's selector must reject a name it does not know or
+// cannot run here, naming the candidates. "attention" also forces the int8 cache's kernel unless
+// "attention_kv_int8" is given.
 inline constexpr const char* kKernelOps[] = {"attention", "attention_kv_int8", "matmul_bf16", "matmul_int8"};
-std::string forced_kernel(const std::string& op, const std::string& spec = "");
-// Where a forced kernel came from, for messages: "kernels" (the option) or "ALPAMAYO_CPU_KERNELS".
-std::string kernel_spec_source(const std::string& spec);
+std::string forced_kernel(const std::string& op, const std::string& spec, const std::string& source = "kernels");
 
 // What was chosen, for inspect, --profile and the benchmarks: per op the kernel, why ("forced by ...",
 // "fastest of ...", "only one"), the throughput it was measured at (GFLOP/s; 0 if not measured), the
@@ -71,7 +92,9 @@ struct KernelChoice {
   std::string unit = "GFLOP/s";  // of gflops: GOP/s for the int8 weights' matmul
   std::string check = "";       // "checked against portable_fma on 64 x 1536 x 1024, worst |d| / bound: ..."
 };
-void record_kernel_choice(const KernelChoice& c);  // replaces an earlier choice for the same op
+// The choices one model made (CpuModel::kernel_choices(); inspect --kernels keeps its own): one per op.
+using KernelChoices = std::vector<KernelChoice>;
+void record_kernel_choice(KernelChoices& made, const KernelChoice& c);  // replaces an earlier choice for the same op
 // One line for inspect, --profile and the benchmarks: "op kernel rate  instruction; why", the rate as "not timed"
 // where the kernel was not timed (a forced or the only runnable matmul kernel).
 std::string format_kernel_choice(const KernelChoice& c);
@@ -84,11 +107,10 @@ std::string format_kernel_check(const KernelChoice& c);
 // rounding).
 double thread_cpu_seconds();
 inline constexpr double kChoiceMargin = 1.25;
-std::vector<KernelChoice> kernel_choices();
-// The ALPAMAYO_CPU_KERNELS value that forces every choice made so far in this process ("op=kernel,...", in
-// kKernelOps order; "" if none). A timed choice can differ between processes where two kernels are close (and
-// does under sanitizers, which time their instrumentation); their results differ in rounding, so results that
-// must match bitwise across processes pin the choices with this value.
-std::string kernel_pin();
+// The `kernels` value (ALPAMAYO_CPU_KERNELS) that forces every choice in `made` ("op=kernel,...", in kKernelOps
+// order; "" if none). A timed choice can differ between processes where two kernels are close (and does under
+// sanitizers, which time their instrumentation); their results differ in rounding, so results that must match
+// bitwise across processes pin the choices with this value.
+std::string kernel_pin(const KernelChoices& made);
 
 }  // namespace alpamayo::cpu
