@@ -232,7 +232,7 @@ int main(int argc, char** argv) {
                 hwm_one / 1024.0, vm_hwm_kb() / 1024.0);
     double floor_s = 0;
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
-    if (backend == "cpu") {
+    if (const auto* cpu_model = dynamic_cast<const cpu::CpuModel*>(&model->backend())) {  // the cpu backend's floors
       std::vector<long long> keys;
       for (int b = 0; b < B; ++b)
         keys.push_back((shared ? S + sfx[b] : kv.valid_len[b]) + T);
@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
       const cpu::StepWork work = cpu::step_work(L, D, Hq, Hkv, d, I, T, keys);
       // The peaks again after the steps, the best of both kept: one neighbour's burst at bind cannot lower them.
       cpu::remeasure_peaks(nt);
-      const auto& cm = dynamic_cast<const cpu::CpuModel&>(model->backend());
+      const cpu::CpuModel& cm = *cpu_model;
       const std::vector<cpu::OpFloor> floors =
           cpu::step_floors(work, cm.kernel_choices(), model->weights(), nt, model->kv() == "int8");
       std::printf("isa: %s\n", cm.isa().describe().c_str());
