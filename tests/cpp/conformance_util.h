@@ -44,6 +44,24 @@ struct CtxSpec {
   }
 };
 
+// A KVCache's sizes, lengths and indices for a layout (no tensors).
+inline KVCache layout(const CtxSpec& c, int Hkv, int d) {
+  KVCache kv;
+  kv.G = static_cast<int>(c.S.size());
+  kv.B = static_cast<int>(c.rope_delta.size());
+  kv.Hkv = Hkv;
+  kv.P = c.P;
+  kv.d = d;
+  kv.valid_len = c.S;
+  kv.prefix_pad = c.pad;
+  kv.prompt_of = c.prompt_of;
+  if (c.Q > 0) {
+    kv.Q = c.Q;
+    kv.suffix_len = c.suffix;
+  }
+  return kv;
+}
+
 struct Shape {
   std::string name;
   int L, D, Hq, Hkv, d, I, T;
@@ -139,23 +157,13 @@ class Problem {
   Context context(const CtxSpec& c) {
     const std::string key = c.key();
     if (auto it = contexts_.find(key); it != contexts_.end()) return it->second;
-    KVCache kv;
-    kv.G = static_cast<int>(c.S.size());
-    kv.B = static_cast<int>(c.rope_delta.size());
-    kv.Hkv = s_.Hkv;
-    kv.P = c.P;
-    kv.d = s_.d;
-    kv.valid_len = c.S;
-    kv.prefix_pad = c.pad;
-    kv.prompt_of = c.prompt_of;
+    KVCache kv = layout(c, s_.Hkv, s_.d);
     std::vector<int64_t> lo = c.pad.empty() ? std::vector<int64_t>(kv.G, 0) : c.pad;
     for (int l = 0; l < s_.L; ++l) {
       kv.key.push_back(cache(c.P, lo, c.S, "key." + std::to_string(l)));
       kv.value.push_back(cache(c.P, lo, c.S, "value." + std::to_string(l)));
     }
     if (c.Q > 0) {
-      kv.Q = c.Q;
-      kv.suffix_len = c.suffix;
       const std::vector<int64_t> zero(kv.B, 0);
       for (int l = 0; l < s_.L; ++l) {
         kv.suffix_key.push_back(cache(c.Q, zero, c.suffix, "suffix_key." + std::to_string(l)));
@@ -356,15 +364,7 @@ inline std::string unavailable(const KvTarget& t) { return find_backend(t.backen
 inline std::string undeclared(const std::string& backend, const Shape& sh, const CtxSpec& ctx, bool guided) {
   ExpertConfig c;
   c.L = sh.L, c.D = sh.D, c.Hq = sh.Hq, c.Hkv = sh.Hkv, c.d = sh.d, c.I = sh.I, c.T = sh.T;
-  KVCache kv;
-  kv.G = static_cast<int>(ctx.S.size());
-  kv.B = static_cast<int>(ctx.rope_delta.size());
-  kv.P = ctx.P;
-  kv.valid_len = ctx.S;
-  kv.prompt_of = ctx.prompt_of;
-  kv.prefix_pad = ctx.pad;
-  kv.Q = ctx.Q;
-  kv.suffix_len = ctx.suffix;
+  KVCache kv = layout(ctx, sh.Hkv, sh.d);
   if (ctx.Q > 0) kv.suffix_key.resize(1);  // only its presence is read
   const std::string missing = missing_feature(find_backend(backend).features, c, kv, guided);
   return missing.empty() ? "" : backend + " does not declare " + missing;
@@ -478,6 +478,31 @@ inline void report_free_running(const SampleResult& got, const SampleResult& ref
   }
   std::printf("  %-64s free-running x_N pcc %.7f max_abs %.2e; waypoints %.2e m of %.1f m\n", at.c_str(), st.pcc,
               st.max_abs, dev, extent);
+}
+
+// got against its oracle under the error model em: step 0's action_in_proj output, layers and final hidden state
+// (both sides see the same x_0), every v_k teacher-forced (the oracle's velocity at got's own x_k, so each step is
+// compared without the earlier steps' differences), got's own Euler updates and decode, and v0. The free-running
+// x_N and waypoints follow from those and are reported (ALPAMAYO_CONFORMANCE_REPORT=1).
+inline void expect_run_close(const RunOut& got, const RunOut& ref, const Model& oracle, const Context& ctx,
+                      const ErrorModel& em, const Shape& sh, const std::string& at) {
+  ASSERT_EQ(got.cap.step, 0) << at;
+  ASSERT_EQ(got.cap.layers.size(), size_t(sh.L)) << at;
+  expect_within(compare(got.cap.emb, ref.cap.emb), em, depth_emb(), at + " action_in_proj output at step 0");
+  for (int l = 0; l < sh.L; ++l)
+    expect_within(compare(got.cap.layers[l], ref.cap.layers[l]), em, depth_layer(l), at + " layer " + std::to_string(l));
+  expect_within(compare(got.cap.hidden, ref.cap.hidden), em, depth_hidden(sh.L), at + " final hidden");
+
+  const size_t n = size_t(got.r.B) * sh.T * 2;
+  ASSERT_EQ(got.r.v_steps.size(), n * sh.steps) << at;
+  EXPECT_TRUE(std::equal(got.r.x_steps.begin(), got.r.x_steps.begin() + n, ref.r.x_steps.begin())) << at << ": x_0";
+  const std::vector<float> vt = teacher_forced_v(oracle, ctx, got.r.x_steps, sh.steps);
+  for (int k = 0; k < sh.steps; ++k)
+    expect_within(compare(got.r.v_steps.data() + k * n, vt.data() + k * n, n), em, depth_v(sh.L),
+                  at + " v_" + std::to_string(k) + " (teacher-forced)");
+  expect_sampler_consistent(got.r, oracle.config(), at);
+  report_free_running(got.r, ref.r, at);
+  EXPECT_EQ(got.r.v0, ref.r.v0) << at;
 }
 
 }  // namespace alpamayo::conformance

@@ -38,31 +38,6 @@ namespace {
 
 using namespace conformance;
 
-// got against its oracle under the error model em: step 0's action_in_proj output, layers and final hidden state
-// (both sides see the same x_0), every v_k teacher-forced (the oracle's velocity at got's own x_k, so each step is
-// compared without the earlier steps' differences), got's own Euler updates and decode, and v0. The free-running
-// x_N and waypoints follow from those and are reported (ALPAMAYO_CONFORMANCE_REPORT=1).
-void expect_run_close(const RunOut& got, const RunOut& ref, const Model& oracle, const Context& ctx,
-                      const ErrorModel& em, const Shape& sh, const std::string& at) {
-  ASSERT_EQ(got.cap.step, 0) << at;
-  ASSERT_EQ(got.cap.layers.size(), size_t(sh.L)) << at;
-  expect_within(compare(got.cap.emb, ref.cap.emb), em, depth_emb(), at + " action_in_proj output at step 0");
-  for (int l = 0; l < sh.L; ++l)
-    expect_within(compare(got.cap.layers[l], ref.cap.layers[l]), em, depth_layer(l), at + " layer " + std::to_string(l));
-  expect_within(compare(got.cap.hidden, ref.cap.hidden), em, depth_hidden(sh.L), at + " final hidden");
-
-  const size_t n = size_t(got.r.B) * sh.T * 2;
-  ASSERT_EQ(got.r.v_steps.size(), n * sh.steps) << at;
-  EXPECT_TRUE(std::equal(got.r.x_steps.begin(), got.r.x_steps.begin() + n, ref.r.x_steps.begin())) << at << ": x_0";
-  const std::vector<float> vt = teacher_forced_v(oracle, ctx, got.r.x_steps, sh.steps);
-  for (int k = 0; k < sh.steps; ++k)
-    expect_within(compare(got.r.v_steps.data() + k * n, vt.data() + k * n, n), em, depth_v(sh.L),
-                  at + " v_" + std::to_string(k) + " (teacher-forced)");
-  expect_sampler_consistent(got.r, oracle.config(), at);
-  report_free_running(got.r, ref.r, at);
-  EXPECT_EQ(got.r.v0, ref.r.v0) << at;
-}
-
 // One target (a backend, a weight format, optionally a KV cache format and forced kernels) on shape si against its
 // oracle. Returns the run (for further checks); *model_kernels, if given, gets the kernels the model loaded.
 RunOut expect_target_matches(const std::string& backend, const std::string& format, const std::string& kv,

@@ -29,7 +29,7 @@ BackendOptions emu_options(const std::string& format, const std::string& kernels
 }
 
 // The emulated backend with weight matmul `gemm` against the exact reference, as the conformance suite compares
-// a target: step 0's captures, then every v_k teacher-forced.
+// a target (expect_run_close).
 void compare_with_reference(const Shape& sh, const std::string& format, const std::string& gemm) {
   const std::string at = "cuda_emu/" + format + " (" + gemm + ") " + sh.name;
   Problem p(sh);
@@ -41,17 +41,7 @@ void compare_with_reference(const Shape& sh, const std::string& format, const st
   // cuBLASLt's fp8 path quantizes the activations too (W8A8): e4m3 matmul inputs.
   const bool w8a8 = format == "fp8" && gemm == "cublaslt";
   const ErrorModel em = error_model_for(p, w8a8 ? "fp8" : "bf16", format, "f32");
-  ASSERT_EQ(got.cap.step, 0) << at;
-  ASSERT_EQ(got.cap.layers.size(), size_t(sh.L)) << at;
-  expect_within(compare(got.cap.emb, ref.cap.emb), em, depth_emb(), at + " action_in_proj output");
-  for (int l = 0; l < sh.L; ++l)
-    expect_within(compare(got.cap.layers[l], ref.cap.layers[l]), em, depth_layer(l), at + " layer " + std::to_string(l));
-  expect_within(compare(got.cap.hidden, ref.cap.hidden), em, depth_hidden(sh.L), at + " final hidden");
-  const size_t n = got.r.v_steps.size() / sh.steps;
-  const std::vector<float> vt = teacher_forced_v(*oracle, p.context(), got.r.x_steps, sh.steps);
-  for (int k = 0; k < sh.steps; ++k)
-    expect_within(compare(got.r.v_steps.data() + k * n, vt.data() + k * n, n), em, depth_v(sh.L),
-                  at + " v_" + std::to_string(k) + " (teacher-forced)");
+  expect_run_close(got, ref, *oracle, p.context(), em, sh, at);
 }
 
 // The defaults (bf16 through cuBLASLt, fp8 through our W8A16 kernel) run in the conformance suite; the other two.
