@@ -116,7 +116,7 @@ echo "   built in ${SECS[build]} s"
 # skipped with the feature named; BackendFeatures.* lists them and checks that bind refuses each.
 # The emulated build (cuda_emu, tests/cuda_emu) runs in CI and needs no GPU: left out here.
 CUDA_FILTER='*cuda*:CudaBackend.*:Conformance.ThreadCounts*:Conformance.EveryBackend*:BackendFeatures.*:Api.*'
-EMU_FILTER='*cuda_emu*:CudaKernels.*:CudaEmulated.*'
+EMU_FILTER='*cuda_emu*:CudaKernels.*:CudaEmu/*:CudaEmulated.*'
 ALPAMAYO_CONFORMANCE_REPORT=1 run_stage tests-cuda true 240 "$BUILD/alpamayo_tests" \
   --gtest_filter="$CUDA_FILTER-$EMU_FILTER" \
   --gtest_output=json:"$OUT_DIR/gtest-cuda.json"

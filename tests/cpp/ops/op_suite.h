@@ -72,8 +72,9 @@ struct OpKernel {
   // applied to the reference's inputs. Empty for nothing.
   std::function<void(const OpShape&, OpData&)> reference_inputs;
   bool print_unrounded = false;  // reference_inputs is a rounding: print the error against the unrounded inputs too
-  // The bound on max |out - reference| relative to max |reference| the kernel's former test had (attention: per
-  // kernel, docs/ACCURACY.md), in place of the op's own bound; 0: the op's own. Not for linear (error model).
+  // The bound on max |out - reference| relative to max |reference| (of each output: action_out_proj_euler's v and
+  // x + dt v) the kernel's former test had (attention: per kernel, docs/ACCURACY.md), in place of the op's own
+  // bound; 0: the op's own. Not for linear (error model).
   double max_rel = 0;
 };
 
