@@ -7,10 +7,7 @@
 
 namespace alpamayo {
 namespace {
-using test::expect_error;
-using test::TempDir;
-using test::TensorSet;
-using test::tiny_spec;
+using namespace test;  // expect_error, TempDir, TensorSet, tiny_spec
 
 void edit_config(const std::string& dir, const std::function<void(nlohmann::json&)>& fn) {
   nlohmann::json j = read_json_file(dir + "/config.json");

@@ -212,6 +212,17 @@ TEST_P(SeamErrors, ModelLoadingChecksFormatsAndWeights) {
 INSTANTIATE_TEST_SUITE_P(Backends, SeamErrors, ::testing::ValuesIn(targets()),
                          [](const auto& info) { return target_name(info.param); });
 
+// The unguided context of the shared-prompt shape (shapes()[5]): its prompts without the navigation text, i.e.
+// other lengths, padding and rope deltas, the same samples.
+CtxSpec unguided_of_shared_shape() {
+  CtxSpec u = shapes()[5].ctx;
+  u.P = 24;
+  u.S = {20, 24};
+  u.pad = {0, 2};
+  u.rope_delta = {-3, -3, 1, -3};
+  return u;
+}
+
 // Classifier-free guidance (Alpamayo 1.5): v = (1 - w) v_unguided + w v_guided at every step, against the
 // reference; w = 1 and w = 0 reproduce the guided and the unguided context alone, bit for bit.
 class GuidanceConformance : public ::testing::TestWithParam<Target> {};
@@ -222,12 +233,7 @@ TEST_P(GuidanceConformance, MatchesTheReferenceAndIsExactAtTheEnds) {
   const Shape& sh = shapes()[5];
   SKIP_UNLESS_DECLARED(tg.backend, sh, true);
   Problem p(sh);
-  // The unguided prompt lacks the navigation text: other lengths, padding and rope deltas, same samples.
-  CtxSpec u = sh.ctx;
-  u.P = 24;
-  u.S = {20, 24};
-  u.pad = {0, 2};
-  u.rope_delta = {-3, -3, 1, -3};
+  const CtxSpec u = unguided_of_shared_shape();
   const std::string at = target_name(tg) + " guidance";
   auto run_guided = [&](const std::shared_ptr<const Model>& m, double w) {
     Session s(m);
@@ -641,11 +647,7 @@ TEST(Conformance, CpuProfileTablesEveryPhase) {
 TEST(Conformance, CpuProfilesBothPassesOfAGuidedStep) {
   const Shape& sh = shapes()[5];
   Problem p(sh);
-  CtxSpec u = sh.ctx;
-  u.P = 24;
-  u.S = {20, 24};
-  u.pad = {0, 2};
-  u.rope_delta = {-3, -3, 1, -3};
+  const CtxSpec u = unguided_of_shared_shape();
   Session s(p.model("cpu", "int8", 2, {}, "", "", true));
   s.bind(p.context(), {.guidance = Guidance{p.context(u), 1.5}});
   const SampleResult r = s.sample({.seed = 3});

@@ -9,10 +9,7 @@
 
 namespace alpamayo {
 namespace {
-using test::expect_error;
-using test::TempDir;
-using test::TensorSet;
-using test::tiny_spec;
+using namespace test;  // expect_error, TempDir, TensorSet, tiny_spec
 
 struct Fixture {
   TempDir tmp;

@@ -12,10 +12,7 @@
 
 namespace alpamayo {
 namespace {
-using test::expect_error;
-using test::TempDir;
-using test::TensorSet;
-using test::tiny_spec;
+using namespace test;  // expect_error, TempDir, TensorSet, tiny_spec
 
 // The dense normal-equation solve estimate_v0 used before (O(H^2) memory, O(H^3) time), kept as the oracle.
 double dense_v0(const float* xyz, const float* rot, int n, const ExpertConfig& c) {
