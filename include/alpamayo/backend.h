@@ -220,6 +220,9 @@ struct BackendFeatures {
   bool left_padding = false;    // prefix_pad with a row > 0
   bool guidance = false;        // classifier-free guidance (Binding::guided)
   bool device_memory = false;   // reads caches that live in GPU memory in place (BackendModel::can_read says which)
+  // A non-finite velocity is traced to the first layer whose output is non-finite (NonFiniteError::layer), which
+  // Session::sample then explains (the stage and the tensors); else only the step is named.
+  bool traces_non_finite = false;
   // The largest batch B for a config; empty: no limit besides memory.
   std::function<int64_t(const ExpertConfig&)> max_batch;
 };

@@ -92,15 +92,21 @@ uint32_t detected_once() {
   return bits;
 }
 
-// The process's ceiling (set_isa_ceiling), guarded by ceiling_mu until the first isa() fixes it.
-std::mutex ceiling_mu;
-bool ceiling_read = false;
-uint32_t ceiling_bits = ~0u;
-std::string ceiling_cap, ceiling_source = "ALPAMAYO_CPU_ISA";
-
-// oneDNN's instruction set is one per process (dnnl::set_max_cpu_isa, only before its first primitive): the
-// ceiling's, set once by set_isa_ceiling; all it detects otherwise.
-uint32_t onednn_bits = kAll;  // as the ceiling
+// The process's ceiling (set_isa_ceiling), guarded by its mutex until the first isa() fixes it. Constructed on
+// first use: a program may set it from a static initialiser of its own, before this file's statics would be.
+struct Ceiling {
+  std::mutex mu;
+  bool read = false;
+  uint32_t bits = ~0u;
+  std::string cap, source = "ALPAMAYO_CPU_ISA";
+  // oneDNN's instruction set is one per process (dnnl::set_max_cpu_isa, only before its first primitive): the
+  // ceiling's, set once by set_isa_ceiling; all it detects otherwise.
+  uint32_t onednn_bits = kAll;
+};
+Ceiling& ceiling() {
+  static Ceiling c;
+  return c;
+}
 
 }  // namespace
 
@@ -124,26 +130,28 @@ std::string IsaInfo::describe() const {
 
 void set_isa_ceiling(const std::string& cap, const std::string& source) {
   if (cap.empty()) return;
-  std::lock_guard<std::mutex> lk(ceiling_mu);
-  if (ceiling_read) throw Error(source + "=" + cap + ": the instruction-set ceiling is set after the backend started");
+  Ceiling& g = ceiling();
+  std::lock_guard<std::mutex> lk(g.mu);
+  if (g.read) throw Error(source + "=" + cap + ": the instruction-set ceiling is set after the backend started");
   const CapName& c = cap_entry(cap, source);
   if (dnnl::set_max_cpu_isa(c.onednn) != dnnl::status::success)
     throw Error(source + "=" + cap + ": oneDNN's instruction set was already fixed in this process");
-  onednn_bits = c.bits;
-  ceiling_bits = c.bits;
-  ceiling_cap = cap;
-  ceiling_source = source;
+  g.onednn_bits = c.bits;
+  g.bits = c.bits;
+  g.cap = cap;
+  g.source = source;
 }
 
 const IsaInfo& isa() {
   static const IsaInfo info = [] {
-    std::lock_guard<std::mutex> lk(ceiling_mu);
-    ceiling_read = true;
+    Ceiling& g = ceiling();
+    std::lock_guard<std::mutex> lk(g.mu);
+    g.read = true;
     IsaInfo i;
     i.detected = detected_once();
-    i.usable = i.detected & ceiling_bits;
-    i.cap = ceiling_cap;
-    i.cap_source = ceiling_source;
+    i.usable = i.detected & g.bits;
+    i.cap = g.cap;
+    i.cap_source = g.source;
     return i;
   }();
   return info;
@@ -163,11 +171,11 @@ KernelScope process_kernel_scope() { return {isa(), "", "kernels"}; }
 
 std::string onednn_within_cap(const IsaInfo& i) {
   isa();  // the ceiling, and with it oneDNN's instruction set, is fixed from here on
-  if ((onednn_bits & i.detected & ~i.usable) == 0) return "";
+  if ((ceiling().onednn_bits & i.detected & ~i.usable) == 0) return "";
   return "oneDNN's instruction set is one per process (" +
          (isa().cap.empty() ? std::string("all this CPU has") : isa().cap_source + "=" + isa().cap) +
          ") and the model's cap " + i.cap_source + "=" + i.cap + " takes " +
-         isa_names(onednn_bits & i.detected & ~i.usable) + " from it";
+         isa_names(ceiling().onednn_bits & i.detected & ~i.usable) + " from it";
 }
 
 std::string forced_kernel(const std::string& op, const std::string& spec, const std::string& src) {
