@@ -370,6 +370,8 @@ void bind_errors(nb::module_& m) {
 using namespace alpamayo;
 using namespace alpamayo::python;
 
+// The binding table (about 200 lines): one statement per exported class, method and function, as nanobind's idiom
+// has it; the work is in the functions above.
 NB_MODULE(_core, m) {
   m.doc() = "The Alpamayo action-expert engine (C++), bound with nanobind. Use the classes of alpamayo_expert.";
   bind_errors(m);

@@ -478,6 +478,8 @@ CpuSession::CpuSession(const CpuModel& m)
   per_thread_.resize(nthreads_);
 }
 
+// One function on purpose (about 120 lines): every buffer of a bind is sized and every cache view resolved here,
+// in one pass over the binding, so that what the step reads is all set before the first step runs.
 void CpuSession::bind_step(const Binding& bnd) {
   const KVCache& kv = bnd.kv;
   const RopeTables& rope = bnd.rope;

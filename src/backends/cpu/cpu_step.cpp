@@ -72,6 +72,8 @@ void CpuSession::run_step(int tid, const float* emb, float* hidden, float* const
   pool_.barrier();
 }
 
+// One function on purpose (about 100 lines): the layer's phases in dataflow order, each ended by the pool's barrier;
+// every thread runs this same sequence, and keeping the barriers in one body makes their pairing visible.
 void CpuSession::layer_phases(int tid, int l) {
   const CpuLayer& w = m_.layers_[l];
   const LayerPlans& plan = plans_[l][tid];
@@ -197,6 +199,8 @@ void CpuSession::run_linear(int tid, const OnednnLinear& lin, const OnednnPlan& 
     lin.run(streams_[tid], plan, x, pt.tmp.data(), pt.scratch.data());
 }
 
+// One function on purpose (about 110 lines): a thread's loop over the attention's work items (key chunks of a
+// sample's prompt, suffix and own rows) carries the o_proj prefetch spread over those items, set up at its start.
 void CpuSession::attention_phase(int tid, int l) {
   const int Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, group = Hq / Hkv, ld = Hq * d;
   const bool i8 = m_.wtype_ == WeightType::INT8;

@@ -21,6 +21,9 @@ constexpr int kAttnStage = 2 * kAttnKB * kAttnLD;  // K block then V block
 constexpr size_t kAttnSmemBytes = size_t(2) * kAttnStage * sizeof(uint16_t);
 constexpr float kAttnMask = -1e30f;  // finite, so exp2 of differences never sees inf - inf
 
+// One kernel body on purpose (about 165 lines): the tensor-core fragments, the online-softmax state and the
+// cp.async pipeline live in registers and shared memory for the whole key loop; device functions taking them by
+// reference would be inlined back into this shape anyway, and the pipeline's stages read best in order.
 __global__ void __launch_bounds__(kAttnThreads, 1) attention_partial_k(AttnParams p, float scale_log2) {
   ALP_DYNAMIC_SMEM(uint16_t, smem);
   const AttnItem it = p.items[blockIdx.x];

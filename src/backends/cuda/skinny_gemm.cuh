@@ -38,6 +38,8 @@ __device__ __forceinline__ uint32_t weight_pair(const uint8_t* row, int k) {
   }
 }
 
+// One kernel body on purpose (about 90 lines): the per-thread accumulators stay in registers and the weight and
+// activation stream's multi-stage cp.async pipeline in shared memory across the whole K loop.
 template <bool kFp8>
 __global__ void __launch_bounds__(kGemmThreads)
     skinny_gemm_k(const uint16_t* __restrict__ X, const uint8_t* __restrict__ W, float* __restrict__ Y, int M, int N,

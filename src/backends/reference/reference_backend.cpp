@@ -106,6 +106,8 @@ class ReferenceModel final : public BackendModel {
 
 }  // namespace
 
+// One function on purpose (about 90 lines): the oracle is written to be read, and the layer reads top to bottom as
+// docs/MATH.md writes it, each stage followed by its probe.
 void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const WeightFormat& wf, const KVCache& kv,
                      int layer, const RopeTables& rope, int threads, float* h, const LayerProbe& probe,
                      bool kv_int8) {

@@ -177,6 +177,8 @@ ALP_BF16 inline void pack_values(const AttnGeometry& g, const uint16_t* const* v
 
 }  // namespace
 
+// One body on purpose (about 110 lines): the online-softmax state and the output accumulators stay in registers
+// across the key loop; split into functions they would pass through memory at every key block.
 ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                              float* O, float* m, float* l, const AttnWork& sc) {
   const int half = g.d / 2;

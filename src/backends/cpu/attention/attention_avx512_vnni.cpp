@@ -254,6 +254,8 @@ inline void pv_tile(const uint32_t* P2, int Rp, const uint32_t* V2, int dp, int 
 
 }  // namespace
 
+// One body on purpose (about 110 lines): the online-softmax state and the output accumulators stay in registers
+// across the key loop; split into functions they would pass through memory at every key block.
 void attend_chunk_avx512vnni(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                              float* O, float* m, float* l, const AttnWork& sc) {
   const uint8_t** kptr = sc.k8ptr;

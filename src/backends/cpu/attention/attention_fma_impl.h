@@ -211,6 +211,8 @@ inline void fma_qk_block(const AttnGeometry& g, int ls, const float* qf, const f
   }
 }
 
+// One body on purpose (about 110 lines): the online-softmax state and the output accumulators stay in registers
+// across the key loop; split into functions they would pass through memory at every key block.
 template <class V>
 void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O, float* m,
                 float* l, const AttnWork& w) {
