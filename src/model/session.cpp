@@ -5,14 +5,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <thread>
 #include <tuple>
 
 #include "alpamayo/action_space.h"
 #include "alpamayo/error.h"
 #include "alpamayo/limits.h"
-#include "backends/reference/reference_backend.h"
-#include "backends/weight_formats.h"
+#include "backends/diagnosis.h"
 #include "model/sampler.h"
 
 namespace alpamayo {
@@ -134,20 +132,7 @@ std::string Session::layer_stage(const NonFiniteError& e) const {
       for (const TensorView& t : *list)
         if (!t.device.host_accessible()) return "";
     const RopeTables rope = make_rope_tables(offsets(kv), cx->rope_delta(), c.T, c.d, c.rope_theta);
-    std::vector<float> h = e.input;
-    std::string found;
-    BackendOptions f32;
-    f32.weights = "f32";
-    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    reference_layer(c, w.expert.layers[e.layer], parse_weight_format(f32), kv, e.layer, rope, threads, h.data(),
-                    [&](const char* stage, const float* p, int64_t n) {
-                      for (int64_t i = 0; i < n; ++i)
-                        if (!std::isfinite(p[i])) {
-                          found = stage;
-                          return false;
-                        }
-                      return true;
-                    });
+    const std::string found = first_non_finite_stage(c, w.expert.layers[e.layer], kv, e.layer, rope, e.input);
     return found.empty() ? "" : "; inside layer " + std::to_string(e.layer) + " the first non-finite output is " + found;
   } catch (const std::exception&) {
     return "";  // the diagnosis never replaces the error it explains
