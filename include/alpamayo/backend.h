@@ -223,6 +223,9 @@ struct BackendFeatures {
   // A non-finite velocity is traced to the first layer whose output is non-finite (NonFiniteError::layer), which
   // Session::sample then explains (the stage and the tensors); else only the step is named.
   bool traces_non_finite = false;
+  // Splits its work over BackendOptions::threads host threads (with results bitwise independent of their number);
+  // a device backend ignores the option.
+  bool host_threads = false;
   // The largest batch B for a config; empty: no limit besides memory.
   std::function<int64_t(const ExpertConfig&)> max_batch;
 };

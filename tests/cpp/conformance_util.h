@@ -372,6 +372,9 @@ inline std::string undeclared(const std::string& backend, const Shape& sh, const
 inline std::string undeclared(const std::string& backend, const Shape& sh, bool guided = false) {
   return undeclared(backend, sh, sh.ctx, guided);
 }
+// A backend that ignores BackendOptions::threads (a device backend) has no thread-count behaviour to test.
+#define SKIP_UNLESS_THREADED(backend)                  \
+  if (!find_backend(backend).features.host_threads) GTEST_SKIP() << (backend) << " does not use host threads"
 #define SKIP_UNLESS_DECLARED(backend, ...)                                                     \
   if (const std::string why = undeclared(backend, __VA_ARGS__); !why.empty()) GTEST_SKIP() << why
 

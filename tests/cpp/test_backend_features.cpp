@@ -59,9 +59,10 @@ TEST(BackendFeatures, ContextFeaturesAreWhatTheLayoutUses) {
 TEST(BackendFeatures, EveryRegisteredBackendDeclaresItsFeatures) {
   for (const BackendInfo& b : registered_backends()) {
     const BackendFeatures& f = b.features;
-    std::printf("  %-10s shared prompts %d, suffix rows %d, left padding %d, guidance %d, device memory %d%s\n",
+    std::printf("  %-10s shared prompts %d, suffix rows %d, left padding %d, guidance %d, device memory %d, traces "
+                "non-finite %d, host threads %d%s\n",
                 b.name.c_str(), f.shared_prompts, f.suffix_rows, f.left_padding, f.guidance, f.device_memory,
-                f.max_batch ? ", batch limit" : "");
+                f.traces_non_finite, f.host_threads, f.max_batch ? ", batch limit" : "");
   }
   EXPECT_TRUE(find_backend("reference").features.shared_prompts);
   EXPECT_TRUE(find_backend("reference").features.guidance);

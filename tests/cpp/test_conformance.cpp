@@ -339,6 +339,7 @@ class ThreadCountConformance : public ::testing::TestWithParam<Target> {};
 TEST_P(ThreadCountConformance, ResultsAreBitwiseIndependentOfThreadCount) {
   const Target& tg = GetParam();
   SKIP_IF_UNAVAILABLE(tg);
+  SKIP_UNLESS_THREADED(tg.backend);
   expect_thread_count_independent(target_name(tg), tg.backend, tg.format, "", {2, 4, 6}, {2, 3, 5});
 }
 
@@ -351,6 +352,7 @@ class ThreadCountConformanceKv : public ::testing::TestWithParam<KvTarget> {};
 TEST_P(ThreadCountConformanceKv, ResultsAreBitwiseIndependentOfThreadCount) {
   const KvTarget& tg = GetParam();
   SKIP_IF_UNAVAILABLE(tg);
+  SKIP_UNLESS_THREADED(tg.backend);
   expect_thread_count_independent(target_name(tg), tg.backend, tg.format, tg.kv, {4, 6}, {2, 3});
 }
 

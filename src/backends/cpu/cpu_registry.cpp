@@ -13,7 +13,7 @@ BackendInfo cpu_backend_info() {
   b.kernel_choices = true;
   b.kernels_variable = "ALPAMAYO_CPU_KERNELS";
   b.features.shared_prompts = b.features.suffix_rows = b.features.left_padding = b.features.guidance = true;
-  b.features.traces_non_finite = true;
+  b.features.traces_non_finite = b.features.host_threads = true;
   b.memory.host_bytes_per_weight = host_bytes_per_weight;  // packed or block-encoded once at load
   b.memory.session = [](MemoryEstimate& e, const ExpertConfig&, const KVCache& kv, const KVCache* unguided) {
     double conv = 0;  // caches not in bf16 are converted to bf16 once at bind

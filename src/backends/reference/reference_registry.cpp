@@ -11,7 +11,7 @@ BackendInfo reference_backend_info() {
   b.kv_formats = {"f32", "int8"};
   b.load = load_reference_backend;
   b.features.shared_prompts = b.features.suffix_rows = b.features.left_padding = b.features.guidance = true;
-  b.features.traces_non_finite = true;
+  b.features.traces_non_finite = b.features.host_threads = true;
   // Weights stay in the checkpoint's mapping; a session converts one layer's weights and caches to f32 when the
   // layer runs.
   b.memory.session = [](MemoryEstimate& e, const ExpertConfig& c, const KVCache& kv, const KVCache* unguided) {
