@@ -359,7 +359,7 @@ inline std::string unavailable(const KvTarget& t) { return find_backend(t.backen
   if (const std::string why = unavailable(t); !why.empty()) GTEST_SKIP() << (t).backend << ": " << why
 
 // The matrix comes from the declarations (BackendInfo::features): a case that needs a feature the backend does not
-// declare is skipped with the feature named, never run to fail; Conformance.UndeclaredCasesAreRefused proves
+// declare is skipped with the feature named, never run to fail; BackendFeatures.UndeclaredCasesAreRefused* proves
 // that Session::bind refuses exactly those cases. Returns the reason, empty when the backend declares the case.
 inline std::string undeclared(const std::string& backend, const Shape& sh, const CtxSpec& ctx, bool guided) {
   ExpertConfig c;
