@@ -31,6 +31,7 @@
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/profile/profile_table.h"
 #endif
+#include "alpamayo/bfp.h"
 #include "alpamayo/engine.h"
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
@@ -255,6 +256,50 @@ nb::dict config_dict(const ExpertConfig& c) {
   d["num_inference_steps"] = c.num_steps;
   d["use_classifier_free_guidance"] = c.use_cfg;
   d["inference_guidance_weight"] = c.guidance_weight;
+  // What a port that runs the host stages itself needs (alpamayo_expert.tt): action_in_proj and the action space.
+  d["ain_hidden"] = c.ain_hidden;
+  d["ain_layers"] = c.ain_layers;
+  d["num_fourier_feats"] = c.n_fourier;
+  d["max_freq"] = c.max_freq;
+  d["ain_norm_eps"] = c.ain_norm_eps;
+  return d;
+}
+
+// Every weight the engine loaded, as float32 copies under the names of weights.h (layers.{l}.q, action_in.*,
+// action_out.*): one loader for every port that runs outside the C++ backends.
+nb::dict weights_dict(const Checkpoint& ck) {
+  nb::dict d;
+  auto put = [&](const std::string& name, const TensorView& t) {
+    if (!t.data) return;
+    std::vector<size_t> shape(t.shape.begin(), t.shape.end());
+    d[name.c_str()] = array_f32(to_f32(t), shape);
+  };
+  const ModelWeights w = ck.weights();
+  for (size_t l = 0; l < w.expert.layers.size(); ++l) {
+    const LayerWeights& lw = w.expert.layers[l];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    put(p + "input_norm", lw.input_norm);
+    put(p + "post_norm", lw.post_norm);
+    put(p + "q", lw.q);
+    put(p + "k", lw.k);
+    put(p + "v", lw.v);
+    put(p + "o", lw.o);
+    put(p + "q_norm", lw.q_norm);
+    put(p + "k_norm", lw.k_norm);
+    put(p + "gate", lw.gate);
+    put(p + "up", lw.up);
+    put(p + "down", lw.down);
+  }
+  put("final_norm", w.expert.final_norm);
+  const ActionInProjWeights& a = w.action_in;
+  for (size_t i = 0; i < a.linear_w.size(); ++i) put("action_in.linear_w." + std::to_string(i), a.linear_w[i]);
+  for (size_t i = 0; i < a.linear_b.size(); ++i) put("action_in.linear_b." + std::to_string(i), a.linear_b[i]);
+  for (size_t i = 0; i < a.norm_w.size(); ++i) put("action_in.norm_w." + std::to_string(i), a.norm_w[i]);
+  put("action_in.ln_w", a.ln_w);
+  put("action_in.ln_b", a.ln_b);
+  for (size_t i = 0; i < a.freqs.size(); ++i) put("action_in.freqs." + std::to_string(i), a.freqs[i]);
+  put("action_out.w", w.action_out.w);
+  put("action_out.b", w.action_out.b);
   return d;
 }
 
@@ -384,6 +429,18 @@ NB_MODULE(_core, m) {
   }, "Every backend of this build: (name, weight formats, KV cache formats (the first of each is the default), why it "
      "cannot run here or '').");
 
+  m.def("bfp_quantize", [](HostF32 x, const std::string& fmt) {
+    bfp::Format f;
+    if (!bfp::parse_format(fmt, &f)) throw Error(ErrorCode::InvalidArgument, "bfp_quantize: unknown format " + fmt);
+    if (x.size() % bfp::kBlockSize != 0)
+      throw Error(ErrorCode::InvalidArgument, "bfp_quantize: size must be a multiple of 16");
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); i += bfp::kBlockSize) bfp::quantize_block(f, x.data() + i, out.data() + i);
+    std::vector<size_t> shape;
+    for (size_t i = 0; i < x.ndim(); ++i) shape.push_back(x.shape(i));
+    return array_f32(std::move(out), shape);
+  }, "x"_a, "fmt"_a, "Each run of 16 consecutive values quantised to bfp8_b / bfp4_b and back (the engine's own code).");
+
   nb::class_<ModelHandle>(m, "Model")
       .def("__init__", [](ModelHandle* self, const std::string& checkpoint, const std::string& backend,
                           const std::string& weights, int threads, const std::string& vlm_config,
@@ -426,7 +483,24 @@ NB_MODULE(_core, m) {
           for (const ConfigValue& v : p.ck->values()) out.emplace_back(v.name, v.value, v.source);
         return out;
       })
-      .def_prop_ro("weight_bytes", [](const ModelHandle& p) { return p.m->backend().weight_bytes(); });
+      .def_prop_ro("weight_bytes", [](const ModelHandle& p) { return p.m->backend().weight_bytes(); })
+      .def("tensors", [](const ModelHandle& p) { return p.ck ? weights_dict(*p.ck) : nb::dict(); },
+           "The checkpoint's weights as float32 arrays, named as in weights.h.")
+      .def("decode_action", [](const ModelHandle& p, HostF32 action, double v0, double z) {
+             const ExpertConfig& c = p.m->config();
+             if (action.ndim() != 2 || int64_t(action.shape(0)) != c.T || int64_t(action.shape(1)) != c.A)
+               throw Error(ErrorCode::InvalidArgument, "decode_action: expected action [T, A] float32");
+             Trajectory tr = decode_action(action.data(), c.T, v0, z, c);
+             return std::make_pair(array_f32(std::move(tr.xyz), {size_t(c.T), 3}),
+                                   array_f32(std::move(tr.rot), {size_t(c.T), 3, 3}));
+           }, "action"_a, "v0"_a, "z"_a = 0.0,
+           "The engine's unicycle decode of one action [T, A]: (xyz [T, 3], rot [T, 3, 3]).")
+      .def("estimate_v0", [](const ModelHandle& p, HostF32 xyz, HostF32 rot) {
+             if (xyz.ndim() != 2 || xyz.shape(1) != 3 || rot.ndim() != 3 || rot.shape(0) != xyz.shape(0) ||
+                 rot.shape(1) != 3 || rot.shape(2) != 3)
+               throw Error(ErrorCode::InvalidArgument, "estimate_v0: expected xyz [H, 3] and rot [H, 3, 3] float32");
+             return estimate_v0(xyz.data(), rot.data(), int(xyz.shape(0)), p.m->config());
+           }, "xyz"_a, "rot"_a, "The engine's initial speed from one ego history (what the sampler decodes with).");
 
   nb::class_<CtxHandle>(m, "Context")
       .def_static("open", [](const std::string& path) {

@@ -1,0 +1,324 @@
+"""The expert on TT-Lang: weights converted once, the layers as fused operations, the sampler on the host.
+
+What runs where (docs/TT_BACKEND.md): action_in_proj, action_out_proj, the Euler update and the unicycle decode on
+the host (float32 torch, the decode and v0 the engine's own through the native module); the L layers and the final
+norm as the TT-Lang operations of kernels.py on a grid of nodes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import _core
+from ..context import Context as ContextFile, read_context
+from ..errors import InvalidArgumentError, UnsupportedError
+from . import kernels as K
+from ._runtime import open_runtime
+from .reference import rope_tables
+
+WEIGHT_FORMATS = ("bfp8_b", "bf16")
+BLACKHOLE_GRID = (11, 10)   # the p150's Tensix grid the seed used
+MASKED = -1.0e9             # additive mask of a hidden cache row: exp() of it is 0, and never inf - inf
+T = K.TILE
+
+
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> nearest bf16 (ties to even) -> float32, by bits (independent of torch.bfloat16, which
+    tt-lang-sim may rebind)."""
+    u = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return torch.from_numpy(u.numpy().astype(np.uint32).view(np.float32)).reshape(x.shape)
+
+
+def quantize_weight(wt: torch.Tensor, fmt: str) -> torch.Tensor:
+    """A weight as the device holds it, W.T [K, N] in TILE layout: bfp8_b blocks are 16 consecutive values of a
+    row (one face row), quantised with the engine's own code (the simulator backs bfloat8_b with float32 and does
+    not round); bf16 rounded to nearest even."""
+    wt = wt.float().contiguous()
+    if fmt == "bfp8_b":
+        return torch.from_numpy(np.asarray(_core.bfp_quantize(wt.numpy(), "bfp8_b")))
+    return round_bf16(wt)
+
+
+def _pad_to(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(k for k in range(1, min(n, cap) + 1) if n % k == 0)
+
+
+@dataclass
+class Bound:
+    """A context bound to the device: per-sample rows in use and the rotary offsets."""
+    B: int
+    S: list[int]
+    pads: list[int]
+    offsets: list[int]
+    rope_delta: list[int]
+    v0: list[float] | None
+    z: list[float]
+
+
+class TTExpert:
+    """The expert of a checkpoint on a TT backend ("tt-sim" or "tt").
+
+    grid: the node grid the operations run on (Blackhole's 11 x 10 by default); key_chunk: key tiles per attention
+    chunk; smax: the cache rows per (sample, KV head) on the device, scratch tail included (default: the least
+    multiple of the chunk that holds the longest context plus the own tokens)."""
+
+    def __init__(self, checkpoint: str | Path, backend: str = "tt-sim", weights: str = "bfp8_b",
+                 vlm_config: str = "", release: str = "", grid: tuple[int, int] = BLACKHOLE_GRID,
+                 key_chunk: int = 4, smax: int | None = None):
+        if weights not in WEIGHT_FORMATS:
+            raise InvalidArgumentError(f"weights: {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+        self.rt = open_runtime(backend)
+        self.ttl, self.ttnn = self.rt.ttl, self.rt.ttnn
+        self.backend, self.weights, self.grid, self.key_chunk, self.smax_arg = backend, weights, grid, key_chunk, smax
+        # The engine's loader: one reading of configs and tensors for every backend.
+        self.model = _core.Model(str(checkpoint), backend="reference", vlm_config=vlm_config, release=release)
+        c = self.cfg = dict(self.model.config)
+        self.L, self.D, self.Hq, self.Hkv, self.d, self.I = (c[k] for k in (
+            "layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"))
+        self.Tw, self.A, self.eps = c["n_waypoints"], c["action_dims"], float(c["rms_norm_eps"])
+        for name, v in (("hidden_size", self.D), ("head_dim", self.d), ("intermediate_size", self.I)):
+            if v % T:
+                raise UnsupportedError(f"backend {backend}: {name} {v} is not a multiple of the 32-wide tile")
+        self.Tp = _pad_to(self.Tw, T)  # own tokens padded to whole tiles; the padding rows are masked as keys
+        w = {k: torch.from_numpy(np.asarray(v)) for k, v in self.model.tensors().items()}
+        self.host = {k: v for k, v in w.items() if k.startswith(("action_in.", "action_out."))}
+        self._convert_weights(w)
+        self._bound: Bound | None = None
+
+    # ------------------------------------------------------------------------------------------ weights
+    def _up(self, t: torch.Tensor, dtype=None):
+        ttnn = self.ttnn
+        return ttnn.from_torch(t.float().contiguous(), dtype=dtype or ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
+                               device=self.rt.device)
+
+    def _convert_weights(self, w: dict[str, torch.Tensor]) -> None:
+        """Once: the layers' matrices transposed (W.T, the device's layout), wq/wk/wv fused, quantised."""
+        ttnn = self.ttnn
+        wdt = ttnn.bfloat8_b if self.weights == "bfp8_b" else ttnn.bfloat16
+        rep = lambda g: round_bf16(g).reshape(1, -1).expand(T, -1)  # noqa: E731 - gains replicated down a tile
+        self.layers, self.host_layers = [], []
+        for l in range(self.L):
+            p = f"layers.{l}."
+            mats = {"wqkv": torch.cat([w[p + "q"], w[p + "k"], w[p + "v"]]).T, "wo": w[p + "o"].T,
+                    "wgate": w[p + "gate"].T, "wup": w[p + "up"].T, "wdown": w[p + "down"].T}
+            q = {k: quantize_weight(m, self.weights) for k, m in mats.items()}
+            gains = {k: round_bf16(w[p + k]) for k in ("input_norm", "post_norm", "q_norm", "k_norm")}
+            self.host_layers.append({**q, **gains})  # what the device holds, for the per-operation checks
+            dev = {k: self._up(m, wdt) for k, m in q.items()}
+            dev.update({k: self._up(rep(g)) for k, g in gains.items()})
+            self.layers.append(dev)
+        self.final_norm_host = round_bf16(w["final_norm"])
+        self.final_norm = self._up(rep(w["final_norm"]))
+        consts = torch.zeros(T, T * K.N_CONSTS)
+        for j, v in ((K.C_INV_D, 1.0 / self.D), (K.C_EPS, self.eps), (K.C_INV_HEAD, 1.0 / self.d),
+                     (K.C_SCALE, self.d ** -0.5)):
+            consts[:, j * T:(j + 1) * T] = v
+        self.consts = self._up(consts, ttnn.float32)
+        rot = torch.zeros(self.d, self.d)
+        h = self.d // 2
+        rot[torch.arange(h) + h, torch.arange(h)] = -1.0
+        rot[torch.arange(h), torch.arange(h) + h] = 1.0
+        self.rot = self._up(rot)
+
+    # ------------------------------------------------------------------------------------------ context
+    def bind(self, context: str | Path | ContextFile) -> None:
+        """Loads a context: the device caches (rows in use; the rest zero), the mask and the rope tables, and every
+        buffer the layers use; all persistent buffers exist before the first step (the seed's trace rule)."""
+        ctx = read_context(context) if not isinstance(context, ContextFile) else context
+        if ctx.num_layers != self.L:
+            raise InvalidArgumentError(f"context has {ctx.num_layers} layers, the expert {self.L}")
+        if ctx.keys[0].shape[1] != self.Hkv or ctx.keys[0].shape[3] != self.d:
+            raise InvalidArgumentError(f"context caches [G, {ctx.keys[0].shape[1]}, P, {ctx.keys[0].shape[3]}] do "
+                                       f"not match the expert's {self.Hkv} KV heads of {self.d}")
+        g_of, vl, sl, pads = ctx.prompt_of(), ctx.valid_len.long(), ctx.suffix_lens(), ctx.pads()
+        B = int(g_of.shape[0])
+        S = [int(vl[g_of[b]] + sl[b]) for b in range(B)]
+        chunk = self.key_chunk * T
+        smax = self.smax_arg or _pad_to(max(S) + self.Tp, chunk)
+        if smax % chunk:
+            raise InvalidArgumentError(f"smax {smax} is not a multiple of the key chunk ({chunk} rows)")
+        if max(S) > smax - self.Tp:  # the last Tp rows of every cache are the own tokens' scratch
+            raise InvalidArgumentError(f"context of {max(S)} rows: the device cache holds S <= Smax - {self.Tp} = "
+                                       f"{smax - self.Tp}")
+        self.Smax = smax
+        self._upload_caches(ctx, g_of, S, B)
+        keep = torch.zeros(B, smax, dtype=torch.bool)
+        for b in range(B):
+            keep[b, int(pads[g_of[b]]):S[b]] = True
+            keep[b, smax - self.Tp:smax - self.Tp + self.Tw] = True
+        self.keep = keep
+        mask = torch.where(keep, 0.0, MASKED).repeat_interleave(T, 0)  # rows replicated down a tile per sample
+        offsets = [S[b] + int(ctx.rope_delta[b]) for b in range(B)]
+        pos = torch.tensor(offsets)[:, None] + torch.arange(self.Tp)[None]  # padding rows: any position
+        cos, sin = rope_tables(pos.reshape(-1), self.d, float(self.cfg["rope_theta"]))
+        self.cos_host, self.sin_host = round_bf16(cos), round_bf16(sin)
+        v0 = ctx.v0.float().tolist() if ctx.v0 is not None else None
+        z = [0.0] * B
+        if v0 is None and ctx.ego_history_xyz is not None:
+            xyz, rot = ctx.ego_history_xyz.float().numpy(), ctx.ego_history_rot.float().numpy()
+            v0 = [float(self.model.estimate_v0(np.ascontiguousarray(xyz[b]), np.ascontiguousarray(rot[b])))
+                  for b in range(B)]
+        if ctx.ego_history_xyz is not None:
+            z = [float(ctx.ego_history_xyz[b, -1, 2]) for b in range(B)]
+        self._bound = Bound(B, S, [int(pads[g_of[b]]) for b in range(B)], offsets, ctx.rope_delta.tolist(), v0, z)
+        self._allocate(B, mask)
+
+    def _upload_caches(self, ctx: ContextFile, g_of, S: list[int], B: int) -> None:
+        """Per layer K and V [B*Hkv*Smax, d] bf16: sample b's prompt rows then its suffix rows, zero elsewhere (rows
+        outside use never reach the device, so their contents cannot matter)."""
+        self.k_host, self.v_host, self.k_cache, self.v_cache = [], [], [], []
+        vl, sl = ctx.valid_len.long(), ctx.suffix_lens()
+        for l in range(self.L):
+            for src, sfx, host, dev in ((ctx.keys[l], ctx.suffix_keys, self.k_host, self.k_cache),
+                                        (ctx.values[l], ctx.suffix_values, self.v_host, self.v_cache)):
+                t = torch.zeros(B, self.Hkv, self.Smax, self.d)
+                for b in range(B):
+                    g, n = int(g_of[b]), int(vl[g_of[b]])
+                    t[b, :, :n] = src[g, :, :n].float()
+                    if sfx is not None and int(sl[b]):
+                        t[b, :, n:S[b]] = sfx[l][b, :, :int(sl[b])].float()
+                t = round_bf16(t)
+                host.append(t)
+                dev.append(self._up(t.reshape(-1, self.d)))
+
+    def _allocate(self, B: int, mask: torch.Tensor) -> None:
+        ttnn, ttl, grid = self.ttnn, self.ttl, self.grid
+        M, Tpt, dt, Smaxt = B * self.Tp, self.Tp // T, self.d // T, self.Smax // T
+        G = self.Hq // self.Hkv
+        nodes = grid[0] * grid[1]
+        items = B * self.Hkv * G * Tpt
+        self.nsplit = max(1, min(nodes // items, Smaxt // self.key_chunk))
+        zeros = lambda r, c, dtype=None: self._up(torch.zeros(r, c), dtype)  # noqa: E731
+        Nqkv = (self.Hq + 2 * self.Hkv) * self.d
+        U = items * self.nsplit
+        self.buf = {
+            "x": zeros(M, self.D), "x1": zeros(M, self.D), "qkv": zeros(M, Nqkv), "q": zeros(items * T, self.d),
+            "o_part": zeros(U * T, self.d, ttnn.float32), "m_part": zeros(U * T, T, ttnn.float32),
+            "l_part": zeros(U * T, T, ttnn.float32), "attn": zeros(M, self.Hq * self.d), "act": zeros(M, self.I),
+            "hidden": zeros(M, self.D), "mask": self._up(mask), "cos": self._up(self.cos_host),
+            "sin": self._up(self.sin_host), "none": zeros(T, T),
+        }
+        Dt, It, Nt = self.D // T, self.I // T, Nqkv // T
+        lin = lambda Kt, Nt_, **kw: K.make_linear(ttl, grid, M // T, Kt, Nt_, _divisor_at_most(Kt, 8),  # noqa: E731
+                                                  _divisor_at_most(Nt_, 2), **kw)
+        self.ops = {
+            "qkv": lin(Dt, Nt, norm=True, gated=False, residual=False),
+            "qk_rope": K.make_qk_rope(ttl, grid, B, Tpt, self.Hq, self.Hkv, dt, Smaxt),
+            "attn": K.make_attention_partial(ttl, grid, B, self.Hkv, G * Tpt, dt, Smaxt, self.key_chunk, self.nsplit),
+            "merge": K.make_attention_merge(ttl, grid, B, self.Hkv, G, Tpt, dt, self.nsplit),
+            "o": lin(self.Hq * dt, Dt, norm=False, gated=False, residual=True),
+            "mlp": lin(Dt, It, norm=True, gated=True, residual=False),
+            "down": lin(It, Dt, norm=False, gated=False, residual=True),
+            "final": K.make_rmsnorm(ttl, grid, M // T, Dt),
+        }
+
+    def _write(self, buf, value: torch.Tensor) -> None:
+        """Host -> an existing device buffer (its address stays, as a captured trace needs)."""
+        ttnn = self.ttnn
+        if hasattr(ttnn, "copy_host_to_device_tensor"):
+            ttnn.copy_host_to_device_tensor(ttnn.from_torch(value.float(), dtype=buf.dtype,
+                                                            layout=ttnn.TILE_LAYOUT), buf)
+        else:  # the simulator: a device tensor is its backing torch tensor
+            ttnn.to_torch(buf).copy_(value.float())
+
+    # ------------------------------------------------------------------------------------------ the layer
+    def run_layer(self, l: int) -> None:
+        """Layer l on buf['x'] in place, through the fused operations (a) .. (f)."""
+        b, dev, ops, none = self.buf, self.layers[l], self.ops, self.buf["none"]
+        ops["qkv"](b["x"], dev["wqkv"], none, dev["input_norm"], none, self.consts, b["qkv"])          # (a)
+        ops["qk_rope"](b["qkv"], dev["q_norm"], dev["k_norm"], b["cos"], b["sin"], self.rot, self.consts,
+                       b["q"], self.k_cache[l], self.v_cache[l])                                      # (b)
+        ops["attn"](b["q"], self.k_cache[l], self.v_cache[l], b["mask"], self.consts, b["o_part"], b["m_part"],
+                    b["l_part"])                                                                      # (c)
+        ops["merge"](b["o_part"], b["m_part"], b["l_part"], b["attn"])
+        ops["o"](b["attn"], dev["wo"], none, none, b["x"], self.consts, b["x1"])                      # (d)
+        ops["mlp"](b["x1"], dev["wgate"], dev["wup"], dev["post_norm"], none, self.consts, b["act"])  # (e)
+        ops["down"](b["act"], dev["wdown"], none, none, b["x1"], self.consts, b["x"])                 # (f)
+
+    def run_layers(self, emb: torch.Tensor) -> torch.Tensor:
+        """emb [B, Tw, D] -> final-normed hidden [B, Tw, D] (float32, read back from the device)."""
+        B = self._require_bound().B
+        x = torch.zeros(B, self.Tp, self.D)
+        x[:, :self.Tw] = emb
+        self._write(self.buf["x"], round_bf16(x.reshape(-1, self.D)))
+        for l in range(self.L):
+            self.run_layer(l)
+        self.ops["final"](self.buf["x"], self.final_norm, self.consts, self.buf["hidden"])
+        h = self.ttnn.to_torch(self.buf["hidden"]).float().clone()
+        return h.reshape(B, self.Tp, self.D)[:, :self.Tw]
+
+    def _require_bound(self) -> Bound:
+        if self._bound is None:
+            raise InvalidArgumentError("no context bound: call bind(context) first")
+        return self._bound
+
+    # ------------------------------------------------------------------------------------------ host stages
+    def action_in_proj(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """x [B, T, A], t [B] -> [B, T, D] in float32, with the checkpoint's (bf16-rounded) Fourier frequencies."""
+        w, c = self.host, self.cfg
+        B, Tw, A = x.shape
+        n = c["ain_layers"]
+        default = fourier_freqs(int(c["num_fourier_feats"]), float(c["max_freq"]))
+        fr = lambda i: w.get(f"action_in.freqs.{i}", default)  # noqa: E731
+        feats = [fourier(x[:, :, i], fr(i)) for i in range(A)]
+        h = torch.cat(feats + [fourier(t.reshape(B, 1), fr(A)).expand(B, Tw, -1)], -1)
+        h = F.silu(F.linear(h, w["action_in.linear_w.0"], w["action_in.linear_b.0"]))
+        e = float(c["ain_norm_eps"])
+        for j in range(n):
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + e) * w[f"action_in.norm_w.{j}"]
+            h = F.linear(h, w[f"action_in.linear_w.{j + 1}"], w[f"action_in.linear_b.{j + 1}"])
+            if j < n - 1:
+                h = F.silu(h)
+        return F.layer_norm(h, (self.D,), w["action_in.ln_w"], w["action_in.ln_b"], eps=e)
+
+    def step(self, x: torch.Tensor, t: float) -> torch.Tensor:
+        """One velocity evaluation: x [B, T, A] -> v [B, T, A]."""
+        B = self._require_bound().B
+        emb = self.action_in_proj(x.float(), torch.full((B,), float(t)))
+        h = self.run_layers(emb)
+        return F.linear(h, self.host["action_out.w"], self.host["action_out.b"])
+
+    def sample(self, noise: torch.Tensor, steps: int | None = None) -> dict[str, Any]:
+        """The N-step Euler sample from noise [B, T, A] and the engine's unicycle decode: x_steps [N+1, B, T, A],
+        v_steps [N, B, T, A], action, xyz [B, T, 3], rot [B, T, 3, 3] (numpy float32, the CLI's result names)."""
+        bd = self._require_bound()
+        N = steps or int(self.cfg["num_inference_steps"])
+        times = torch.linspace(0.0, 1.0, N + 1, dtype=torch.float32)
+        x = torch.as_tensor(noise, dtype=torch.float32).clone()
+        if tuple(x.shape) != (bd.B, self.Tw, self.A):
+            raise InvalidArgumentError(f"noise: expected shape [{bd.B}, {self.Tw}, {self.A}], got {list(x.shape)}")
+        xs, vs = [x], []
+        for k in range(N):
+            v = self.step(x, float(times[k]))
+            x = x + (times[k + 1] - times[k]) * v
+            xs.append(x)
+            vs.append(v)
+        out = {"x_steps": torch.stack(xs).numpy(), "v_steps": torch.stack(vs).numpy(), "action": x.numpy()}
+        if bd.v0 is None:
+            raise InvalidArgumentError("the context has neither v0 nor ego_history_xyz/ego_history_rot")
+        xyz, rot = zip(*(self.model.decode_action(np.ascontiguousarray(x[b].numpy()), bd.v0[b], bd.z[b])
+                         for b in range(bd.B)))
+        out["xyz"], out["rot"] = np.stack(xyz), np.stack(rot)
+        return out
+
+
+def fourier_freqs(n: int, max_freq: float) -> torch.Tensor:
+    """logspace(0, log10(max_freq), n/2) rounded to bf16, as the release's bf16 buffers hold them."""
+    return round_bf16(torch.logspace(0, math.log10(max_freq), n // 2, dtype=torch.float32))
+
+
+def fourier(z: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    arg = z[..., None] * freqs.reshape(-1) * 2 * math.pi
+    return torch.cat([arg.sin(), arg.cos()], -1) * math.sqrt(2)
+

@@ -1,0 +1,454 @@
+"""The expert layer as fused TT-Lang operations (docs/TT_BACKEND.md).
+
+Every operation takes 2-D TILE tensors (sizes in multiples of 32) and runs on a grid of nodes; the node with
+linear id i = row * cols + col takes the work units i, i + nodes, ... so any grid covers any size. Each factory
+builds one operation for fixed sizes (the sizes of a layer never change, so one build serves every layer and step).
+
+Constants enter as tiles of a small DRAM tensor `c` (every element of tile j equal to constant j), because
+TT-Lang blocks combine with blocks only.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+TILE = 32
+# Tiles of the constants tensor (build_constants).
+C_INV_D, C_EPS, C_INV_HEAD, C_SCALE = range(4)
+N_CONSTS = 4
+# The running maximum's start: below any score, finite so that exp(m_old - m_new) never sees inf - inf.
+NEG_INIT = -1.0e30
+
+
+def _nid(ttl) -> tuple[int, int]:
+    col, row = ttl.node(dims=2)
+    cols, rows = ttl.grid_size(dims=2)
+    return row * cols + col, cols * rows
+
+
+def _zero(ttl, dfb, shape) -> None:
+    with dfb.reserve() as blk:
+        blk.store(ttl.block.fill(0, shape=shape))
+
+
+def _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, k_blocks: int, nb: int) -> None:
+    """First pass of a fused RMSNorm: rsqrt(mean(x^2) + eps) of one row tile, broadcast to (1, nb) into sc_dfb."""
+    _zero(ttl, ss_dfb, (1, 1))
+    for _k in range(k_blocks):
+        with x_dfb.wait() as xb, ss_dfb.wait() as prev, ss_dfb.reserve() as ss:
+            ss.store(prev + ttl.math.reduce_sum(xb * xb, dims=[1], shape=(1, 1)))
+    with ss_dfb.wait() as ss, ci_dfb.wait() as inv_d, ce_dfb.wait() as eps, sc_dfb.reserve() as sc:
+        sc.store(ttl.block.broadcast(ttl.math.rsqrt(ss * inv_d + eps), dims=[1], shape=(1, nb)))
+
+
+def make_linear(ttl, grid, Mt: int, Kt: int, Nt: int, kb: int, nb: int, *, norm: bool, gated: bool,
+                residual: bool):
+    """y = [RMSNorm(x) with gain g] @ w, or silu(n @ w) * (n @ w2) (gated), [+ res]: x [M, K], w/w2 [K, N].
+
+    RMSNorm is fused: the row scale r = rsqrt(mean(x^2) + eps) commutes with the matmul, so a node computes
+    r from a first pass over its row tile, then ((x * g) @ w) * r, never writing the normed x. Work unit: one
+    row tile x one block of nb output tiles; the weight streams through in (kb, nb) blocks."""
+    if norm == residual or gated and not norm:
+        raise ValueError("linear: the layer fuses RMSNorm (optionally gated) or a residual, one of the two")
+    if Kt % kb or Nt % nb:
+        raise ValueError(f"linear: K tiles {Kt} / N tiles {Nt} not multiples of the blocks {kb} / {nb}")
+    k_blocks, units = Kt // kb, [(m, n) for m in range(Mt) for n in range(Nt // nb)]
+
+    @ttl.operation(grid=grid)
+    def linear(x, w, w2, g, res, c, y):
+        x_dfb = ttl.make_dataflow_buffer_like(x, shape=(1, kb), block_count=2)
+        g_dfb = ttl.make_dataflow_buffer_like(x, shape=(1, kb), block_count=2)  # like x: g may be a placeholder
+        w_dfb = ttl.make_dataflow_buffer_like(w, shape=(kb, nb), block_count=2)
+        w2_dfb = ttl.make_dataflow_buffer_like(w, shape=(kb, nb), block_count=2)
+        ci_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
+        ce_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
+        r_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=2)
+        y_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=2)
+        ss_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=2)    # sum of squares
+        sc_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=1)   # the row scale, broadcast
+        acc_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=2)
+        acc2_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=2)
+
+        @ttl.compute()
+        def compute():
+            nid, nodes = _nid(ttl)
+            for _ in units[nid::nodes]:
+                if norm:
+                    _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, k_blocks, nb)
+                _zero(ttl, acc_dfb, (1, nb))
+                if gated:
+                    _zero(ttl, acc2_dfb, (1, nb))
+                for _k in range(k_blocks):
+                    with x_dfb.wait() as xb, w_dfb.wait() as wb, acc_dfb.wait() as prev:
+                        if norm:
+                            with g_dfb.wait() as gb, acc_dfb.reserve() as a:
+                                if gated:
+                                    with w2_dfb.wait() as wb2, acc2_dfb.wait() as prev2, acc2_dfb.reserve() as a2:
+                                        a.store(prev + (xb * gb) @ wb)
+                                        a2.store(prev2 + (xb * gb) @ wb2)
+                                else:
+                                    a.store(prev + (xb * gb) @ wb)
+                        else:
+                            with acc_dfb.reserve() as a:
+                                a.store(prev + xb @ wb)
+                with acc_dfb.wait() as a, y_dfb.reserve() as yb:
+                    if norm:
+                        with sc_dfb.wait() as sc:
+                            if gated:
+                                with acc2_dfb.wait() as a2:
+                                    yb.store(ttl.math.silu(a * sc) * (a2 * sc))
+                            else:
+                                yb.store(a * sc)
+                    elif residual:
+                        with r_dfb.wait() as rb:
+                            yb.store(a + rb)
+                    else:
+                        yb.store(a)
+
+        @ttl.datamovement()
+        def read():
+            nid, nodes = _nid(ttl)
+            for m, n in units[nid::nodes]:
+                if norm:
+                    with ci_dfb.reserve() as blk:
+                        ttl.copy(c[0:1, C_INV_D:C_INV_D + 1], blk).wait()
+                    with ce_dfb.reserve() as blk:
+                        ttl.copy(c[0:1, C_EPS:C_EPS + 1], blk).wait()
+                    for k in range(k_blocks):
+                        with x_dfb.reserve() as blk:
+                            ttl.copy(x[m:m + 1, k * kb:(k + 1) * kb], blk).wait()
+                for k in range(k_blocks):
+                    ks = slice(k * kb, (k + 1) * kb)
+                    with x_dfb.reserve() as xb, w_dfb.reserve() as wb:
+                        tx = ttl.copy(x[m:m + 1, ks], xb)
+                        tw = ttl.copy(w[ks, n * nb:(n + 1) * nb], wb)
+                        tx.wait()
+                        tw.wait()
+                    if norm:
+                        with g_dfb.reserve() as gb:
+                            ttl.copy(g[0:1, ks], gb).wait()
+                    if gated:
+                        with w2_dfb.reserve() as wb2:
+                            ttl.copy(w2[ks, n * nb:(n + 1) * nb], wb2).wait()
+                if residual:
+                    with r_dfb.reserve() as rb:
+                        ttl.copy(res[m:m + 1, n * nb:(n + 1) * nb], rb).wait()
+
+        @ttl.datamovement()
+        def write():
+            nid, nodes = _nid(ttl)
+            for m, n in units[nid::nodes]:
+                with y_dfb.wait() as yb:
+                    ttl.copy(yb, y[m:m + 1, n * nb:(n + 1) * nb]).wait()
+
+    return linear
+
+
+def make_rmsnorm(ttl, grid, Mt: int, Dt: int):
+    """y = RMSNorm(x) * g (the final norm): one row tile per work unit."""
+    units = list(range(Mt))
+
+    @ttl.operation(grid=grid)
+    def rmsnorm(x, g, c, y):
+        x_dfb = ttl.make_dataflow_buffer_like(x, shape=(1, Dt), block_count=2)
+        g_dfb = ttl.make_dataflow_buffer_like(g, shape=(1, Dt), block_count=1)
+        ci_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
+        ce_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
+        ss_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=2)
+        sc_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, Dt), block_count=1)
+        y_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, Dt), block_count=2)
+
+        @ttl.compute()
+        def compute():
+            nid, nodes = _nid(ttl)
+            for _ in units[nid::nodes]:
+                _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, 1, Dt)
+                with x_dfb.wait() as xb, g_dfb.wait() as gb, sc_dfb.wait() as sc, y_dfb.reserve() as yb:
+                    yb.store(xb * sc * gb)
+
+        @ttl.datamovement()
+        def read():
+            nid, nodes = _nid(ttl)
+            for m in units[nid::nodes]:
+                _read_norm_inputs(ttl, c, C_INV_D, ci_dfb, ce_dfb)
+                for _ in range(2):
+                    with x_dfb.reserve() as xb:
+                        ttl.copy(x[m:m + 1, 0:Dt], xb).wait()
+                with g_dfb.reserve() as gb:
+                    ttl.copy(g[0:1, 0:Dt], gb).wait()
+
+        @ttl.datamovement()
+        def write():
+            nid, nodes = _nid(ttl)
+            for m in units[nid::nodes]:
+                with y_dfb.wait() as yb:
+                    ttl.copy(yb, y[m:m + 1, 0:Dt]).wait()
+
+    return rmsnorm
+
+
+def _read_norm_inputs(ttl, c, inv_tile: int, ci_dfb, ce_dfb) -> None:
+    with ci_dfb.reserve() as blk:
+        ttl.copy(c[0:1, inv_tile:inv_tile + 1], blk).wait()
+    with ce_dfb.reserve() as blk:
+        ttl.copy(c[0:1, C_EPS:C_EPS + 1], blk).wait()
+
+
+def make_qk_rope(ttl, grid, B: int, Tpt: int, Hq: int, Hkv: int, dt: int, Smaxt: int):
+    """q/k RMSNorm + RoPE + head split in one pass over qkv [B*Tp, (Hq + 2 Hkv) d] (no nlp_create_qkv_heads).
+
+    Work unit: one row tile x one head. q heads go to q_packed [B*Hkv*G*Tp, d], GQA-packed: the G query heads
+    of KV head kh are consecutive row blocks, so attention reads one (G*Tp, d) matrix per KV head. Own k and v
+    go straight into the caches' scratch tail, rows [Smax - Tp, Smax) of each (b, kh) block of the cache
+    [B*Hkv*Smax, d]. rotate_half is a signed permutation matmul (rot [d, d]), exact in any precision and
+    independent of whether d/2 is a whole number of tiles. The row scale of a head commutes with the rotation:
+    RoPE(n) = n * cos + (n @ rot) * sin with n = x * r * g."""
+    G = Hq // Hkv
+    units = [(m, h) for m in range(B * Tpt) for h in range(Hq + 2 * Hkv)]
+
+    def dest(m: int, h: int) -> tuple[int, int]:
+        """(0 q / 1 k / 2 v, row tile) of unit (m, h)."""
+        b, t = divmod(m, Tpt)
+        if h < Hq:
+            kh, j = divmod(h, G)
+            return 0, ((b * Hkv + kh) * G + j) * Tpt + t
+        kind, kh = (1, h - Hq) if h < Hq + Hkv else (2, h - Hq - Hkv)
+        return kind, (b * Hkv + kh) * Smaxt + Smaxt - Tpt + t
+
+    @ttl.operation(grid=grid)
+    def qk_rope(qkv, gq, gk, cos, sin, rot, c, q_packed, k_cache, v_cache):
+        x_dfb = ttl.make_dataflow_buffer_like(qkv, shape=(1, dt), block_count=2)
+        g_dfb = ttl.make_dataflow_buffer_like(gq, shape=(1, dt), block_count=1)
+        cos_dfb = ttl.make_dataflow_buffer_like(cos, shape=(1, dt), block_count=1)
+        sin_dfb = ttl.make_dataflow_buffer_like(sin, shape=(1, dt), block_count=1)
+        rot_dfb = ttl.make_dataflow_buffer_like(rot, shape=(dt, dt), block_count=1)
+        ci_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
+        ce_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
+        ss_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=2)
+        sc_dfb = ttl.make_dataflow_buffer_like(qkv, shape=(1, dt), block_count=1)
+        n_dfb = ttl.make_dataflow_buffer_like(qkv, shape=(1, dt), block_count=1)
+        y_dfb = ttl.make_dataflow_buffer_like(q_packed, shape=(1, dt), block_count=2)
+
+        @ttl.compute()
+        def compute():
+            nid, nodes = _nid(ttl)
+            for m, h in units[nid::nodes]:
+                if dest(m, h)[0] == 2:
+                    with x_dfb.wait() as xb, y_dfb.reserve() as yb:
+                        yb.store(xb)
+                    continue
+                _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, 1, dt)
+                with x_dfb.wait() as xb, g_dfb.wait() as gb, sc_dfb.wait() as sc, n_dfb.reserve() as nb_:
+                    nb_.store(xb * sc * gb)
+                with n_dfb.wait() as nb_, rot_dfb.wait() as rb, cos_dfb.wait() as cb, sin_dfb.wait() as sb:
+                    with y_dfb.reserve() as yb:
+                        yb.store(nb_ * cb + (nb_ @ rb) * sb)
+
+        @ttl.datamovement()
+        def read():
+            nid, nodes = _nid(ttl)
+            for m, h in units[nid::nodes]:
+                cols = slice(h * dt, (h + 1) * dt)
+                kind = dest(m, h)[0]
+                if kind < 2:
+                    _read_norm_inputs(ttl, c, C_INV_HEAD, ci_dfb, ce_dfb)
+                    with x_dfb.reserve() as xb:
+                        ttl.copy(qkv[m:m + 1, cols], xb).wait()
+                with x_dfb.reserve() as xb:
+                    ttl.copy(qkv[m:m + 1, cols], xb).wait()
+                if kind == 2:
+                    continue
+                with g_dfb.reserve() as gb:
+                    if kind == 0:
+                        ttl.copy(gq[0:1, 0:dt], gb).wait()
+                    else:
+                        ttl.copy(gk[0:1, 0:dt], gb).wait()
+                with rot_dfb.reserve() as rb:
+                    ttl.copy(rot[0:dt, 0:dt], rb).wait()
+                with cos_dfb.reserve() as cb:
+                    ttl.copy(cos[m:m + 1, 0:dt], cb).wait()
+                with sin_dfb.reserve() as sb:
+                    ttl.copy(sin[m:m + 1, 0:dt], sb).wait()
+
+        @ttl.datamovement()
+        def write():
+            nid, nodes = _nid(ttl)
+            for m, h in units[nid::nodes]:
+                kind, row = dest(m, h)
+                with y_dfb.wait() as yb:
+                    if kind == 0:
+                        ttl.copy(yb, q_packed[row:row + 1, 0:dt]).wait()
+                    elif kind == 1:
+                        ttl.copy(yb, k_cache[row:row + 1, 0:dt]).wait()
+                    else:
+                        ttl.copy(yb, v_cache[row:row + 1, 0:dt]).wait()
+
+    return qk_rope
+
+
+def attention_split(Smaxt: int, kc: int, nsplit: int) -> list[tuple[int, int]]:
+    """The key chunks [c0, c1) of each of the nsplit partial attentions (the key sequence split across nodes)."""
+    n_chunks = Smaxt // kc
+    per = -(-n_chunks // nsplit)
+    return [(min(s * per, n_chunks), min((s + 1) * per, n_chunks)) for s in range(nsplit)]
+
+
+def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt: int, kc: int, nsplit: int):
+    """Flash attention of one GQA-packed query row tile over one range of key chunks of its (b, kh) cache block.
+
+    Work unit: (b*Hkv + kh, query row tile r < Rt = G*Tp/32, split s). The node keeps a running max m, sum l
+    and output o over its chunks (scores = q k^T * scale + mask, the mask additive per cache row) and writes
+    them for attention_merge. The cache is read whole (rows [0, Smax)): the mask hides rows outside
+    [pad, S) and the padding of the own tail, so the operation is the same for every S."""
+    if Smaxt % kc:
+        raise ValueError(f"attention: cache tiles {Smaxt} not a multiple of the key chunk {kc}")
+    splits = attention_split(Smaxt, kc, nsplit)
+    units = [(bk, r, s) for bk in range(B * Hkv) for r in range(Rt) for s in range(nsplit)]
+
+    @ttl.operation(grid=grid)
+    def attention_partial(q_packed, k_cache, v_cache, mask, c, o_part, m_part, l_part):
+        q_dfb = ttl.make_dataflow_buffer_like(q_packed, shape=(1, dt), block_count=1)
+        sc_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
+        k_dfb = ttl.make_dataflow_buffer_like(k_cache, shape=(kc, dt), block_count=2)
+        v_dfb = ttl.make_dataflow_buffer_like(v_cache, shape=(kc, dt), block_count=2)
+        mask_dfb = ttl.make_dataflow_buffer_like(mask, shape=(1, kc), block_count=2)
+        s_dfb = ttl.make_dataflow_buffer_like(mask, shape=(1, kc), block_count=1)
+        m_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(1, 1), block_count=2)
+        l_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(1, 1), block_count=2)
+        o_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, dt), block_count=2)
+        mo_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(1, 1), block_count=1)  # the results, to the writer
+        lo_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(1, 1), block_count=1)
+        oo_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, dt), block_count=1)
+
+        @ttl.compute()
+        def compute():
+            nid, nodes = _nid(ttl)
+            for _bk, _r, s in units[nid::nodes]:
+                c0, c1 = splits[s]
+                with m_dfb.reserve() as mb:
+                    mb.store(ttl.block.fill(NEG_INIT, shape=(1, 1)))
+                _zero(ttl, l_dfb, (1, 1))
+                _zero(ttl, o_dfb, (1, dt))
+                with q_dfb.wait() as qb, sc_dfb.wait() as scale:
+                    for _c in range(c0, c1):
+                        with k_dfb.wait() as kb_, mask_dfb.wait() as mk, s_dfb.reserve() as sb:
+                            sb.store(qb @ ttl.block.transpose(kb_)
+                                     * ttl.block.broadcast(scale, dims=[1], shape=(1, kc)) + mk)
+                        with s_dfb.wait() as sb, v_dfb.wait() as vb, m_dfb.wait() as mp, l_dfb.wait() as lp:
+                            with o_dfb.wait() as op_:
+                                m_new = ttl.math.max(mp, ttl.math.reduce_max(sb, dims=[1], shape=(1, 1)))
+                                p = ttl.math.exp(sb - ttl.block.broadcast(m_new, dims=[1], shape=(1, kc)))
+                                corr = ttl.math.exp(mp - m_new)
+                                with m_dfb.reserve() as mn, l_dfb.reserve() as ln, o_dfb.reserve() as on:
+                                    mn.store(m_new)
+                                    ln.store(lp * corr + ttl.math.reduce_sum(p, dims=[1], shape=(1, 1)))
+                                    on.store(op_ * ttl.block.broadcast(corr, dims=[1], shape=(1, dt)) + p @ vb)
+                with m_dfb.wait() as mb, l_dfb.wait() as lb, o_dfb.wait() as ob:
+                    with mo_dfb.reserve() as mo, lo_dfb.reserve() as lo, oo_dfb.reserve() as oo:
+                        mo.store(mb)
+                        lo.store(lb)
+                        oo.store(ob)
+
+        @ttl.datamovement()
+        def read():
+            nid, nodes = _nid(ttl)
+            for bk, r, s in units[nid::nodes]:
+                c0, c1 = splits[s]
+                b = bk // Hkv
+                row = bk * Rt + r
+                with q_dfb.reserve() as qb:
+                    ttl.copy(q_packed[row:row + 1, 0:dt], qb).wait()
+                with sc_dfb.reserve() as blk:
+                    ttl.copy(c[0:1, C_SCALE:C_SCALE + 1], blk).wait()
+                for ch in range(c0, c1):
+                    keys = slice(bk * Smaxt + ch * kc, bk * Smaxt + (ch + 1) * kc)
+                    with k_dfb.reserve() as kb_, mask_dfb.reserve() as mk:
+                        tk = ttl.copy(k_cache[keys, 0:dt], kb_)
+                        tm = ttl.copy(mask[b:b + 1, ch * kc:(ch + 1) * kc], mk)
+                        tk.wait()
+                        tm.wait()
+                    with v_dfb.reserve() as vb:
+                        ttl.copy(v_cache[keys, 0:dt], vb).wait()
+
+        @ttl.datamovement()
+        def write():
+            nid, nodes = _nid(ttl)
+            for bk, r, s in units[nid::nodes]:
+                u = (bk * Rt + r) * nsplit + s
+                with oo_dfb.wait() as ob, mo_dfb.wait() as mb, lo_dfb.wait() as lb:
+                    to = ttl.copy(ob, o_part[u:u + 1, 0:dt])
+                    tm = ttl.copy(mb, m_part[u:u + 1, 0:1])
+                    tl = ttl.copy(lb, l_part[u:u + 1, 0:1])
+                    to.wait()
+                    tm.wait()
+                    tl.wait()
+
+    return attention_partial
+
+
+def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int, nsplit: int):
+    """The log-sum-exp merge of the nsplit partials of each query row tile, written in concatenated-head
+    layout [B*Tp, Hq*d] (o_proj's input; no nlp_concat_heads): M = max m_s, O = sum o_s e^(m_s - M) /
+    sum l_s e^(m_s - M)."""
+    Rt = G * Tpt
+    units = [(bk, r) for bk in range(B * Hkv) for r in range(Rt)]
+
+    @ttl.operation(grid=grid)
+    def attention_merge(o_part, m_part, l_part, out):
+        o_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, dt), block_count=2)
+        m_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(1, 1), block_count=2)
+        l_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(1, 1), block_count=2)
+        gm_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(1, 1), block_count=2)
+        L_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(1, 1), block_count=2)
+        O_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, dt), block_count=2)
+        y_dfb = ttl.make_dataflow_buffer_like(out, shape=(1, dt), block_count=2)
+
+        @ttl.compute()
+        def compute():
+            nid, nodes = _nid(ttl)
+            for _ in units[nid::nodes]:
+                with gm_dfb.reserve() as gb:
+                    gb.store(ttl.block.fill(NEG_INIT, shape=(1, 1)))
+                for _s in range(nsplit):
+                    with m_dfb.wait() as mi, gm_dfb.wait() as prev, gm_dfb.reserve() as gb:
+                        gb.store(ttl.math.max(prev, mi))
+                _zero(ttl, L_dfb, (1, 1))
+                _zero(ttl, O_dfb, (1, dt))
+                with gm_dfb.wait() as gmax:
+                    for _s in range(nsplit):
+                        with m_dfb.wait() as mi, l_dfb.wait() as li, o_dfb.wait() as oi:
+                            with L_dfb.wait() as Lp, O_dfb.wait() as Op, L_dfb.reserve() as Ln, O_dfb.reserve() as On:
+                                e = ttl.math.exp(mi - gmax)
+                                Ln.store(Lp + li * e)
+                                On.store(Op + oi * ttl.block.broadcast(e, dims=[1], shape=(1, dt)))
+                with L_dfb.wait() as Lt, O_dfb.wait() as Ot, y_dfb.reserve() as yb:
+                    yb.store(Ot * ttl.block.broadcast(ttl.math.recip(Lt), dims=[1], shape=(1, dt)))
+
+        @ttl.datamovement()
+        def read():
+            nid, nodes = _nid(ttl)
+            for bk, r in units[nid::nodes]:
+                u0 = (bk * Rt + r) * nsplit
+                for s in range(nsplit):
+                    with m_dfb.reserve() as mb:
+                        ttl.copy(m_part[u0 + s:u0 + s + 1, 0:1], mb).wait()
+                for s in range(nsplit):
+                    u = u0 + s
+                    with m_dfb.reserve() as mb, l_dfb.reserve() as lb, o_dfb.reserve() as ob:
+                        tm = ttl.copy(m_part[u:u + 1, 0:1], mb)
+                        tl = ttl.copy(l_part[u:u + 1, 0:1], lb)
+                        to = ttl.copy(o_part[u:u + 1, 0:dt], ob)
+                        tm.wait()
+                        tl.wait()
+                        to.wait()
+
+        @ttl.datamovement()
+        def write():
+            nid, nodes = _nid(ttl)
+            for bk, r in units[nid::nodes]:
+                b, kh = divmod(bk, Hkv)
+                j, t = divmod(r, Tpt)
+                h = kh * G + j
+                with y_dfb.wait() as yb:
+                    ttl.copy(yb, out[b * Tpt + t:b * Tpt + t + 1, h * dt:(h + 1) * dt]).wait()
+
+    return attention_merge
