@@ -95,6 +95,7 @@ class TTExpert:
         self.host = {k: v for k, v in w.items() if k.startswith(("action_in.", "action_out."))}
         self._convert_weights(w)
         self._bound: Bound | None = None
+        self._smax_bound = 0
 
     # ------------------------------------------------------------------------------------------ weights
     def _up(self, t: torch.Tensor, dtype=None):
@@ -171,13 +172,16 @@ class TTExpert:
                   for b in range(B)]
         if ctx.ego_history_xyz is not None:
             z = [float(ctx.ego_history_xyz[b, -1, 2]) for b in range(B)]
-        self._bound = Bound(B, S, [int(pads[g_of[b]]) for b in range(B)], offsets, ctx.rope_delta.tolist(), v0, z)
         self._allocate(B, mask)
+        self._bound = Bound(B, S, [int(pads[g_of[b]]) for b in range(B)], offsets, ctx.rope_delta.tolist(), v0, z)
+        self._smax_bound = self.Smax
 
     def _upload_caches(self, ctx: ContextFile, g_of, S: list[int], B: int) -> None:
         """Per layer K and V [B*Hkv*Smax, d] bf16: sample b's prompt rows then its suffix rows, zero elsewhere (rows
         outside use never reach the device, so their contents cannot matter)."""
-        self.k_host, self.v_host, self.k_cache, self.v_cache = [], [], [], []
+        self.k_host, self.v_host = [], []
+        if self._bound is None or (self._bound.B, self._smax_bound) != (B, self.Smax):
+            self.k_cache, self.v_cache = [], []
         vl, sl = ctx.valid_len.long(), ctx.suffix_lens()
         for l in range(self.L):
             for src, sfx, host, dev in ((ctx.keys[l], ctx.suffix_keys, self.k_host, self.k_cache),
@@ -190,9 +194,21 @@ class TTExpert:
                         t[b, :, n:S[b]] = sfx[l][b, :, :int(sl[b])].float()
                 t = round_bf16(t)
                 host.append(t)
-                dev.append(self._up(t.reshape(-1, self.d)))
+        reuse = self._bound is not None and (self._bound.B, self._smax_bound) == (B, self.Smax)
+        for host, dev in ((self.k_host, self.k_cache), (self.v_host, self.v_cache)):
+            for l, t in enumerate(host):
+                if reuse:  # same sizes: the same device buffers, rewritten
+                    self._write(dev[l], t.reshape(-1, self.d))
+                else:
+                    dev.append(self._up(t.reshape(-1, self.d)))
 
     def _allocate(self, B: int, mask: torch.Tensor) -> None:
+        """The layers' buffers and operations, for (B, Smax): kept while those stay (a new context of other
+        lengths only rewrites the mask, the rope tables and the caches in place)."""
+        if self._bound is not None and (self._bound.B, self._smax_bound) == (B, self.Smax):
+            for name, value in (("mask", mask), ("cos", self.cos_host), ("sin", self.sin_host)):
+                self._write(self.buf[name], value)
+            return
         ttnn, ttl, grid = self.ttnn, self.ttl, self.grid
         M, Tpt, dt, Smaxt = B * self.Tp, self.Tp // T, self.d // T, self.Smax // T
         G = self.Hq // self.Hkv

@@ -288,8 +288,9 @@ def make_qk_rope(ttl, grid, B: int, Tpt: int, Hq: int, Hkv: int, dt: int, Smaxt:
 def attention_split(Smaxt: int, kc: int, nsplit: int) -> list[tuple[int, int]]:
     """The key chunks [c0, c1) of each of the nsplit partial attentions (the key sequence split across nodes)."""
     n_chunks = Smaxt // kc
-    per = -(-n_chunks // nsplit)
-    return [(min(s * per, n_chunks), min((s + 1) * per, n_chunks)) for s in range(nsplit)]
+    if not 1 <= nsplit <= n_chunks:
+        raise ValueError(f"attention: {nsplit} splits of {n_chunks} key chunks (each split needs one)")
+    return [(s * n_chunks // nsplit, (s + 1) * n_chunks // nsplit) for s in range(nsplit)]
 
 
 def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt: int, kc: int, nsplit: int):

@@ -41,3 +41,25 @@ def attention(q, keys, values, keep, scale: float) -> torch.Tensor:
     v = values.repeat_interleave(G, 0)[:, keep]
     p = torch.softmax(torch.einsum("thd,hrd->htr", q, k) * scale, -1)
     return torch.einsum("htr,hrd->thd", p, v).reshape(T, Hq * d)
+
+
+def layer(x: torch.Tensor, w: dict, k_cache: torch.Tensor, v_cache: torch.Tensor, keep: torch.Tensor, cos, sin,
+          Hq: int, Hkv: int, d: int, eps: float):
+    """One decoder layer over x [B, Tp, D] as the fused operations compute it, own K/V at the caches' tail
+    ([B, Hkv, Smax, d], rows [Smax - Tp, Smax)); keep [B, Smax] the rows attended. Returns (x_out, k_own, v_own)."""
+    B, Tp, D = x.shape
+    xf = x.reshape(B * Tp, D)
+    q, k, v = qk_rope(rms(xf, w["input_norm"], eps) @ w["wqkv"], w["q_norm"], w["k_norm"], cos, sin, Hq, Hkv, d,
+                      eps)
+    k, v = k.reshape(B, Tp, Hkv, d).transpose(1, 2), v.reshape(B, Tp, Hkv, d).transpose(1, 2)
+    q = q.reshape(B, Tp, Hq, d)
+    Smax = k_cache.shape[2]
+    out = []
+    for b in range(B):
+        keys, values = k_cache[b].clone(), v_cache[b].clone()
+        keys[:, Smax - Tp:], values[:, Smax - Tp:] = k[b], v[b]
+        out.append(attention(q[b], keys, values, keep[b], d ** -0.5))
+    x1 = xf + torch.cat(out) @ w["wo"]
+    n = rms(x1, w["post_norm"], eps)
+    x2 = x1 + (torch.nn.functional.silu(n @ w["wgate"]) * (n @ w["wup"])) @ w["wdown"]
+    return x2.reshape(B, Tp, D), k, v

@@ -1,0 +1,239 @@
+"""alpamayo_expert.tt in tt-lang-sim against the reference: every fused operation against its reference op (bf16 and
+bfp8_b weights), the layer, and whole samples teacher-forced against the engine's reference backend, on tiny
+checkpoints of both layouts with B > 1. Bounds: docs/ACCURACY.md, "TT-Lang backend (simulated)"."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+import bfp
+import synth
+from alpamayo_expert import Context, Model, UnsupportedError, InvalidArgumentError
+from alpamayo_expert import _core
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ttl") is None
+                                or importlib.util.find_spec("ttl.sim") is None,
+                                reason="tt-lang-sim is not installed (pip install 'alpamayo-expert[tt-sim]')")
+
+from alpamayo_expert.tt import TTExpert, kernels as K, quantize_weight, reference as R, round_bf16  # noqa: E402
+from alpamayo_expert.tt._runtime import open_runtime  # noqa: E402
+
+GRID = (4, 2)   # small grids keep the simulator fast; one test runs Blackhole's 11 x 10
+FORMATS = ("bf16", "bfp8_b")
+# Per operation against its reference on the same (bf16) inputs: the simulator computes in float32, so what is
+# left is float32 summation order (docs/ACCURACY.md).
+OP_REL = 1e-5
+# Teacher-forced v_k against the engine's reference backend: the device rounds the embedding, the caches and the
+# rope tables to bf16 (the engine keeps them float32); derived in docs/ACCURACY.md.
+V_ABS, V_PCC = 0.05, 0.9995
+
+
+def pcc(a, b) -> float:
+    return float(np.corrcoef(np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel())[0, 1])
+
+
+def close(out, ref, rel=OP_REL):
+    out, ref = torch.as_tensor(out).float(), torch.as_tensor(ref).float()
+    err = (out - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    assert err <= rel * max(scale, 1.0), f"max error {err} at scale {scale}"
+    assert pcc(out, ref) > 0.999999
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return open_runtime("tt-sim")
+
+
+def up(rt, t, dtype=None):
+    return rt.ttnn.from_torch(t.float().contiguous(), dtype=dtype or rt.ttnn.bfloat16, layout=rt.ttnn.TILE_LAYOUT,
+                              device=rt.device)
+
+
+def down(rt, t):
+    return rt.ttnn.to_torch(t).float().clone()
+
+
+def consts(rt, D, eps, d):
+    c = torch.zeros(32, 32 * K.N_CONSTS)
+    for j, v in ((K.C_INV_D, 1 / D), (K.C_EPS, eps), (K.C_INV_HEAD, 1 / d), (K.C_SCALE, d ** -0.5)):
+        c[:, 32 * j:32 * (j + 1)] = v
+    return up(rt, c, rt.ttnn.float32)
+
+
+def bf(*shape, g):
+    return round_bf16(torch.randn(*shape, generator=g))
+
+
+def test_bfp8_quantiser_is_the_engines():
+    """The module's bfp_quantize (the engine's C++) and tests/python/bfp.py agree bit for bit."""
+    w = torch.randn(96, 64, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 2, 64)
+    assert torch.equal(quantize_weight(w.T, "bfp8_b").T, bfp.quantize_linear(w, "bfp8_b"))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("kind", ["norm_qkv", "norm_gated", "residual"])
+def test_linear(rt, fmt, kind):
+    """(a) RMSNorm + qkv, (e) RMSNorm + gate/up + SiLU * up, (d)/(f) matmul + residual."""
+    g = torch.Generator().manual_seed(1)
+    M, Kd, N = 64, 128, 96
+    x, res, gain = bf(M, Kd, g=g), bf(M, N, g=g), round_bf16(1 + 0.1 * torch.randn(Kd, generator=g))
+    w = quantize_weight(torch.randn(Kd, N, generator=g) / 10, fmt)
+    w2 = quantize_weight(torch.randn(Kd, N, generator=g) / 10, fmt)
+    wdt = rt.ttnn.bfloat8_b if fmt == "bfp8_b" else rt.ttnn.bfloat16
+    norm, gated = kind != "residual", kind == "norm_gated"
+    op = K.make_linear(rt.ttl, GRID, M // 32, Kd // 32, N // 32, 2, 1, norm=norm, gated=gated, residual=not norm)
+    y = up(rt, torch.zeros(M, N))
+    op(up(rt, x), up(rt, w, wdt), up(rt, w2, wdt), up(rt, gain.expand(32, Kd)), up(rt, res), consts(rt, Kd, 1e-6, 32),
+       y)
+    n = R.rms(x, gain, 1e-6)
+    ref = {"norm_qkv": n @ w, "norm_gated": torch.nn.functional.silu(n @ w) * (n @ w2), "residual": x @ w + res}[kind]
+    close(down(rt, y), ref)
+
+
+def test_final_rmsnorm(rt):
+    g = torch.Generator().manual_seed(2)
+    x, gain = bf(64, 96, g=g), round_bf16(torch.rand(96, generator=g) + 0.5)
+    y = up(rt, torch.zeros(64, 96))
+    K.make_rmsnorm(rt.ttl, GRID, 2, 3)(up(rt, x), up(rt, gain.expand(32, 96)), consts(rt, 96, 1e-6, 32), y)
+    close(down(rt, y), R.rms(x, gain, 1e-6))
+
+
+@pytest.mark.parametrize("d", [32, 64])
+def test_qk_rope_head_split(rt, d):
+    """(b) q/k RMSNorm + RoPE + head split in one pass: q GQA-packed, own k/v into the caches' scratch tail and no
+    other cache row touched."""
+    g = torch.Generator().manual_seed(3)
+    B, Tp, Hq, Hkv, Smax = 2, 32, 4, 2, 128
+    qkv = bf(B * Tp, (Hq + 2 * Hkv) * d, g=g)
+    gq, gk = round_bf16(1 + 0.2 * torch.randn(d, generator=g)), round_bf16(1 + 0.2 * torch.randn(d, generator=g))
+    pos = (torch.tensor([17, 40])[:, None] + torch.arange(Tp)).reshape(-1)
+    cos, sin = (round_bf16(t) for t in R.rope_tables(pos, d, 5e6))
+    rot = torch.zeros(d, d)
+    h = d // 2
+    rot[torch.arange(h) + h, torch.arange(h)], rot[torch.arange(h), torch.arange(h) + h] = -1.0, 1.0
+    kc0, vc0 = bf(B * Hkv * Smax, d, g=g), bf(B * Hkv * Smax, d, g=g)
+    q_dev, kc, vc = up(rt, torch.zeros(B * Hq * Tp, d)), up(rt, kc0), up(rt, vc0)
+    op = K.make_qk_rope(rt.ttl, GRID, B, Tp // 32, Hq, Hkv, d // 32, Smax // 32)
+    op(up(rt, qkv), up(rt, gq.expand(32, d)), up(rt, gk.expand(32, d)), up(rt, cos), up(rt, sin), up(rt, rot),
+       consts(rt, 64, 1e-6, d), q_dev, kc, vc)
+    q, k, v = R.qk_rope(qkv, gq, gk, cos, sin, Hq, Hkv, d, 1e-6)
+    G = Hq // Hkv
+    close(down(rt, q_dev).reshape(B, Hkv, G, Tp, d), q.reshape(B, Tp, Hkv, G, d).permute(0, 2, 3, 1, 4))
+    for dev, before, own in ((kc, kc0, k), (vc, vc0, v)):
+        got, want = down(rt, dev).reshape(B, Hkv, Smax, d), before.reshape(B, Hkv, Smax, d).clone()
+        want[:, :, Smax - Tp:] = own.reshape(B, Tp, Hkv, d).transpose(1, 2)
+        close(got, want)
+        assert torch.equal(got[:, :, :Smax - Tp], before.reshape(B, Hkv, Smax, d)[:, :, :Smax - Tp])
+
+
+@pytest.mark.parametrize("nsplit", [1, 3])
+def test_attention_split_and_merge(rt, nsplit):
+    """(c) attention over the cache rows plus the own tokens, the key sequence split over nodes and merged by
+    log-sum-exp, GQA heads packed; left padding, unused rows and the own padding masked."""
+    g = torch.Generator().manual_seed(4)
+    B, Tp, Tw, Hq, Hkv, d, Smax, kc = 2, 32, 20, 4, 2, 64, 256, 2
+    G, S, pads = Hq // Hkv, [150, 97], [3, 0]
+    q = bf(B, Hkv, G * Tp, d, g=g) * 1.5
+    kcache, vcache = bf(B, Hkv, Smax, d, g=g) * 1.7, bf(B, Hkv, Smax, d, g=g)
+    keep = torch.zeros(B, Smax, dtype=torch.bool)
+    for b in range(B):
+        keep[b, pads[b]:S[b]] = True
+        keep[b, Smax - Tp:Smax - Tp + Tw] = True
+    mask = torch.where(keep, 0.0, -1e9).repeat_interleave(32, 0)
+    Rt, dt = G * Tp // 32, d // 32
+    U = B * Hkv * Rt * nsplit
+    o_p, m_p, l_p = (up(rt, torch.zeros(U * 32, c), rt.ttnn.float32) for c in (d, 32, 32))
+    out = up(rt, torch.zeros(B * Tp, Hq * d))
+    K.make_attention_partial(rt.ttl, GRID, B, Hkv, Rt, dt, Smax // 32, kc, nsplit)(
+        up(rt, q.reshape(-1, d)), up(rt, kcache.reshape(-1, d)), up(rt, vcache.reshape(-1, d)), up(rt, mask),
+        consts(rt, 64, 1e-6, d), o_p, m_p, l_p)
+    K.make_attention_merge(rt.ttl, GRID, B, Hkv, G, Tp // 32, dt, nsplit)(o_p, m_p, l_p, out)
+    for b in range(B):
+        qb = q[b].reshape(Hkv, G, Tp, d).permute(2, 0, 1, 3).reshape(Tp, Hq, d)
+        close(down(rt, out)[b * Tp:(b + 1) * Tp], R.attention(qb, kcache[b], vcache[b], keep[b], d ** -0.5))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Tiny checkpoints of both layouts and a B = 3 context (history, so v0 is estimated), T padded 16 -> 32."""
+    d = tmp_path_factory.mktemp("tt")
+    cks = {lay: synth.make_checkpoint(d / lay, synth.TINY, layout=lay) for lay in ("r1", "a2")}
+    return cks, synth.make_context(d / "ctx.safetensors", synth.TINY, synth.CtxSpec())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_layer(tiny, fmt):
+    """One whole layer on Blackhole's 11 x 10 grid against the reference layer on what the device holds."""
+    cks, ctx = tiny
+    e = TTExpert(cks["r1"], weights=fmt, grid=(11, 10), key_chunk=1)
+    e.bind(ctx)
+    assert e.nsplit > 1
+    B, Tp = e._bound.B, e.Tp
+    x = round_bf16(torch.randn(B, Tp, e.D, generator=torch.Generator().manual_seed(5)))
+    e._write(e.buf["x"], x.reshape(-1, e.D))
+    e.run_layer(0)
+    ref, k, v = R.layer(x, e.host_layers[0], e.k_host[0], e.v_host[0], e.keep, e.cos_host, e.sin_host, e.Hq,
+                        e.Hkv, e.d, e.eps)
+    close(down(e.rt, e.buf["x"]).reshape(B, Tp, e.D), ref, rel=1e-4)
+    tail = down(e.rt, e.k_cache[0]).reshape(B, e.Hkv, e.Smax, e.d)[:, :, e.Smax - Tp:]
+    close(tail, k)
+
+
+@pytest.mark.parametrize("layout,fmt", [("r1", "bfp8_b"), ("a2", "bfp8_b"), ("r1", "bf16")])
+def test_sample_teacher_forced(tiny, layout, fmt):
+    """Every v_k of a whole sample from the engine's x_k, against the engine's reference backend with the same
+    weights (bfp8_b quantised by the same code; bf16 against float32), and the decoded trajectory."""
+    cks, ctx = tiny
+    e = TTExpert(cks[layout], weights=fmt, grid=GRID, key_chunk=1)
+    e.bind(ctx)
+    m = Model(str(cks[layout]), backend="reference", weights="bfp8_b" if fmt == "bfp8_b" else "f32")
+    s = m.session()
+    s.bind(Context.open(str(ctx)))
+    noise = synth.make_noise(e._bound.B, synth.TINY)
+    r = s.sample(noise=noise.numpy(), all_steps=True)
+    xs, vs = np.asarray(r.x_steps), np.asarray(r.v_steps)
+    times = torch.linspace(0, 1, vs.shape[0] + 1)
+    for k in range(vs.shape[0]):
+        v = e.step(torch.from_numpy(xs[k]), float(times[k])).numpy()
+        assert np.abs(v - vs[k]).max() < V_ABS, (k, np.abs(v - vs[k]).max())
+        assert pcc(v, vs[k]) > V_PCC
+    out = e.sample(noise)
+    assert out["x_steps"].shape == xs.shape and out["v_steps"].shape == vs.shape
+    assert np.abs(out["action"] - np.asarray(r.action)).max() < V_ABS
+    assert np.abs(out["xyz"] - np.asarray(r.xyz)).max() < 0.1  # metres over 6.4 s at the context's speeds
+
+
+def test_graph_independent_of_S_and_scratch_rows(tiny, tmp_path):
+    """The operations depend on (B, Smax) only: rebinding a context of other lengths keeps them; a context that
+    reaches into the own tokens' scratch tail (S > Smax - Tp) is refused."""
+    cks, ctx = tiny
+    e = TTExpert(cks["r1"], grid=GRID, smax=128)
+    e.bind(ctx)
+    ops = dict(e.ops)
+    other = synth.make_context(tmp_path / "short.safetensors", synth.TINY,
+                               synth.CtxSpec(valid_len=(20, 30, 11), P=30, v0=(3.0, 1.0, 2.0), motion="v0"))
+    e.bind(other)
+    assert all(e.ops[k] is ops[k] for k in ops)
+    with pytest.raises(InvalidArgumentError, match="S <= Smax - 32"):
+        TTExpert(cks["r1"], grid=GRID, key_chunk=1, smax=64).bind(ctx)
+
+
+def test_refusals(tiny):
+    cks, _ = tiny
+    with pytest.raises(UnsupportedError, match="backend tt"):
+        TTExpert(cks["r1"], backend="tt")
+    with pytest.raises(InvalidArgumentError, match="weights"):
+        TTExpert(cks["r1"], weights="bfp4_b")
+
+
+def test_module_weights_are_the_loaders(tiny):
+    """Model.tensors() (what the TT backend converts) holds the checkpoint's values under weights.h's names."""
+    cks, _ = tiny
+    w = _core.Model(str(cks["a2"]), backend="reference").tensors()
+    L = synth.TINY.L
+    assert {f"layers.{l}.{n}" for l in range(L) for n in ("q", "k", "v", "o", "gate", "up", "down")} <= set(w)
+    assert np.asarray(w["layers.0.q"]).shape == (synth.TINY.Hq * synth.TINY.d, synth.TINY.D)
