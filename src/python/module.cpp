@@ -32,6 +32,7 @@
 #include "backends/cpu/profile/profile_table.h"
 #endif
 #include "alpamayo/bfp.h"
+#include "model/sampler.h"
 #include "alpamayo/engine.h"
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
@@ -441,6 +442,11 @@ NB_MODULE(_core, m) {
     return array_f32(std::move(out), shape);
   }, "x"_a, "fmt"_a, "Each run of 16 consecutive values quantised to bfp8_b / bfp4_b and back (the engine's own code).");
 
+  m.def("gaussian_noise", [](uint64_t seed, int64_t n) {
+    if (n < 0) throw Error(ErrorCode::InvalidArgument, "gaussian_noise: n must be >= 0");
+    return array_f32(gaussian_noise(seed, n), {size_t(n)});
+  }, "seed"_a, "n"_a, "The sampler's standard normal draw for a seed (what sample(seed=...) starts from).");
+
   nb::class_<ModelHandle>(m, "Model")
       .def("__init__", [](ModelHandle* self, const std::string& checkpoint, const std::string& backend,
                           const std::string& weights, int threads, const std::string& vlm_config,
@@ -491,10 +497,11 @@ NB_MODULE(_core, m) {
              if (action.ndim() != 2 || int64_t(action.shape(0)) != c.T || int64_t(action.shape(1)) != c.A)
                throw Error(ErrorCode::InvalidArgument, "decode_action: expected action [T, A] float32");
              Trajectory tr = decode_action(action.data(), c.T, v0, z, c);
-             return std::make_pair(array_f32(std::move(tr.xyz), {size_t(c.T), 3}),
-                                   array_f32(std::move(tr.rot), {size_t(c.T), 3, 3}));
+             return std::make_tuple(array_f32(std::move(tr.xyz), {size_t(c.T), 3}),
+                                    array_f32(std::move(tr.yaw), {size_t(c.T)}),
+                                    array_f32(std::move(tr.rot), {size_t(c.T), 3, 3}));
            }, "action"_a, "v0"_a, "z"_a = 0.0,
-           "The engine's unicycle decode of one action [T, A]: (xyz [T, 3], rot [T, 3, 3]).")
+           "The engine's unicycle decode of one action [T, A]: (xyz [T, 3], yaw [T], rot [T, 3, 3]).")
       .def("estimate_v0", [](const ModelHandle& p, HostF32 xyz, HostF32 rot) {
              if (xyz.ndim() != 2 || xyz.shape(1) != 3 || rot.ndim() != 3 || rot.shape(0) != xyz.shape(0) ||
                  rot.shape(1) != 3 || rot.shape(2) != 3)

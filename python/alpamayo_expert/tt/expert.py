@@ -64,6 +64,7 @@ class Bound:
     rope_delta: list[int]
     v0: list[float] | None
     z: list[float]
+    v0_source: str = ""
 
 
 class TTExpert:
@@ -165,15 +166,18 @@ class TTExpert:
         cos, sin = rope_tables(pos.reshape(-1), self.d, float(self.cfg["rope_theta"]))
         self.cos_host, self.sin_host = round_bf16(cos), round_bf16(sin)
         v0 = ctx.v0.float().tolist() if ctx.v0 is not None else None
+        v0_source = "context v0" if v0 is not None else ""
         z = [0.0] * B
         if v0 is None and ctx.ego_history_xyz is not None:
+            v0_source = "ego history"
             xyz, rot = ctx.ego_history_xyz.float().numpy(), ctx.ego_history_rot.float().numpy()
             v0 = [float(self.model.estimate_v0(np.ascontiguousarray(xyz[b]), np.ascontiguousarray(rot[b])))
                   for b in range(B)]
         if ctx.ego_history_xyz is not None:
             z = [float(ctx.ego_history_xyz[b, -1, 2]) for b in range(B)]
         self._allocate(B, mask)
-        self._bound = Bound(B, S, [int(pads[g_of[b]]) for b in range(B)], offsets, ctx.rope_delta.tolist(), v0, z)
+        self._bound = Bound(B, S, [int(pads[g_of[b]]) for b in range(B)], offsets, ctx.rope_delta.tolist(), v0, z,
+                            v0_source)
         self._smax_bound = self.Smax
 
     def _upload_caches(self, ctx: ContextFile, g_of, S: list[int], B: int) -> None:
@@ -305,15 +309,19 @@ class TTExpert:
         h = self.run_layers(emb)
         return F.linear(h, self.host["action_out.w"], self.host["action_out.b"])
 
-    def sample(self, noise: torch.Tensor, steps: int | None = None) -> dict[str, Any]:
+    def sample(self, noise: torch.Tensor, steps: int | None = None, v0: float | None = None) -> dict[str, Any]:
         """The N-step Euler sample from noise [B, T, A] and the engine's unicycle decode: x_steps [N+1, B, T, A],
-        v_steps [N, B, T, A], action, xyz [B, T, 3], rot [B, T, 3, 3] (numpy float32, the CLI's result names)."""
+        v_steps [N, B, T, A], action, xyz [B, T, 3], yaw [B, T], rot [B, T, 3, 3], v0 [B] (numpy float32, the
+        result file's names). v0: the initial speed of every sample, else the context's (given or estimated)."""
         bd = self._require_bound()
         N = steps or int(self.cfg["num_inference_steps"])
         times = torch.linspace(0.0, 1.0, N + 1, dtype=torch.float32)
         x = torch.as_tensor(noise, dtype=torch.float32).clone()
         if tuple(x.shape) != (bd.B, self.Tw, self.A):
             raise InvalidArgumentError(f"noise: expected shape [{bd.B}, {self.Tw}, {self.A}], got {list(x.shape)}")
+        v0s = [float(v0)] * bd.B if v0 is not None else bd.v0
+        if v0s is None:
+            raise InvalidArgumentError("the context has neither v0 nor ego_history_xyz/ego_history_rot; give v0")
         xs, vs = [x], []
         for k in range(N):
             v = self.step(x, float(times[k]))
@@ -321,11 +329,10 @@ class TTExpert:
             xs.append(x)
             vs.append(v)
         out = {"x_steps": torch.stack(xs).numpy(), "v_steps": torch.stack(vs).numpy(), "action": x.numpy()}
-        if bd.v0 is None:
-            raise InvalidArgumentError("the context has neither v0 nor ego_history_xyz/ego_history_rot")
-        xyz, rot = zip(*(self.model.decode_action(np.ascontiguousarray(x[b].numpy()), bd.v0[b], bd.z[b])
-                         for b in range(bd.B)))
-        out["xyz"], out["rot"] = np.stack(xyz), np.stack(rot)
+        xyz, yaw, rot = zip(*(self.model.decode_action(np.ascontiguousarray(x[b].numpy()), v0s[b], bd.z[b])
+                              for b in range(bd.B)))
+        out.update(xyz=np.stack(xyz), yaw=np.stack(yaw), rot=np.stack(rot), v0=np.asarray(v0s, np.float32),
+                   v0_source="given" if v0 is not None else bd.v0_source)
         return out
 
 
