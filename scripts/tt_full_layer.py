@@ -4,7 +4,8 @@ alpamayo_expert.tt's fused TT-Lang operations in tt-lang-sim on Blackhole's 11 x
 layer on what the device holds (docs/TT_BACKEND.md, "Full-size check"). A benchmark-time check, not in CI: the
 simulator runs every tile operation in Python.
 
-    ~/.cache/alpamayo-expert/venv/bin/python scripts/tt_full_layer.py [--weights bfp8_b|bf16] [--smax N]
+    ~/.cache/alpamayo-expert/venv/bin/python scripts/tt_full_layer.py [--backend tt-sim|tt] [--weights bfp8_b|bf16]
+        [--S rows] [--smax N]
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from alpamayo_expert.tt import TTExpert, reference as R, round_bf16  # noqa: E40
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--weights", default="bfp8_b", choices=("bfp8_b", "bf16"))
+    ap.add_argument("--backend", default="tt-sim", choices=("tt-sim", "tt"))
     ap.add_argument("--S", type=int, default=4700, help="cache rows in use")
     ap.add_argument("--smax", type=int, default=None, help="device cache rows (default: S + 64 rounded up to 128)")
     args = ap.parse_args()
@@ -36,7 +38,7 @@ def main() -> int:
         spec = synth.CtxSpec(valid_len=(args.S,), rope_delta=(0,), P=args.S, v0=(10.0,), motion="v0")
         ctx = synth.make_context(Path(d) / "ctx.safetensors", dm, spec)
         t0 = time.perf_counter()
-        e = TTExpert(ck, weights=args.weights, smax=args.smax)
+        e = TTExpert(ck, backend=args.backend, weights=args.weights, smax=args.smax)
         e.bind(ctx)
         t_load = time.perf_counter() - t0
     x = round_bf16(torch.randn(1, e.Tp, e.D, generator=torch.Generator().manual_seed(0)))
@@ -49,7 +51,7 @@ def main() -> int:
                         e.d, e.eps)
     err = (out - ref).abs().max().item()
     pcc = torch.corrcoef(torch.stack([out.flatten().double(), ref.flatten().double()]))[0, 1].item()
-    print(f"full-size layer, {args.weights} weights, S {args.S}, Smax {e.Smax}, grid {e.grid}, "
+    print(f"full-size layer on {args.backend}, {args.weights} weights, S {args.S}, Smax {e.Smax}, grid {e.grid}, "
           f"{e.nsplit} key splits: PCC {pcc:.7f}, max error {err:.3g} (|ref| max {ref.abs().max().item():.3g}); "
           f"load + bind {t_load:.1f} s, simulated layer {t_layer:.1f} s wall")
     return 0 if pcc > 0.9999 else 1
