@@ -217,8 +217,9 @@ class TTExpert:
         M, Tpt, dt, Smaxt = B * self.Tp, self.Tp // T, self.d // T, self.Smax // T
         G = self.Hq // self.Hkv
         nodes = grid[0] * grid[1]
-        items = B * self.Hkv * G * Tpt
-        self.nsplit = max(1, min(nodes // items, Smaxt // self.key_chunk))
+        items = B * self.Hkv * G * Tpt  # query row tiles
+        # The key sequence split so that every node has a (sample, KV head, split) to attend over.
+        self.nsplit = max(1, min(nodes // (B * self.Hkv), Smaxt // self.key_chunk))
         zeros = lambda r, c, dtype=None: self._up(torch.zeros(r, c), dtype)  # noqa: E731
         Nqkv = (self.Hq + 2 * self.Hkv) * self.d
         U = items * self.nsplit

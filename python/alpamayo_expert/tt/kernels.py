@@ -294,55 +294,50 @@ def attention_split(Smaxt: int, kc: int, nsplit: int) -> list[tuple[int, int]]:
 
 
 def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt: int, kc: int, nsplit: int):
-    """Flash attention of one GQA-packed query row tile over one range of key chunks of its (b, kh) cache block.
+    """Flash attention of the GQA-packed queries of one (b, kh) over one range of key chunks of its cache block.
 
-    Work unit: (b*Hkv + kh, query row tile r < Rt = G*Tp/32, split s). The node keeps a running max m, sum l
-    and output o over its chunks (scores = q k^T * scale + mask, the mask additive per cache row) and writes
-    them for attention_merge. The cache is read whole (rows [0, Smax)): the mask hides rows outside
-    [pad, S) and the padding of the own tail, so the operation is the same for every S."""
+    Work unit: (b*Hkv + kh, split s). All Rt = G*Tp/32 query row tiles of the KV head go through together, so
+    each key chunk is read from DRAM once per layer (the seed's decode kernel likewise viewed the G heads x Tp
+    tokens as one user's 128 rows). The node keeps a running max m, sum l and output o per query row over its
+    chunks (scores = q k^T * scale + mask, the mask additive per cache row) and writes them for attention_merge.
+    The cache is read whole (rows [0, Smax)): the mask hides rows outside [pad, S) and the padding of the own
+    tail, so the operation is the same for every S."""
     if Smaxt % kc:
         raise ValueError(f"attention: cache tiles {Smaxt} not a multiple of the key chunk {kc}")
     splits = attention_split(Smaxt, kc, nsplit)
-    units = [(bk, r, s) for bk in range(B * Hkv) for r in range(Rt) for s in range(nsplit)]
+    units = [(bk, s) for bk in range(B * Hkv) for s in range(nsplit)]
 
     @ttl.operation(grid=grid)
     def attention_partial(q_packed, k_cache, v_cache, mask, c, o_part, m_part, l_part):
-        q_dfb = ttl.make_dataflow_buffer_like(q_packed, shape=(1, dt), block_count=1)
+        q_dfb = ttl.make_dataflow_buffer_like(q_packed, shape=(Rt, dt), block_count=1)
         sc_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
         k_dfb = ttl.make_dataflow_buffer_like(k_cache, shape=(kc, dt), block_count=2)
         v_dfb = ttl.make_dataflow_buffer_like(v_cache, shape=(kc, dt), block_count=2)
         mask_dfb = ttl.make_dataflow_buffer_like(mask, shape=(1, kc), block_count=2)
-        s_dfb = ttl.make_dataflow_buffer_like(mask, shape=(1, kc), block_count=1)
-        m_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(1, 1), block_count=2)
-        l_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(1, 1), block_count=2)
-        o_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, dt), block_count=2)
-        mo_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(1, 1), block_count=1)  # the results, to the writer
-        lo_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(1, 1), block_count=1)
-        oo_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, dt), block_count=1)
+        s_dfb = ttl.make_dataflow_buffer_like(mask, shape=(Rt, kc), block_count=1)
+        m_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(Rt, 1), block_count=2)
+        l_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(Rt, 1), block_count=2)
+        o_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(Rt, dt), block_count=2)
+        mo_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(Rt, 1), block_count=1)  # the results, to the writer
+        lo_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(Rt, 1), block_count=1)
+        oo_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(Rt, dt), block_count=1)
 
         @ttl.compute()
         def compute():
             nid, nodes = _nid(ttl)
-            for _bk, _r, s in units[nid::nodes]:
+            for _bk, s in units[nid::nodes]:
                 c0, c1 = splits[s]
                 with m_dfb.reserve() as mb:
-                    mb.store(ttl.block.fill(NEG_INIT, shape=(1, 1)))
-                _zero(ttl, l_dfb, (1, 1))
-                _zero(ttl, o_dfb, (1, dt))
+                    mb.store(ttl.block.fill(NEG_INIT, shape=(Rt, 1)))
+                _zero(ttl, l_dfb, (Rt, 1))
+                _zero(ttl, o_dfb, (Rt, dt))
                 with q_dfb.wait() as qb, sc_dfb.wait() as scale:
                     for _c in range(c0, c1):
                         with k_dfb.wait() as kb_, mask_dfb.wait() as mk, s_dfb.reserve() as sb:
                             sb.store(qb @ ttl.block.transpose(kb_)
-                                     * ttl.block.broadcast(scale, dims=[1], shape=(1, kc)) + mk)
-                        with s_dfb.wait() as sb, v_dfb.wait() as vb, m_dfb.wait() as mp, l_dfb.wait() as lp:
-                            with o_dfb.wait() as op_:
-                                m_new = ttl.math.max(mp, ttl.math.reduce_max(sb, dims=[1], shape=(1, 1)))
-                                p = ttl.math.exp(sb - ttl.block.broadcast(m_new, dims=[1], shape=(1, kc)))
-                                corr = ttl.math.exp(mp - m_new)
-                                with m_dfb.reserve() as mn, l_dfb.reserve() as ln, o_dfb.reserve() as on:
-                                    mn.store(m_new)
-                                    ln.store(lp * corr + ttl.math.reduce_sum(p, dims=[1], shape=(1, 1)))
-                                    on.store(op_ * ttl.block.broadcast(corr, dims=[1], shape=(1, dt)) + p @ vb)
+                                     * ttl.block.broadcast(scale, dims=[0, 1], shape=(Rt, kc))
+                                     + ttl.block.broadcast(mk, dims=[0], shape=(Rt, kc)))
+                        _online_softmax_step(ttl, s_dfb, v_dfb, m_dfb, l_dfb, o_dfb, Rt, kc, dt)
                 with m_dfb.wait() as mb, l_dfb.wait() as lb, o_dfb.wait() as ob:
                     with mo_dfb.reserve() as mo, lo_dfb.reserve() as lo, oo_dfb.reserve() as oo:
                         mo.store(mb)
@@ -352,12 +347,11 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
         @ttl.datamovement()
         def read():
             nid, nodes = _nid(ttl)
-            for bk, r, s in units[nid::nodes]:
+            for bk, s in units[nid::nodes]:
                 c0, c1 = splits[s]
                 b = bk // Hkv
-                row = bk * Rt + r
                 with q_dfb.reserve() as qb:
-                    ttl.copy(q_packed[row:row + 1, 0:dt], qb).wait()
+                    ttl.copy(q_packed[bk * Rt:(bk + 1) * Rt, 0:dt], qb).wait()
                 with sc_dfb.reserve() as blk:
                     ttl.copy(c[0:1, C_SCALE:C_SCALE + 1], blk).wait()
                 for ch in range(c0, c1):
@@ -373,17 +367,30 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
         @ttl.datamovement()
         def write():
             nid, nodes = _nid(ttl)
-            for bk, r, s in units[nid::nodes]:
-                u = (bk * Rt + r) * nsplit + s
+            for bk, s in units[nid::nodes]:
+                rows = slice((bk * nsplit + s) * Rt, (bk * nsplit + s + 1) * Rt)
                 with oo_dfb.wait() as ob, mo_dfb.wait() as mb, lo_dfb.wait() as lb:
-                    to = ttl.copy(ob, o_part[u:u + 1, 0:dt])
-                    tm = ttl.copy(mb, m_part[u:u + 1, 0:1])
-                    tl = ttl.copy(lb, l_part[u:u + 1, 0:1])
+                    to = ttl.copy(ob, o_part[rows, 0:dt])
+                    tm = ttl.copy(mb, m_part[rows, 0:1])
+                    tl = ttl.copy(lb, l_part[rows, 0:1])
                     to.wait()
                     tm.wait()
                     tl.wait()
 
     return attention_partial
+
+
+def _online_softmax_step(ttl, s_dfb, v_dfb, m_dfb, l_dfb, o_dfb, Rt: int, kc: int, dt: int) -> None:
+    """One key chunk into the running (m, l, o) of every query row: m' = max(m, max s), p = exp(s - m'),
+    l' = l e^(m - m') + sum p, o' = o e^(m - m') + p v (row values in column 0 of m and l)."""
+    with s_dfb.wait() as sb, v_dfb.wait() as vb, m_dfb.wait() as mp, l_dfb.wait() as lp, o_dfb.wait() as op_:
+        m_new = ttl.math.max(mp, ttl.math.reduce_max(sb, dims=[1], shape=(Rt, 1)))
+        p = ttl.math.exp(sb - ttl.block.broadcast(m_new, dims=[1], shape=(Rt, kc)))
+        corr = ttl.math.exp(mp - m_new)
+        with m_dfb.reserve() as mn, l_dfb.reserve() as ln, o_dfb.reserve() as on:
+            mn.store(m_new)
+            ln.store(lp * corr + ttl.math.reduce_sum(p, dims=[1], shape=(Rt, 1)))
+            on.store(op_ * ttl.block.broadcast(corr, dims=[1], shape=(Rt, dt)) + p @ vb)
 
 
 def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int, nsplit: int):
@@ -428,12 +435,12 @@ def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int,
         def read():
             nid, nodes = _nid(ttl)
             for bk, r in units[nid::nodes]:
-                u0 = (bk * Rt + r) * nsplit
                 for s in range(nsplit):
+                    u = (bk * nsplit + s) * Rt + r
                     with m_dfb.reserve() as mb:
-                        ttl.copy(m_part[u0 + s:u0 + s + 1, 0:1], mb).wait()
+                        ttl.copy(m_part[u:u + 1, 0:1], mb).wait()
                 for s in range(nsplit):
-                    u = u0 + s
+                    u = (bk * nsplit + s) * Rt + r
                     with m_dfb.reserve() as mb, l_dfb.reserve() as lb, o_dfb.reserve() as ob:
                         tm = ttl.copy(m_part[u:u + 1, 0:1], mb)
                         tl = ttl.copy(l_part[u:u + 1, 0:1], lb)
