@@ -269,3 +269,17 @@ def test_cli_sample_result_file(tiny, tmp_path):
     if BACKEND == "tt-sim":  # no Blackhole here: refused with a message, exit status 2
         assert main(["sample", "--checkpoint", str(cks["r1"]), "--context", str(ctx), "--out", str(tmp_path / "x"),
                      "--backend", "tt"]) == 2
+
+
+def test_performance_model_against_the_seed():
+    """The model's formulas on the seed's own ops land within 30% of its measured op table; its fused layer's
+    weight traffic is the seed's 40.5 MB; the fused layer is estimated faster than the seed's 521 us."""
+    from alpamayo_expert.tt import perf_model as P
+    s = P.Shape()
+    for op in P.seed_ops(s):
+        assert 0.7 <= op.us() / P.SEED_US[op.name] <= 1.3, (op.name, op.us(), P.SEED_US[op.name])
+    fused = P.fused_ops(s)
+    weights = sum(op.dram for op in fused if op.name[1] in "adef")
+    assert abs(weights / 40.5e6 - 1) < 0.02
+    assert sum(op.us() for op in fused) < 521
+    assert P.step_ms(s) < P.SEED_STEP_MS

@@ -99,10 +99,12 @@ class TTExpert:
         self._smax_bound = 0
 
     # ------------------------------------------------------------------------------------------ weights
-    def _up(self, t: torch.Tensor, dtype=None):
+    def _up(self, t: torch.Tensor, dtype=None, l1: bool = False):
+        """A device tensor: DRAM, or L1 (l1) for the activations, which every node reads (docs/TT_BACKEND.md)."""
         ttnn = self.ttnn
+        mc = ttnn.L1_MEMORY_CONFIG if l1 else ttnn.DRAM_MEMORY_CONFIG
         return ttnn.from_torch(t.float().contiguous(), dtype=dtype or ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
-                               device=self.rt.device)
+                               device=self.rt.device, memory_config=mc)
 
     def _convert_weights(self, w: dict[str, torch.Tensor]) -> None:
         """Once: the layers' matrices transposed (W.T, the device's layout), wq/wk/wv fused, quantised."""
@@ -161,6 +163,10 @@ class TTExpert:
             keep[b, smax - self.Tp:smax - self.Tp + self.Tw] = True
         self.keep = keep
         mask = torch.where(keep, 0.0, MASKED).repeat_interleave(T, 0)  # rows replicated down a tile per sample
+        # At least G*Tp rows: the scores' dataflow buffer takes its shape from this tensor (a buffer's likeness
+        # tensor must be as large as its blocks); the rows past B*32 are never read.
+        rows = max(B, self.Hq // self.Hkv * self.Tp // T) * T
+        mask = torch.cat([mask, torch.zeros(rows - mask.shape[0], smax)]) if rows > mask.shape[0] else mask
         offsets = [S[b] + int(ctx.rope_delta[b]) for b in range(B)]
         pos = torch.tensor(offsets)[:, None] + torch.arange(self.Tp)[None]  # padding rows: any position
         cos, sin = rope_tables(pos.reshape(-1), self.d, float(self.cfg["rope_theta"]))
@@ -220,15 +226,15 @@ class TTExpert:
         items = B * self.Hkv * G * Tpt  # query row tiles
         # The key sequence split so that every node has a (sample, KV head, split) to attend over.
         self.nsplit = max(1, min(nodes // (B * self.Hkv), Smaxt // self.key_chunk))
-        zeros = lambda r, c, dtype=None: self._up(torch.zeros(r, c), dtype)  # noqa: E731
+        zeros = lambda r, c, dtype=None: self._up(torch.zeros(r, c), dtype, l1=True)  # noqa: E731
         Nqkv = (self.Hq + 2 * self.Hkv) * self.d
         U = items * self.nsplit
         self.buf = {
             "x": zeros(M, self.D), "x1": zeros(M, self.D), "qkv": zeros(M, Nqkv), "q": zeros(items * T, self.d),
             "o_part": zeros(U * T, self.d, ttnn.float32), "m_part": zeros(U * T, T, ttnn.float32),
             "l_part": zeros(U * T, T, ttnn.float32), "attn": zeros(M, self.Hq * self.d), "act": zeros(M, self.I),
-            "hidden": zeros(M, self.D), "mask": self._up(mask), "cos": self._up(self.cos_host),
-            "sin": self._up(self.sin_host), "none": zeros(T, T),
+            "hidden": zeros(M, self.D), "mask": self._up(mask), "cos": self._up(self.cos_host, l1=True),
+            "sin": self._up(self.sin_host, l1=True), "none": zeros(T, T),
         }
         Dt, It, Nt = self.D // T, self.I // T, Nqkv // T
         lin = lambda Kt, Nt_, **kw: K.make_linear(ttl, grid, M // T, Kt, Nt_, _divisor_at_most(Kt, 8),  # noqa: E731
