@@ -61,10 +61,7 @@ def down(rt, t):
 
 
 def consts(rt, D, eps, d):
-    c = torch.zeros(32, 32 * K.N_CONSTS)
-    for j, v in ((K.C_INV_D, 1 / D), (K.C_EPS, eps), (K.C_INV_HEAD, 1 / d), (K.C_SCALE, d ** -0.5)):
-        c[:, 32 * j:32 * (j + 1)] = v
-    return up(rt, c, rt.ttnn.float32)
+    return up(rt, K.constants(D, eps, d), rt.ttnn.float32)
 
 
 def bf(*shape, g):

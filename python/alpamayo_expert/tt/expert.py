@@ -124,11 +124,7 @@ class TTExpert:
             self.layers.append(dev)
         self.final_norm_host = round_bf16(w["final_norm"])
         self.final_norm = self._up(rep(w["final_norm"]))
-        consts = torch.zeros(T, T * K.N_CONSTS)
-        for j, v in ((K.C_INV_D, 1.0 / self.D), (K.C_EPS, self.eps), (K.C_INV_HEAD, 1.0 / self.d),
-                     (K.C_SCALE, self.d ** -0.5)):
-            consts[:, j * T:(j + 1) * T] = v
-        self.consts = self._up(consts, ttnn.float32)
+        self.consts = self._up(K.constants(self.D, self.eps, self.d), ttnn.float32)
         rot = torch.zeros(self.d, self.d)
         h = self.d // 2
         rot[torch.arange(h) + h, torch.arange(h)] = -1.0

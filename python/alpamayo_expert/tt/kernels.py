@@ -6,17 +6,32 @@ builds one operation for fixed sizes (the sizes of a layer never change, so one 
 
 Constants enter as tiles of a small DRAM tensor `c` (every element of tile j equal to constant j), because
 TT-Lang blocks combine with blocks only.
+
+A TT-Lang operation declares its dataflow buffers and its three kernels (compute, read, write) inside its own
+body, so each factory below is one operation and runs past the usual function length; the shared steps of the
+compute kernels are helpers (_zero, _row_scale, _online_softmax_step).
+
+The compute kernels follow the dataflow protocol the simulator enforces: a block taken with wait() must feed a
+store() before it is released, so running values (sums of squares, accumulators, the softmax's max, sum and
+output) go round through their own dataflow buffers rather than living in Python variables across blocks.
 """
 from __future__ import annotations
 
-from typing import Any
-
 TILE = 32
-# Tiles of the constants tensor (build_constants).
+# Tiles of the constants tensor (constants()).
 C_INV_D, C_EPS, C_INV_HEAD, C_SCALE = range(4)
 N_CONSTS = 4
 # The running maximum's start: below any score, finite so that exp(m_old - m_new) never sees inf - inf.
 NEG_INIT = -1.0e30
+
+
+def constants(D: int, eps: float, d: int):
+    """The constants tensor [32, 32 * N_CONSTS] (float32): 1/D, eps, 1/d, 1/sqrt(d), one tile each."""
+    import torch
+    c = torch.zeros(TILE, TILE * N_CONSTS)
+    for j, v in ((C_INV_D, 1.0 / D), (C_EPS, eps), (C_INV_HEAD, 1.0 / d), (C_SCALE, d ** -0.5)):
+        c[:, j * TILE:(j + 1) * TILE] = v
+    return c
 
 
 def _nid(ttl) -> tuple[int, int]:
