@@ -280,3 +280,16 @@ def test_performance_model_against_the_seed():
     assert abs(weights / 40.5e6 - 1) < 0.02
     assert sum(op.us() for op in fused) < 521
     assert P.step_ms(s) < P.SEED_STEP_MS
+
+
+def test_action_in_proj_is_the_engines(tiny):
+    """The host's action_in_proj (the checkpoint's weights from the engine's loader, bf16-rounded default Fourier
+    frequencies) against the embedding the engine's reference backend captures at step 0."""
+    cks, ctx = tiny
+    for layout in ("r1", "a2"):
+        e = TTExpert(cks[layout], backend=BACKEND, grid=GRID)
+        s = Model(str(cks[layout]), backend="reference").session()
+        s.bind(Context.open(str(ctx)), capture_step=0, capture_layers=False)
+        noise = synth.make_noise(3, synth.TINY)
+        s.sample(noise=noise.numpy(), steps=1)
+        close(e.action_in_proj(noise, torch.zeros(3)), s.captures()["emb"])
