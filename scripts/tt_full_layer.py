@@ -38,7 +38,7 @@ def main() -> int:
         spec = synth.CtxSpec(valid_len=(args.S,), rope_delta=(0,), P=args.S, v0=(10.0,), motion="v0")
         ctx = synth.make_context(Path(d) / "ctx.safetensors", dm, spec)
         t0 = time.perf_counter()
-        e = TTExpert(ck, backend=args.backend, weights=args.weights, smax=args.smax)
+        e = TTExpert(ck, backend=args.backend, weights=args.weights, smax=args.smax, keep_host=True)
         e.bind(ctx)
         t_load = time.perf_counter() - t0
     x = round_bf16(torch.randn(1, e.Tp, e.D, generator=torch.Generator().manual_seed(0)))

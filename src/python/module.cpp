@@ -268,10 +268,10 @@ nb::dict config_dict(const ExpertConfig& c) {
 
 // Every weight the engine loaded, as float32 copies under the names of weights.h (layers.{l}.q, action_in.*,
 // action_out.*): one loader for every port that runs outside the C++ backends.
-nb::dict weights_dict(const Checkpoint& ck) {
+nb::dict weights_dict(const Checkpoint& ck, const std::string& prefix) {
   nb::dict d;
   auto put = [&](const std::string& name, const TensorView& t) {
-    if (!t.data) return;
+    if (!t.data || name.compare(0, prefix.size(), prefix) != 0) return;  // one layer at a time keeps memory low
     std::vector<size_t> shape(t.shape.begin(), t.shape.end());
     d[name.c_str()] = array_f32(to_f32(t), shape);
   };
@@ -490,8 +490,10 @@ NB_MODULE(_core, m) {
         return out;
       })
       .def_prop_ro("weight_bytes", [](const ModelHandle& p) { return p.m->backend().weight_bytes(); })
-      .def("tensors", [](const ModelHandle& p) { return p.ck ? weights_dict(*p.ck) : nb::dict(); },
-           "The checkpoint's weights as float32 arrays, named as in weights.h.")
+      .def("tensors", [](const ModelHandle& p, const std::string& prefix) {
+             return p.ck ? weights_dict(*p.ck, prefix) : nb::dict();
+           }, "prefix"_a = "",
+           "The checkpoint's weights whose names start with prefix, as float32 arrays named as in weights.h.")
       .def("decode_action", [](const ModelHandle& p, HostF32 action, double v0, double z) {
              const ExpertConfig& c = p.m->config();
              if (action.ndim() != 2 || int64_t(action.shape(0)) != c.T || int64_t(action.shape(1)) != c.A)

@@ -169,7 +169,7 @@ def tiny(tmp_path_factory):
 def test_layer(tiny, fmt):
     """One whole layer on Blackhole's 11 x 10 grid against the reference layer on what the device holds."""
     cks, ctx = tiny
-    e = TTExpert(cks["r1"], backend=BACKEND, weights=fmt, grid=(11, 10), key_chunk=1)
+    e = TTExpert(cks["r1"], backend=BACKEND, weights=fmt, grid=(11, 10), key_chunk=1, keep_host=True)
     e.bind(ctx)
     assert e.nsplit > 1
     B, Tp = e._bound.B, e.Tp
@@ -240,6 +240,9 @@ def test_module_weights_are_the_loaders(tiny):
     L = synth.TINY.L
     assert {f"layers.{l}.{n}" for l in range(L) for n in ("q", "k", "v", "o", "gate", "up", "down")} <= set(w)
     assert np.asarray(w["layers.0.q"]).shape == (synth.TINY.Hq * synth.TINY.d, synth.TINY.D)
+    one = _core.Model(str(cks["a2"]), backend="reference").tensors("layers.1.")
+    assert set(one) == {k for k in w if k.startswith("layers.1.")} and len(one) == 11
+    assert all(np.array_equal(one[k], w[k]) for k in one)
 
 
 def test_cli_sample_result_file(tiny, tmp_path):

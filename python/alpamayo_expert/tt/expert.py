@@ -72,11 +72,12 @@ class TTExpert:
 
     grid: the node grid the operations run on (Blackhole's 11 x 10 by default); key_chunk: key tiles per attention
     chunk; smax: the cache rows per (sample, KV head) on the device, scratch tail included (default: the least
-    multiple of the chunk that holds the longest context plus the own tokens)."""
+    multiple of the chunk that holds the longest context plus the own tokens); keep_host: keep host copies of what
+    the device holds (host_layers, k_host, v_host) for checks against the reference ops."""
 
     def __init__(self, checkpoint: str | Path, backend: str = "tt-sim", weights: str = "bfp8_b",
                  vlm_config: str = "", release: str = "", grid: tuple[int, int] = BLACKHOLE_GRID,
-                 key_chunk: int = 4, smax: int | None = None):
+                 key_chunk: int = 4, smax: int | None = None, keep_host: bool = False):
         if weights not in WEIGHT_FORMATS:
             raise InvalidArgumentError(f"weights: {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
         self.rt = open_runtime(backend)
@@ -92,9 +93,9 @@ class TTExpert:
             if v % T:
                 raise UnsupportedError(f"backend {backend}: {name} {v} is not a multiple of the 32-wide tile")
         self.Tp = _pad_to(self.Tw, T)  # own tokens padded to whole tiles; the padding rows are masked as keys
-        w = {k: torch.from_numpy(np.asarray(v)) for k, v in self.model.tensors().items()}
-        self.host = {k: v for k, v in w.items() if k.startswith(("action_in.", "action_out."))}
-        self._convert_weights(w)
+        self.keep_host = keep_host
+        self.host = self._tensors("action_")
+        self._convert_weights()
         self._bound: Bound | None = None
         self._smax_bound = 0
 
@@ -106,24 +107,29 @@ class TTExpert:
         return ttnn.from_torch(t.float().contiguous(), dtype=dtype or ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
                                device=self.rt.device, memory_config=mc)
 
-    def _convert_weights(self, w: dict[str, torch.Tensor]) -> None:
-        """Once: the layers' matrices transposed (W.T, the device's layout), wq/wk/wv fused, quantised."""
+    def _tensors(self, prefix: str) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.asarray(v)) for k, v in self.model.tensors(prefix).items()}
+
+    def _convert_weights(self) -> None:
+        """Once: the layers' matrices transposed (W.T, the device's layout), wq/wk/wv fused, quantised; one layer
+        at a time through host memory."""
         ttnn = self.ttnn
         wdt = ttnn.bfloat8_b if self.weights == "bfp8_b" else ttnn.bfloat16
         rep = lambda g: round_bf16(g).reshape(1, -1).expand(T, -1)  # noqa: E731 - gains replicated down a tile
         self.layers, self.host_layers = [], []
         for l in range(self.L):
             p = f"layers.{l}."
+            w = self._tensors(p)
             mats = {"wqkv": torch.cat([w[p + "q"], w[p + "k"], w[p + "v"]]).T, "wo": w[p + "o"].T,
                     "wgate": w[p + "gate"].T, "wup": w[p + "up"].T, "wdown": w[p + "down"].T}
             q = {k: quantize_weight(m, self.weights) for k, m in mats.items()}
             gains = {k: round_bf16(w[p + k]) for k in ("input_norm", "post_norm", "q_norm", "k_norm")}
-            self.host_layers.append({**q, **gains})  # what the device holds, for the per-operation checks
+            if self.keep_host:
+                self.host_layers.append({**q, **gains})  # what the device holds, for the per-operation checks
             dev = {k: self._up(m, wdt) for k, m in q.items()}
             dev.update({k: self._up(rep(g)) for k, g in gains.items()})
             self.layers.append(dev)
-        self.final_norm_host = round_bf16(w["final_norm"])
-        self.final_norm = self._up(rep(w["final_norm"]))
+        self.final_norm = self._up(rep(self._tensors("final_norm")["final_norm"]))
         self.consts = self._up(K.constants(self.D, self.eps, self.d), ttnn.float32)
         rot = torch.zeros(self.d, self.d)
         h = self.d // 2
@@ -185,9 +191,10 @@ class TTExpert:
     def _upload_caches(self, ctx: ContextFile, g_of, S: list[int], B: int) -> None:
         """Per layer K and V [B*Hkv*Smax, d] bf16: sample b's prompt rows then its suffix rows, zero elsewhere (rows
         outside use never reach the device, so their contents cannot matter)."""
-        self.k_host, self.v_host = [], []
-        if self._bound is None or (self._bound.B, self._smax_bound) != (B, self.Smax):
+        reuse = self._bound is not None and (self._bound.B, self._smax_bound) == (B, self.Smax)
+        if not reuse:
             self.k_cache, self.v_cache = [], []
+        self.k_host, self.v_host = [], []
         vl, sl = ctx.valid_len.long(), ctx.suffix_lens()
         for l in range(self.L):
             for src, sfx, host, dev in ((ctx.keys[l], ctx.suffix_keys, self.k_host, self.k_cache),
@@ -199,14 +206,12 @@ class TTExpert:
                     if sfx is not None and int(sl[b]):
                         t[b, :, n:S[b]] = sfx[l][b, :, :int(sl[b])].float()
                 t = round_bf16(t)
-                host.append(t)
-        reuse = self._bound is not None and (self._bound.B, self._smax_bound) == (B, self.Smax)
-        for host, dev in ((self.k_host, self.k_cache), (self.v_host, self.v_cache)):
-            for l, t in enumerate(host):
                 if reuse:  # same sizes: the same device buffers, rewritten
                     self._write(dev[l], t.reshape(-1, self.d))
                 else:
                     dev.append(self._up(t.reshape(-1, self.d)))
+                if self.keep_host:
+                    host.append(t)
 
     def _allocate(self, B: int, mask: torch.Tensor) -> None:
         """The layers' buffers and operations, for (B, Smax): kept while those stay (a new context of other
