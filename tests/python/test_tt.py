@@ -296,3 +296,22 @@ def test_action_in_proj_is_the_engines(tiny):
         noise = synth.make_noise(3, synth.TINY)
         s.sample(noise=noise.numpy(), steps=1)
         close(e.action_in_proj(noise, torch.zeros(3)), s.captures()["emb"])
+
+
+def test_shared_prompts_left_padding_and_suffixes(tiny, tmp_path):
+    """A context of 2 prompts shared by 3 samples, one prompt left-padded, per-sample suffix rows: v_0 against the
+    engine's reference backend (the device holds each sample's rows, prompt then suffix, and nothing else)."""
+    cks, _ = tiny
+    spec = synth.CtxSpec(valid_len=(37, 50), prefix_pad=(3, 0), prompt_index=(0, 1, 1), suffix_len=(5, 0, 9),
+                         suffix_rows=9, rope_delta=(5, -11, 0))
+    ctx = synth.make_context(tmp_path / "shared.safetensors", synth.TINY, spec)
+    e = TTExpert(cks["r1"], backend=BACKEND, grid=GRID, key_chunk=1)
+    e.bind(ctx)
+    assert e._bound.S == [42, 50, 59] and e._bound.pads == [3, 0, 0]
+    s = Model(str(cks["r1"]), backend="reference", weights="bfp8_b").session()
+    s.bind(Context.open(str(ctx)))
+    noise = synth.make_noise(3, synth.TINY)
+    r = s.sample(noise=noise.numpy(), steps=1, all_steps=True)
+    v = e.step(noise, 0.0).numpy()
+    assert np.abs(v - np.asarray(r.v_steps)[0]).max() < V_ABS
+    assert pcc(v, np.asarray(r.v_steps)[0]) > V_PCC

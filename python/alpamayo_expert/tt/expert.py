@@ -158,7 +158,7 @@ class TTExpert:
             raise InvalidArgumentError(f"context of {max(S)} rows: the device cache holds S <= Smax - {self.Tp} = "
                                        f"{smax - self.Tp}")
         self.Smax = smax
-        self._upload_caches(ctx, g_of, S, B)
+        self._upload_caches(ctx, g_of, S, [int(pads[g_of[b]]) for b in range(B)])
         keep = torch.zeros(B, smax, dtype=torch.bool)
         for b in range(B):
             keep[b, int(pads[g_of[b]]):S[b]] = True
@@ -188,9 +188,10 @@ class TTExpert:
                             v0_source)
         self._smax_bound = self.Smax
 
-    def _upload_caches(self, ctx: ContextFile, g_of, S: list[int], B: int) -> None:
-        """Per layer K and V [B*Hkv*Smax, d] bf16: sample b's prompt rows then its suffix rows, zero elsewhere (rows
-        outside use never reach the device, so their contents cannot matter)."""
+    def _upload_caches(self, ctx: ContextFile, g_of, S: list[int], pads: list[int]) -> None:
+        """Per layer K and V [B*Hkv*Smax, d] bf16: sample b's prompt rows [pad, valid_len) then its suffix rows, zero
+        elsewhere (rows outside use never reach the device, so their contents cannot matter)."""
+        B = len(S)
         reuse = self._bound is not None and (self._bound.B, self._smax_bound) == (B, self.Smax)
         if not reuse:
             self.k_cache, self.v_cache = [], []
@@ -202,7 +203,7 @@ class TTExpert:
                 t = torch.zeros(B, self.Hkv, self.Smax, self.d)
                 for b in range(B):
                     g, n = int(g_of[b]), int(vl[g_of[b]])
-                    t[b, :, :n] = src[g, :, :n].float()
+                    t[b, :, pads[b]:n] = src[g, :, pads[b]:n].float()
                     if sfx is not None and int(sl[b]):
                         t[b, :, n:S[b]] = sfx[l][b, :, :int(sl[b])].float()
                 t = round_bf16(t)
