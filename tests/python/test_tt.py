@@ -315,3 +315,10 @@ def test_shared_prompts_left_padding_and_suffixes(tiny, tmp_path):
     v = e.step(noise, 0.0).numpy()
     assert np.abs(v - np.asarray(r.v_steps)[0]).max() < V_ABS
     assert pcc(v, np.asarray(r.v_steps)[0]) > V_PCC
+
+
+def test_simulator_leaves_torch_dtypes(rt):
+    """tt-lang-sim rebinds torch.bfloat16 / float16 to float32 on import; the runtime puts them back, so the tests
+    that run after these in one process keep real bf16."""
+    assert torch.bfloat16 is not torch.float32 and torch.float16 is not torch.float32
+    assert torch.tensor([1.0 + 2 ** -10]).to(torch.bfloat16).item() == 1.0
