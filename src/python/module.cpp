@@ -32,10 +32,10 @@
 #include "backends/cpu/profile/profile_table.h"
 #endif
 #include "alpamayo/bfp.h"
-#include "model/sampler.h"
 #include "alpamayo/engine.h"
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
+#include "model/sampler.h"  // gaussian_noise
 
 namespace nb = nanobind;
 using namespace nb::literals;
