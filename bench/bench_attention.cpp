@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
   const Peaks& peaks = measured_peaks(1);
   for (AttnKernel k : kernels_run) {
     AttnScratch sc;
-    sc.resize(g, attn_kernel_is_fp32(k), int8);
+    sc.resize(g, attn_kernel_is_fp32(k), int8, attn_kernel_is_amx(k));
     const int kreps = k == AttnKernel::Portable ? std::max(1, reps / 5) : reps;
     double ta = 0, tm = 0, ta_best = 1e30;
     for (int r = 0; r <= kreps; ++r) {

@@ -476,7 +476,7 @@ struct AttnTestData {
   // Kernel k's O / l [R][d] and l 2^m [R], in double as the check computes them.
   void run(AttnKernel kernel, std::vector<double>& out, std::vector<double>& norm) const {
     AttnScratch sc;
-    sc.resize(g, attn_kernel_is_fp32(kernel), kv.int8);
+    sc.resize(g, attn_kernel_is_fp32(kernel), kv.int8, attn_kernel_is_amx(kernel));
     AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
     init_partial(g, O.data(), m.data(), l.data());
     attend_chunk(kernel, g, qp.data(), kv, 0, n, O.data(), m.data(), l.data(), sc);

@@ -205,7 +205,7 @@ inline std::vector<float> run_attention(const OpShape& s, const OpData& d, AttnK
   const int group = s.Hq / s.Hkv;
   const AttnGeometry g = AttnGeometry::make(s.d, group, s.T);
   AttnScratch scratch;
-  scratch.resize(g, attn_kernel_is_fp32(kernel), int8);
+  scratch.resize(g, attn_kernel_is_fp32(kernel), int8, attn_kernel_is_amx(kernel));
   std::vector<float> out(size_t(s.T) * s.Hq * s.d, NAN);
   for (int h = 0; h < s.Hkv; ++h) {
     const AlignedBuf<uint32_t> qp = query_pairs(s, d, g, h);
