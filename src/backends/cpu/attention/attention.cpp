@@ -35,8 +35,9 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8, bool amx) 
   vf.resize(fp32 ? size_t(kKeyBlock) * (g.dp + kFmaPad) : 0);
   kptr.resize(kKeyBlock);
   vptr.resize(kKeyBlock);
-  s.resize(size_t(kKeyBlock) * (g.Rp + (fp32 ? kFmaPad : 0)));
-  p.resize(size_t(kKeyBlock / 2) * g.Rp);
+  // amx_bf16 double-buffers the scores and probabilities of 32 rows.
+  s.resize(size_t(kKeyBlock) * std::max(g.Rp + (fp32 ? kFmaPad : 0), amx ? 64 : 0));
+  p.resize(size_t(kKeyBlock / 2) * std::max(g.Rp, amx ? 64 : 0));
   v.resize(size_t(kKeyBlock / 2) * g.dp);
   alpha.resize(g.Rp);
   lblk.resize(g.Rp);

@@ -160,83 +160,116 @@ void pack_queries(const AttnGeometry& g, const uint32_t* qp, uint16_t* Qa) {
   }
 }
 
-// S[r][k] (row stride kKeyBlock) for NR (1 or 2) tiles of 16 rows from r0 and keys [0, npad), npad a multiple of 32.
-template <int NR>
-void qk_tiles(const uint16_t* Qa, int dp, const uint32_t* Kb, int npad, int r0, float* S) {
+// S[r - r0][k0 .. k0+31] (row stride kKeyBlock) for the 16 or 32 (two) query rows from r0: 2 x 2 tiles of 16 x 16.
+void qk_chunk(const uint16_t* Qa, int dp, const uint32_t* Kb, int k0, int r0, bool two, float* S) {
   const size_t qs = size_t(dp) * 2, ks = kKeyBlock * 4, ss = kKeyBlock * 4;
-  for (int k0 = 0; k0 < npad; k0 += 32) {
-    ALP_TILE_ZERO(0);
-    ALP_TILE_ZERO(1);
-    if (NR == 2) {
-      ALP_TILE_ZERO(2);
-      ALP_TILE_ZERO(3);
+  ALP_TILE_ZERO(0);
+  ALP_TILE_ZERO(1);
+  if (two) {
+    ALP_TILE_ZERO(2);
+    ALP_TILE_ZERO(3);
+  }
+  for (int c = 0; c < dp; c += 32) {
+    ALP_TILE_LOAD(4, Qa + size_t(r0) * dp + c, qs);
+    ALP_TILE_LOAD(6, Kb + size_t(c / 2) * kKeyBlock + k0, ks);
+    ALP_TILE_LOAD(7, Kb + size_t(c / 2) * kKeyBlock + k0 + 16, ks);
+    ALP_TILE_DP(0, 4, 6);
+    ALP_TILE_DP(1, 4, 7);
+    if (two) {
+      ALP_TILE_LOAD(5, Qa + size_t(r0 + 16) * dp + c, qs);
+      ALP_TILE_DP(2, 5, 6);
+      ALP_TILE_DP(3, 5, 7);
     }
-    for (int c = 0; c < dp; c += 32) {
-      ALP_TILE_LOAD(4, Qa + size_t(r0) * dp + c, qs);
-      ALP_TILE_LOAD(6, Kb + size_t(c / 2) * kKeyBlock + k0, ks);
-      ALP_TILE_LOAD(7, Kb + size_t(c / 2) * kKeyBlock + k0 + 16, ks);
-      ALP_TILE_DP(0, 4, 6);
-      ALP_TILE_DP(1, 4, 7);
-      if (NR == 2) {
-        ALP_TILE_LOAD(5, Qa + size_t(r0 + 16) * dp + c, qs);
-        ALP_TILE_DP(2, 5, 6);
-        ALP_TILE_DP(3, 5, 7);
-      }
-    }
-    ALP_TILE_STORE(0, S + size_t(r0) * kKeyBlock + k0, ss);
-    ALP_TILE_STORE(1, S + size_t(r0) * kKeyBlock + k0 + 16, ss);
-    if (NR == 2) {
-      ALP_TILE_STORE(2, S + size_t(r0 + 16) * kKeyBlock + k0, ss);
-      ALP_TILE_STORE(3, S + size_t(r0 + 16) * kKeyBlock + k0 + 16, ss);
-    }
+  }
+  ALP_TILE_STORE(0, S + k0, ss);
+  ALP_TILE_STORE(1, S + k0 + 16, ss);
+  if (two) {
+    ALP_TILE_STORE(2, S + size_t(16) * kKeyBlock + k0, ss);
+    ALP_TILE_STORE(3, S + size_t(16) * kKeyBlock + k0 + 16, ss);
   }
 }
 
-// O[r][c] += P[r][k] V[k][c] for NR tiles of 16 rows from r0, all dp columns, keys [0, npad).
-template <int NR>
-void pv_tiles(const uint16_t* P, const uint32_t* V, int dp, int npad, int r0, float* O) {
+// O[r][c0 .. c0+31] += P[r - r0][k] V[k][c] over keys [0, npad) for the 16 or 32 (two) rows from r0.
+void pv_chunk(const uint16_t* P, const uint32_t* V, int dp, int npad, int c0, int r0, bool two, float* O) {
   const size_t os = size_t(dp) * 4, ps = kKeyBlock * 2, vs = size_t(dp) * 4;
-  for (int c0 = 0; c0 < dp; c0 += 32) {
-    float* o = O + size_t(r0) * dp + c0;
-    ALP_TILE_LOAD(0, o, os);
-    ALP_TILE_LOAD(1, o + 16, os);
-    if (NR == 2) {
-      ALP_TILE_LOAD(2, o + size_t(16) * dp, os);
-      ALP_TILE_LOAD(3, o + size_t(16) * dp + 16, os);
-    }
-    for (int k = 0; k < npad; k += 32) {
-      ALP_TILE_LOAD(4, P + size_t(r0) * kKeyBlock + k, ps);
-      ALP_TILE_LOAD(6, V + size_t(k / 2) * dp + c0, vs);
-      ALP_TILE_LOAD(7, V + size_t(k / 2) * dp + c0 + 16, vs);
-      ALP_TILE_DP(0, 4, 6);
-      ALP_TILE_DP(1, 4, 7);
-      if (NR == 2) {
-        ALP_TILE_LOAD(5, P + size_t(r0 + 16) * kKeyBlock + k, ps);
-        ALP_TILE_DP(2, 5, 6);
-        ALP_TILE_DP(3, 5, 7);
-      }
-    }
-    ALP_TILE_STORE(0, o, os);
-    ALP_TILE_STORE(1, o + 16, os);
-    if (NR == 2) {
-      ALP_TILE_STORE(2, o + size_t(16) * dp, os);
-      ALP_TILE_STORE(3, o + size_t(16) * dp + 16, os);
+  float* o = O + size_t(r0) * dp + c0;
+  ALP_TILE_LOAD(0, o, os);
+  ALP_TILE_LOAD(1, o + 16, os);
+  if (two) {
+    ALP_TILE_LOAD(2, o + size_t(16) * dp, os);
+    ALP_TILE_LOAD(3, o + size_t(16) * dp + 16, os);
+  }
+  for (int k = 0; k < npad; k += 32) {
+    ALP_TILE_LOAD(4, P + k, ps);
+    ALP_TILE_LOAD(6, V + size_t(k / 2) * dp + c0, vs);
+    ALP_TILE_LOAD(7, V + size_t(k / 2) * dp + c0 + 16, vs);
+    ALP_TILE_DP(0, 4, 6);
+    ALP_TILE_DP(1, 4, 7);
+    if (two) {
+      ALP_TILE_LOAD(5, P + size_t(16) * kKeyBlock + k, ps);
+      ALP_TILE_DP(2, 5, 6);
+      ALP_TILE_DP(3, 5, 7);
     }
   }
+  ALP_TILE_STORE(0, o, os);
+  ALP_TILE_STORE(1, o + 16, os);
+  if (two) {
+    ALP_TILE_STORE(2, o + size_t(16) * dp, os);
+    ALP_TILE_STORE(3, o + size_t(16) * dp + 16, os);
+  }
 }
+
+// The tile work pending while the softmax of a row group runs: the next group's scores and the previous group's
+// P.V, in chunks of 32 keys / 32 columns, issued a chunk at a time between the softmax's rows (tick) so that the
+// tile unit and the vector units work at once. Each chunk is complete in itself (its tiles zeroed or loaded, then
+// stored), so the order of chunks changes no result.
+struct TileJobs {
+  const uint16_t* Qa;
+  const uint32_t *Kb, *V;
+  float* O;
+  int dp, npad;
+  int qk_r0 = -1, qk_k0 = 0, pv_r0 = -1, pv_c0 = 0;
+  bool qk_two = false, pv_two = false;
+  float* qk_S = nullptr;
+  const uint16_t* pv_P = nullptr;
+  int every = 1, ticks = 0;
+  bool pending() const { return qk_r0 >= 0 || pv_r0 >= 0; }
+  void step() {
+    if (qk_r0 >= 0) {
+      qk_chunk(Qa, dp, Kb, qk_k0, qk_r0, qk_two, qk_S);
+      if ((qk_k0 += 32) >= npad) qk_r0 = -1;
+    } else if (pv_r0 >= 0) {
+      pv_chunk(pv_P, V, dp, npad, pv_c0, pv_r0, pv_two, O);
+      if ((pv_c0 += 32) >= dp) pv_r0 = -1;
+    }
+  }
+  void drain() {
+    while (pending()) step();
+  }
+  // Spreads the pending chunks over `rows` ticks.
+  void schedule(int rows) {
+    const int chunks = (qk_r0 >= 0 ? (npad - qk_k0) / 32 : 0) + (pv_r0 >= 0 ? (dp - pv_c0) / 32 : 0);
+    every = chunks > 0 && rows > chunks ? rows / chunks : 1;
+    ticks = 0;
+  }
+  void tick() {
+    if (++ticks % every == 0) step();
+  }
+};
 
 // The online-softmax update of 16 rows from r0 for a block of n valid keys (npad, a multiple of 32): the row maxima
-// of S, m raised to them, the probabilities 2^(s c - m) rounded to bf16 into P[r][k] (keys >= n zero), l rescaled and
-// added to, and the rows of O whose maximum rose rescaled. An int8 cache's products are of its integers: S is first
-// multiplied by the key rows' scales ks, and P holds p times the value rows' scales vs (l adds p itself).
+// of S (these rows' scores, [16][kKeyBlock]), m raised to them, the probabilities 2^(s c - m) rounded to bf16 into
+// P[r - r0][k] (keys >= n zero), l rescaled and added to, and the rows of O whose maximum rose rescaled. An int8
+// cache's products are of its integers: S is first multiplied by the key rows' scales ks, and P holds p times the
+// value rows' scales vs (l adds p itself). One tile chunk of `jobs` per row (tick).
 template <bool Int8>
 void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, const float* ks, const float* vs,
-                  uint16_t* P, float* O, float* m, float* l) {
+                  uint16_t* P, float* O, float* m, float* l, TileJobs& jobs) {
   const __m512 scale = _mm512_set1_ps(g.scale_log2);
   const int nv = npad / 16;
   alignas(64) float mx[16], sum[16], mnew[16], alpha[16];
   for (int r = 0; r < 16; ++r) {
-    float* s = S + size_t(r0 + r) * kKeyBlock;
+    float* s = S + size_t(r) * kKeyBlock;
     __m512 v = _mm512_set1_ps(-INFINITY);
     for (int k = 0; k < nv; ++k) {
       const int left = n - 16 * k;
@@ -257,8 +290,9 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
   _mm512_store_ps(mnew, m_new);
   _mm512_store_ps(alpha, a);
   for (int r = 0; r < 16; ++r) {
-    const float* s = S + size_t(r0 + r) * kKeyBlock;
-    uint16_t* p = P + size_t(r0 + r) * kKeyBlock;
+    jobs.tick();
+    const float* s = S + size_t(r) * kKeyBlock;
+    uint16_t* p = P + size_t(r) * kKeyBlock;
     const __m512 mb = _mm512_set1_ps(mnew[r]);
     __m512 acc = _mm512_setzero_ps();
     for (int k = 0; k < nv; k += 2) {
@@ -284,20 +318,16 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
   _mm512_storeu_ps(m + r0, m_new);
 }
 
-// Prefetches [*off, end) of base into L2, at most `lines` lines; advances *off.
-inline void prefetch_share(const char* base, size_t* off, size_t end, size_t lines) {
-  for (size_t e = *off + 64 * lines; *off < e && *off < end; *off += 64) _mm_prefetch(base + *off, _MM_HINT_T1);
-}
-
+// One body on purpose (about 60 lines): the software pipeline over a block's row groups (S, P double-buffered per
+// group: while group i's softmax runs, group i+1's scores and group i-1's P.V are issued between its rows).
 template <bool Int8>
 void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O, float* m,
             float* l, const AttnWork& w) {
   load_tile_config();
   pack_queries(g, qp, w.qa);
-  const size_t row_bytes = Int8 ? size_t(g.d) : size_t(g.d) * 2;
-  const char* kc = Int8 ? reinterpret_cast<const char*>(kv.i8[0].k) : reinterpret_cast<const char*>(kv.k_cache);
-  const char* vc = Int8 ? reinterpret_cast<const char*>(kv.i8[0].v) : reinterpret_cast<const char*>(kv.v_cache);
   const int groups = (g.Rp + 31) / 32;
+  float* Sbuf[2] = {w.s, w.s + 32 * kKeyBlock};
+  uint16_t* Pbuf[2] = {reinterpret_cast<uint16_t*>(w.p), reinterpret_cast<uint16_t*>(w.p) + 32 * kKeyBlock};
   size_t ex_off = 0;  // progress through kv.prefetch
   for (int jb = j0, n = 0; jb < j1; jb += n) {
     n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
@@ -305,29 +335,32 @@ void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0
     resolve_rows(kv, g.d, jb, n, w);
     pack_keys<Int8>(w, g.d, g.dp, n, npad, w.kb);
     pack_values<Int8>(w, g.d, g.dp, n, npad, w.v);
-    // The next block's cache rows and this block's share of the caller's region stream into L2 while the tiles
-    // work, spread over the row groups.
-    const int nx0 = jb + n, nx1 = nx0 + kKeyBlock < kv.S ? nx0 + kKeyBlock : kv.S;
-    size_t pf_off = nx0 < nx1 ? size_t(nx0) * row_bytes : 0;
-    const size_t pf_end = nx0 < nx1 ? size_t(nx1) * row_bytes : 0;
-    const size_t pf_lines = (pf_end - pf_off) / 64 / groups + 1;
+    // This block's share of the caller's region streams into L2 while the tiles work, spread over the row groups.
     const size_t ex_block = ((kv.prefetch_bytes * kKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;
     const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
     const size_t ex_lines = (ex_end - ex_off) / 64 / groups + 1;
-    uint16_t* P = reinterpret_cast<uint16_t*>(w.p);
-    for (int r0 = 0; r0 < g.Rp; r0 += 32) {
+    TileJobs jobs{w.qa, w.kb, w.v, O, g.dp, npad};
+    jobs.qk_r0 = 0, jobs.qk_k0 = 0, jobs.qk_two = g.Rp >= 32, jobs.qk_S = Sbuf[0];
+    jobs.drain();
+    for (int gi = 0; gi < groups; ++gi) {
+      const int r0 = 32 * gi;
       const bool two = r0 + 32 <= g.Rp;
-      if (two) qk_tiles<2>(w.qa, g.dp, w.kb, npad, r0, w.s);
-      else qk_tiles<1>(w.qa, g.dp, w.kb, npad, r0, w.s);
-      size_t kv_off = pf_off;
-      prefetch_share(kc, &kv_off, pf_end, pf_lines);
-      prefetch_share(vc, &pf_off, pf_end, pf_lines);
-      if (kv.prefetch) prefetch_share(kv.prefetch, &ex_off, ex_end, ex_lines);
-      softmax_rows<Int8>(g, w.s, n, npad, r0, w.kscale, w.vscale, P, O, m, l);
-      if (two) softmax_rows<Int8>(g, w.s, n, npad, r0 + 16, w.kscale, w.vscale, P, O, m, l);
-      if (two) pv_tiles<2>(P, w.v, g.dp, npad, r0, O);
-      else pv_tiles<1>(P, w.v, g.dp, npad, r0, O);
+      if (gi + 1 < groups) {
+        jobs.qk_r0 = r0 + 32, jobs.qk_k0 = 0, jobs.qk_two = r0 + 64 <= g.Rp, jobs.qk_S = Sbuf[(gi + 1) & 1];
+      }
+      jobs.schedule(two ? 32 : 16);
+      for (size_t e = ex_off + 64 * ex_lines; kv.prefetch && ex_off < e && ex_off < ex_end; ex_off += 64)
+        _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
+      float* S = Sbuf[gi & 1];
+      uint16_t* P = Pbuf[gi & 1];
+      softmax_rows<Int8>(g, S, n, npad, r0, w.kscale, w.vscale, P, O, m, l, jobs);
+      if (two)
+        softmax_rows<Int8>(g, S + 16 * kKeyBlock, n, npad, r0 + 16, w.kscale, w.vscale, P + 16 * kKeyBlock, O, m, l,
+                           jobs);
+      jobs.drain();
+      jobs.pv_r0 = r0, jobs.pv_c0 = 0, jobs.pv_two = two, jobs.pv_P = P;
     }
+    jobs.drain();
   }
   __asm__ volatile("tilerelease" ::: "memory");
 }
