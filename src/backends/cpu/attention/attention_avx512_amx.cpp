@@ -150,14 +150,19 @@ void pack_values(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* V)
     }
 }
 
-// The queries row-major: Qa[r][c] for r < Rp, c < dp (bf16, row stride dp), from the pairs qp[i * qld + r].
+// The queries row-major: Qa[r][c] for r < Rp, c < dp (bf16, row stride dp), from the pairs qp[i * qld + r]:
+// 16 x 16 pairs at a time, transposed in registers.
 void pack_queries(const AttnGeometry& g, const uint32_t* qp, uint16_t* Qa) {
   uint32_t* q = reinterpret_cast<uint32_t*>(Qa);
   const int half = g.d / 2, dph = g.dp / 2;
-  for (int r = 0; r < g.Rp; ++r) {
-    for (int i = 0; i < half; ++i) q[size_t(r) * dph + i] = qp[size_t(i) * g.qld + r];
-    for (int i = half; i < dph; ++i) q[size_t(r) * dph + i] = 0;
-  }
+  for (int r0 = 0; r0 < g.Rp; r0 += 16)
+    for (int i0 = 0; i0 < dph; i0 += 16) {
+      __m512i t[16];
+      for (int i = 0; i < 16; ++i)
+        t[i] = i0 + i < half ? _mm512_loadu_si512(qp + size_t(i0 + i) * g.qld + r0) : _mm512_setzero_si512();
+      transpose16(t);
+      for (int r = 0; r < 16; ++r) _mm512_storeu_si512(q + size_t(r0 + r) * dph + i0, t[r]);
+    }
 }
 
 // S[r - r0][k0 .. k0+31] (row stride kKeyBlock) for the 16 or 32 (two) query rows from r0: 2 x 2 tiles of 16 x 16.
@@ -300,7 +305,7 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
       for (int h = 0; h < 2; ++h) {
         const int left = n - 16 * (k + h);
         const __mmask16 valid = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
-        p2[h] = valid ? _mm512_maskz_mov_ps(valid, exp2_ps<4>(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * (k + h)), scale, mb)))
+        p2[h] = valid ? _mm512_maskz_mov_ps(valid, exp2_ps<3>(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * (k + h)), scale, mb)))
                       : _mm512_setzero_ps();
         acc = _mm512_add_ps(acc, p2[h]);
         if constexpr (Int8) p2[h] = _mm512_mul_ps(p2[h], _mm512_maskz_loadu_ps(valid, vs + 16 * (k + h)));
