@@ -7,12 +7,11 @@
 // Per chunk the queries are packed row-major (the A operand of S = Q.K^T: 16 rows x 32 dims a tile). Per block of
 // up to kKeyBlock keys: the keys are transposed into pairs per 16 keys (the B operand, VNNI layout; an int8 cache's
 // rows as their integers, exact in bf16, the scales applied to the scores and probabilities), the values into pairs
-// per 2 keys (pack_values' layout, the B operand of
-// P.V); S for 32 query rows at a time (2 x 2 tiles of 16 x 16), then those rows' exact online-softmax update (row
-// maxima, base 2, fp32, m only rises), the probabilities rounded to bf16 row-major (the A operand of P.V), O rescaled
-// in memory for the rows whose maximum rose, and O += P.V on 2 x 2 tiles loaded from and stored back to O. All
-// queries of an item (several samples' rows with a shared prompt) go through the same tiles 16 rows at a time; every
-// row's arithmetic depends on its own data only, so the work split never changes a result.
+// per 2 keys (the B operand of P.V); S for 32 query rows at a time (2 x 2 tiles of 16 x 16), then those rows' exact
+// online-softmax update (row maxima, base 2, fp32, m only rises), the probabilities rounded to bf16 row-major (the A
+// operand of P.V), O rescaled in memory for the rows whose maximum rose, and O += P.V on 2 x 2 tiles loaded from and
+// stored back to O. All queries of an item (several samples' rows with a shared prompt) go through the same tiles
+// 16 rows at a time; every row's arithmetic depends on its own data only, so the work split never changes a result.
 // GCC 12 warns falsely about _mm512_undefined_ps inside the max/roundscale/scalef intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
