@@ -90,8 +90,9 @@ struct AttnScratch {
   AlignedBuf<float> kscale, vscale, qscale, pmax;
   AlignedBuf<uint32_t> q8;
   AlignedBuf<int32_t> qcorr;
-  // amx_bf16's queries row-major [Rp][dp] (bf16) and a block's keys as pairs [dp/2][kKeyBlock]; its scores use s
-  // as [Rp][kKeyBlock], its probabilities p as bf16 [Rp][kKeyBlock]. Empty unless resize(g, ..., ..., true).
+  // amx_bf16's queries row-major [Rp][dp] (bf16) and a block's keys as pairs [dp/2][kKeyBlock]; it uses s as two
+  // row groups' scores [2][32][kKeyBlock] and p as their probabilities (bf16) [2][32][kKeyBlock]. Empty unless
+  // resize(g, ..., ..., true).
   AlignedBuf<uint16_t> qa;
   AlignedBuf<uint32_t> kb;
   void resize(const AttnGeometry& g, bool fp32 = false, bool int8 = false, bool amx = false);
