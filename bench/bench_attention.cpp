@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
                  "separate KV caches taken in turn: 1 stays in L2/L3; 64 (150 MB at S=4700) streams the keys from "
                  "memory as a step's layers do")
       ->check(CLI::Range(1, 4096));
-  app.add_option("--kernel", only, "one kernel: avx512_bf16 | avx512_vnni | avx512_fma | avx2_fma | portable");
+  app.add_option("--kernel", only, "one kernel: avx512_bf16 | avx512_vnni | avx512_fma | avx2_fma | amx_bf16 | portable");
   app.add_option("--kv", kv, "the cache: bf16 | int8")->check(CLI::IsMember({"bf16", "int8"}));
   CLI11_PARSE(app, argc, argv);
   // ALPAMAYO_CPU_ISA caps everything this program runs, oneDNN too (before its first primitive).
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
   const Peaks& peaks = measured_peaks(1);
   for (AttnKernel k : kernels_run) {
     AttnScratch sc;
-    sc.resize(g, attn_kernel_is_fp32(k), int8);
+    sc.resize(g, attn_kernel_is_fp32(k), int8, attn_kernel_is_amx(k));
     const int kreps = k == AttnKernel::Portable ? std::max(1, reps / 5) : reps;
     double ta = 0, tm = 0, ta_best = 1e30;
     for (int r = 0; r <= kreps; ++r) {

@@ -359,6 +359,24 @@ TEST_P(ThreadCountConformanceKv, ResultsAreBitwiseIndependentOfThreadCount) {
 INSTANTIATE_TEST_SUITE_P(Backends, ThreadCountConformanceKv, ::testing::ValuesIn(kv_targets()),
                          [](const auto& info) { return target_name(info.param); });
 
+// The AMX attention kernel forced, on both caches (the timed choice above takes it only where it wins): 1 to 5
+// threads on the shapes with several chunks and shared prompts, whose cascade puts several samples' rows in one item.
+TEST(Conformance, AmxAttentionIsBitwiseIndependentOfThreadCount) {
+  if (const std::string why = cpu::attn_kernel_unavailable(cpu::AttnKernel::AmxBf16); !why.empty())
+    GTEST_SKIP() << "amx_bf16: " << why;
+  for (const std::string kv : {"bf16", "int8"})
+    for (int si : {2, 5, 6}) {
+      Problem p(shapes()[si]);
+      const std::string pin = kv == "int8" ? "attention_kv_int8=amx_bf16" : "attention=amx_bf16";
+      const auto one_model = p.model("cpu", "bf16", 1, {}, kv, pin);
+      EXPECT_EQ(one_model->kernels().rfind(pin, 0), 0u) << one_model->kernels();
+      const SampleResult one = run(one_model, p.context(), -1).r;
+      for (int t : {2, 3, 5})
+        EXPECT_EQ(run(p.model("cpu", "bf16", t, {}, kv, pin), p.context(), -1).r.action, one.action)
+            << kv << " cache, " << shapes()[si].name << ": " << t << " threads against 1";
+    }
+}
+
 TEST(Conformance, EveryBackendIsTested) {
   // The registry lists the reference first-class too; a build always has it.
   bool has_ref = false;

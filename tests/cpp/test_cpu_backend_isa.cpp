@@ -304,7 +304,7 @@ TEST(AttentionSelection, NamesAndAvailability) {
 TEST(AttentionSelection, UnknownOrUnrunnableNamesAreErrors) {
   test::expect_error([] { attn_kernel_from_name("amx", "ALPAMAYO_CPU_KERNELS"); },
                      {"ALPAMAYO_CPU_KERNELS", "unknown attention kernel \"amx\"",
-                      "avx512_bf16, avx512_vnni, avx512_fma, avx2_fma, portable", "runnable here"});
+                      "avx512_bf16, avx512_vnni, avx512_fma, avx2_fma, amx_bf16, portable", "runnable here"});
   for (bool int8 : {false, true})
     for (AttnKernel k : kAttnKernels)
       if (const std::string why = attn_kernel_unavailable(k, int8); !why.empty()) {
@@ -317,6 +317,26 @@ TEST(AttentionSelection, UnknownOrUnrunnableNamesAreErrors) {
   EXPECT_NE(attn_kernel_unavailable(AttnKernel::Avx512Vnni, false), "");
   EXPECT_NE(attn_kernel_unavailable(AttnKernel::Avx512Bf16, true), "");
   EXPECT_EQ(attn_kernel_unavailable(AttnKernel::Portable, true), "");
+}
+
+// amx_bf16 runs exactly where isa() has AMX-BF16 (the CPU has it and Linux granted the tile state) with AVX512-BF16,
+// on both caches, and a cap below amx takes it away, naming the cap.
+TEST(AttentionSelection, AmxNeedsTheTilesAndIsCappedBelowAmx) {
+  const bool usable = isa().has(kAvx512 | kAvx512Bf16 | kAmxBf16);
+  for (bool int8 : {false, true}) {
+    EXPECT_EQ(attn_kernel_unavailable(AttnKernel::AmxBf16, int8).empty(), usable) << int8;
+    for (const char* cap : {"avx2", "avx512", "avx512_vnni", "avx512_bf16"}) {
+      const std::string why = attn_kernel_unavailable(AttnKernel::AmxBf16, int8, isa_with_cap(cap, "ALPAMAYO_CPU_ISA"));
+      EXPECT_NE(why.find("amx_bf16"), std::string::npos) << cap << ": " << why;
+      if (usable) { EXPECT_NE(why.find("ALPAMAYO_CPU_ISA=" + std::string(cap)), std::string::npos) << why; }
+      test::expect_error(
+          [&] { attn_kernel_from_name("amx_bf16", "ALPAMAYO_CPU_KERNELS", int8, isa_with_cap(cap, "ALPAMAYO_CPU_ISA")); },
+          {"\"amx_bf16\" cannot run here", "needs"});
+    }
+    EXPECT_EQ(attn_kernel_unavailable(AttnKernel::AmxBf16, int8, isa_with_cap("amx", "ALPAMAYO_CPU_ISA")).empty(),
+              usable);
+  }
+  std::printf("amx_bf16 %s\n", usable ? "runs here" : attn_kernel_unavailable(AttnKernel::AmxBf16).c_str());
 }
 
 TEST(AttentionSelection, FastestRunnableOrForced) {
@@ -476,7 +496,7 @@ struct AttnTestData {
   // Kernel k's O / l [R][d] and l 2^m [R], in double as the check computes them.
   void run(AttnKernel kernel, std::vector<double>& out, std::vector<double>& norm) const {
     AttnScratch sc;
-    sc.resize(g, attn_kernel_is_fp32(kernel), kv.int8);
+    sc.resize(g, attn_kernel_is_fp32(kernel), kv.int8, attn_kernel_is_amx(kernel));
     AlignedBuf<float> O(size_t(g.Rp) * g.dp), m(g.Rp), l(g.Rp);
     init_partial(g, O.data(), m.data(), l.data());
     attend_chunk(kernel, g, qp.data(), kv, 0, n, O.data(), m.data(), l.data(), sc);
@@ -540,8 +560,8 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> ops = {
       {"matmul_bf16", {"avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
       {"matmul_int8", {"avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"}},
-      {"attention", {"avx512_bf16", "avx512_fma", "avx2_fma"}},
-      {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma"}}};
+      {"attention", {"avx512_bf16", "avx512_fma", "avx2_fma", "amx_bf16"}},
+      {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma", "amx_bf16"}}};
   for (const auto& [op, kernels] : ops)
     for (const std::string& k : kernels) {
       const KernelScope forced = scope(op + "=" + k);

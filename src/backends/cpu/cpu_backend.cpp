@@ -597,7 +597,7 @@ void CpuSession::bind_step(const Binding& bnd) {
     pt.tmp.resize(tmp);
     pt.scratch.resize(scratch);
     pt.row.resize(std::max({D, I, d}));
-    pt.attn.resize(widest, attn_kernel_is_fp32(attn_kernel_), m_.kv_int8_);
+    pt.attn.resize(widest, attn_kernel_is_fp32(attn_kernel_), m_.kv_int8_, attn_kernel_is_amx(attn_kernel_));
   }
 }
 
@@ -666,7 +666,7 @@ void CpuSession::set_attention_kernel(AttnKernel k) {
     throw Error(ErrorCode::Unsupported, std::string("cpu backend: attention kernel ") + attn_kernel_name(k) + " cannot run here: " + why);
   attn_kernel_ = k;
   if (attn_widest_.d > 0)  // already bound: the scratch of the new kernel
-    for (PerThread& pt : per_thread_) pt.attn.resize(attn_widest_, attn_kernel_is_fp32(k), m_.kv_int8_);
+    for (PerThread& pt : per_thread_) pt.attn.resize(attn_widest_, attn_kernel_is_fp32(k), m_.kv_int8_, attn_kernel_is_amx(k));
 }
 
 uint32_t* CpuSession::qptr(int b, int g) {

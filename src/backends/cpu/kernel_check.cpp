@@ -284,6 +284,9 @@ AttnRounding attention_rounding(AttnKernel k, int n) {
     case AttnKernel::Avx512Vnni:  // int8 queries, 15-bit p * vs (absolute, below), degree 3 fused, 4 exact
       a = {0, poly_exp2_error(3), poly_exp2_error(6), blocks, true, true};
       break;
+    case AttnKernel::AmxBf16:  // bf16 probabilities (times an int8 cache's value scales), degree 3
+      a = {0x1p-8, poly_exp2_error(3), poly_exp2_error(6), blocks};
+      break;
   }
   return a;
 }

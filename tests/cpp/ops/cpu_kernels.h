@@ -205,7 +205,7 @@ inline std::vector<float> run_attention(const OpShape& s, const OpData& d, AttnK
   const int group = s.Hq / s.Hkv;
   const AttnGeometry g = AttnGeometry::make(s.d, group, s.T);
   AttnScratch scratch;
-  scratch.resize(g, attn_kernel_is_fp32(kernel), int8);
+  scratch.resize(g, attn_kernel_is_fp32(kernel), int8, attn_kernel_is_amx(kernel));
   std::vector<float> out(size_t(s.T) * s.Hq * s.d, NAN);
   for (int h = 0; h < s.Hkv; ++h) {
     const AlignedBuf<uint32_t> qp = query_pairs(s, d, g, h);
@@ -249,7 +249,7 @@ inline void add_attention(std::vector<OpKernel>& v) {
                  [k, int8] { return attn_kernel_unavailable(k, int8); },
                  [k, int8](const OpShape& s, const OpData& d) { return run_attention(s, d, k, int8); });
       if (k == AttnKernel::Avx512Vnni) e.reference_inputs = round_queries_s8, e.print_unrounded = true;
-      // bf16 probabilities (avx512_bf16, portable) differ from the oracle by their rounding: relative 2^-9 per
+      // bf16 probabilities (avx512_bf16, amx_bf16, portable) differ from the oracle by their rounding: relative 2^-9 per
       // weight, averaging out over keys; measured <= 0.1% of the largest output, bound 0.5%. The fp32 kernels
       // differ by summation order and the exp2 polynomial only: bound 0.01%. avx512_vnni rounds the probabilities
       // (times the value scales) to 15 bits per row and block: measured <= 2.1e-4 of the largest output, bound 1e-3.

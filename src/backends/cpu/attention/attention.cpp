@@ -29,14 +29,15 @@ AttnGeometry AttnGeometry::make(int d, int group, int T) {
   return g;
 }
 
-void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8) {
+void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8, bool amx) {
   qf.resize(fp32 ? size_t(g.dp) * (g.Rp + kFmaPad) : 0);
   kf.resize(fp32 ? size_t(kKeyBlock) * g.d : 0);
   vf.resize(fp32 ? size_t(kKeyBlock) * (g.dp + kFmaPad) : 0);
   kptr.resize(kKeyBlock);
   vptr.resize(kKeyBlock);
-  s.resize(size_t(kKeyBlock) * (g.Rp + (fp32 ? kFmaPad : 0)));
-  p.resize(size_t(kKeyBlock / 2) * g.Rp);
+  // amx_bf16 double-buffers the scores and probabilities of 32 rows.
+  s.resize(size_t(kKeyBlock) * std::max(g.Rp + (fp32 ? kFmaPad : 0), amx ? 64 : 0));
+  p.resize(size_t(kKeyBlock / 2) * std::max(g.Rp, amx ? 64 : 0));
   v.resize(size_t(kKeyBlock / 2) * g.dp);
   alpha.resize(g.Rp);
   lblk.resize(g.Rp);
@@ -49,6 +50,8 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8) {
   qscale.resize(int8 ? g.Rp : 0);
   qcorr.resize(int8 ? g.Rp : 0);
   pmax.resize(int8 ? g.Rp : 0);
+  qa.resize(amx ? size_t(g.Rp) * g.dp : 0);
+  kb.resize(amx ? size_t(g.dp / 2) * kKeyBlock : 0);
 }
 
 float store_int8_key_row(const float* x, int d, uint8_t* k8) {
@@ -79,6 +82,7 @@ const char* attn_kernel_name(AttnKernel k) {
     case AttnKernel::Avx512Vnni: return "avx512_vnni";
     case AttnKernel::Avx512Fma: return "avx512_fma";
     case AttnKernel::Avx2Fma: return "avx2_fma";
+    case AttnKernel::AmxBf16: return "amx_bf16";
     case AttnKernel::Portable: return "portable";
   }
   return "?";
@@ -90,12 +94,15 @@ const char* attn_kernel_instruction(AttnKernel k) {
     case AttnKernel::Avx512Vnni: return "vpdpbusd zmm + vpdpwssd zmm";
     case AttnKernel::Avx512Fma: return "vfmadd231ps zmm";
     case AttnKernel::Avx2Fma: return "vfmadd231ps ymm";
+    case AttnKernel::AmxBf16: return "tdpbf16ps tmm";
     case AttnKernel::Portable: return "scalar";
   }
   return "?";
 }
 
 bool attn_kernel_is_fp32(AttnKernel k) { return k == AttnKernel::Avx512Fma || k == AttnKernel::Avx2Fma; }
+
+bool attn_kernel_is_amx(AttnKernel k) { return k == AttnKernel::AmxBf16; }
 
 std::string attn_kernel_unavailable(AttnKernel k, bool int8, const IsaInfo& i) {
   if (k == AttnKernel::Avx512Bf16 && int8) return "reads only bf16 caches (not kv int8)";
@@ -106,6 +113,7 @@ std::string attn_kernel_unavailable(AttnKernel k, bool int8, const IsaInfo& i) {
     case AttnKernel::Avx512Vnni: need = kAvx512 | kAvx512Vnni; break;
     case AttnKernel::Avx512Fma: need = kAvx512; break;
     case AttnKernel::Avx2Fma: need = kAvx2Fma; break;
+    case AttnKernel::AmxBf16: need = kAvx512 | kAvx512Bf16 | kAmxBf16; break;
     case AttnKernel::Portable: return "";
   }
   if (i.has(need)) return "";
@@ -138,12 +146,14 @@ void attend_chunk(AttnKernel kernel, const AttnGeometry& g, const uint32_t* qp, 
   const AttnWork w{sc.kptr.data(),  sc.vptr.data(),   sc.s.data(),      sc.p.data(),      sc.v.data(),
                    sc.alpha.data(), sc.lblk.data(),   sc.zero.data(),   sc.qf.data(),     sc.kf.data(),
                    sc.vf.data(),    sc.k8ptr.data(),  sc.v8ptr.data(),  sc.kscale.data(), sc.vscale.data(),
-                   sc.qscale.data(), sc.pmax.data(),  sc.q8.data(),     sc.qcorr.data()};
+                   sc.qscale.data(), sc.pmax.data(),  sc.q8.data(),     sc.qcorr.data(),  sc.qa.data(),
+                   sc.kb.data()};
   switch (kernel) {
     case AttnKernel::Avx512Bf16: attend_chunk_avx512bf16(g, qp, kv, j0, j1, O, m, l, w); break;
     case AttnKernel::Avx512Vnni: attend_chunk_avx512vnni(g, qp, kv, j0, j1, O, m, l, w); break;
     case AttnKernel::Avx512Fma: attend_chunk_avx512fma(g, qp, kv, j0, j1, O, m, l, w); break;
     case AttnKernel::Avx2Fma: attend_chunk_avx2fma(g, qp, kv, j0, j1, O, m, l, w); break;
+    case AttnKernel::AmxBf16: attend_chunk_amx(g, qp, kv, j0, j1, O, m, l, w); break;
     case AttnKernel::Portable: attend_chunk_portable(g, qp, kv, j0, j1, O, m, l); break;
   }
 }
@@ -207,7 +217,7 @@ struct AttnRun {
   AttnScratch sc;
   AlignedBuf<float> O, m, l;
   AttnRun(AttnKernel k, const AttnData& d) : O(size_t(d.g.Rp) * d.g.dp), m(d.g.Rp), l(d.g.Rp) {
-    sc.resize(d.g, attn_kernel_is_fp32(k), d.int8);
+    sc.resize(d.g, attn_kernel_is_fp32(k), d.int8, attn_kernel_is_amx(k));
   }
   void run(AttnKernel k, const AttnData& d) {
     init_partial(d.g, O.data(), m.data(), l.data());

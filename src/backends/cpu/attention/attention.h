@@ -8,7 +8,9 @@
 //
 // Kernels (AttnKernel, chosen at run time: select_attention_kernel): avx512_bf16 (vdpbf16ps on bf16 pairs, bf16
 // probabilities), avx512_fma and avx2_fma (q, k, v widened to fp32 in scratch, fp32 FMAs, fp32 probabilities)
-// and portable (plain C++, one key at a time). All compute the same partials: base-2 online softmax, fp32
+// and portable (plain C++, one key at a time). amx_bf16 (where the OS grants the AMX tile state) computes both
+// products of a block on tiles (tdpbf16ps) with bf16 probabilities, the softmax in AVX-512; it reads bf16 caches and
+// int8 ones (dequantised to bf16 per block). All compute the same partials: base-2 online softmax, fp32
 // accumulation; they differ only in rounding.
 //
 // An int8 cache (kv int8, src/backends/kv_int8.h) holds every key and value row as int8 with one fp32 scale per
@@ -88,12 +90,17 @@ struct AttnScratch {
   AlignedBuf<float> kscale, vscale, qscale, pmax;
   AlignedBuf<uint32_t> q8;
   AlignedBuf<int32_t> qcorr;
-  void resize(const AttnGeometry& g, bool fp32 = false, bool int8 = false);
+  // amx_bf16's queries row-major [Rp][dp] (bf16) and a block's keys as pairs [dp/2][kKeyBlock]; it uses s as two
+  // row groups' scores [2][32][kKeyBlock] and p as their probabilities (bf16) [2][32][kKeyBlock]. Empty unless
+  // resize(g, ..., ..., true).
+  AlignedBuf<uint16_t> qa;
+  AlignedBuf<uint32_t> kb;
+  void resize(const AttnGeometry& g, bool fp32 = false, bool int8 = false, bool amx = false);
   size_t bytes() const {
     size_t n = 0;
     for (size_t b : {qf.bytes(), kf.bytes(), vf.bytes(), kptr.bytes(), vptr.bytes(), s.bytes(), p.bytes(), v.bytes(),
                      alpha.bytes(), lblk.bytes(), zero.bytes(), k8ptr.bytes(), v8ptr.bytes(), kscale.bytes(),
-                     vscale.bytes(), qscale.bytes(), pmax.bytes(), q8.bytes(), qcorr.bytes()})
+                     vscale.bytes(), qscale.bytes(), pmax.bytes(), q8.bytes(), qcorr.bytes(), qa.bytes(), kb.bytes()})
       n += b;
     return n;
   }
@@ -116,12 +123,16 @@ struct AttnWork {
   float *kscale, *vscale, *qscale, *pmax;
   uint32_t* q8;
   int32_t* qcorr;
+  uint16_t* qa;
+  uint32_t* kb;
 };
 
-enum class AttnKernel { Avx512Bf16, Avx512Vnni, Avx512Fma, Avx2Fma, Portable };
+enum class AttnKernel { Avx512Bf16, Avx512Vnni, Avx512Fma, Avx2Fma, AmxBf16, Portable };
+// In timing order (isa.h, kChoiceMargin): amx_bf16 after the AVX kernels, so that it is taken only where it is
+// clearly faster.
 inline constexpr AttnKernel kAttnKernels[] = {AttnKernel::Avx512Bf16, AttnKernel::Avx512Vnni, AttnKernel::Avx512Fma,
-                                              AttnKernel::Avx2Fma, AttnKernel::Portable};
-// "avx512_bf16", "avx512_vnni", "avx512_fma", "avx2_fma", "portable"
+                                              AttnKernel::Avx2Fma,    AttnKernel::AmxBf16,    AttnKernel::Portable};
+// "avx512_bf16", "avx512_vnni", "avx512_fma", "avx2_fma", "amx_bf16", "portable"
 const char* attn_kernel_name(AttnKernel k);
 const char* attn_kernel_instruction(AttnKernel k);  // what does the multiply-adds: "vdpbf16ps zmm", ...
 // Empty when the kernel can run within `i` (isa(), or a model's cap: isa_with_cap) on a bf16 cache (int8 = false)
@@ -149,9 +160,11 @@ void init_partial(const AttnGeometry& g, float* O, float* m, float* l);
 void attend_chunk(AttnKernel kernel, const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                   float* O, float* m, float* l, AttnScratch& scratch);
 bool attn_kernel_is_fp32(AttnKernel k);
+bool attn_kernel_is_amx(AttnKernel k);  // needs the scratch's amx buffers (AttnScratch::resize)
 void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                            float* O, float* m, float* l);
-// The ISA kernels (attention_avx512.cpp, attention_avx512_fma.cpp, attention_avx2.cpp).
+// The ISA kernels (attention_avx512.cpp, attention_avx512_fma.cpp, attention_avx2.cpp, attention_avx512_vnni.cpp,
+// attention_avx512_amx.cpp).
 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                              float* O, float* m, float* l, const AttnWork& w);
 void attend_chunk_avx512fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
@@ -160,6 +173,8 @@ void attend_chunk_avx2fma(const AttnGeometry& g, const uint32_t* qp, const KeyRo
                           float* m, float* l, const AttnWork& w);
 void attend_chunk_avx512vnni(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                              float* O, float* m, float* l, const AttnWork& w);
+void attend_chunk_amx(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O,
+                      float* m, float* l, const AttnWork& w);
 
 // An int8 cache's rows for the kernels (cpu backend, benchmarks, tests): one row x [d] quantised per
 // kv_int8.h, the key stored as q + 128 (u8), the value as q (s8). Returns the row's scale.

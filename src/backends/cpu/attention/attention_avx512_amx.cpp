@@ -1,0 +1,380 @@
+// The AMX attention kernel (amx_bf16; attention.h): both products of a key block on tiles (tdpbf16ps, bf16 pairs,
+// fp32 accumulators), the online softmax between them in AVX-512. An ISA translation unit (compiled with the
+// AVX-512 flags, CMakeLists.txt; the tile instructions are inline asm): it defines no weak symbol and calls no
+// inline function of a header (scripts/check-isa-objects.sh); callers check attn_kernel_unavailable() first, which
+// needs the OS's grant of the tile state (isa.cpp).
+//
+// Per chunk the queries are packed row-major (the A operand of S = Q.K^T: 16 rows x 32 dims a tile). Per block of
+// up to kKeyBlock keys: the keys are transposed into pairs per 16 keys (the B operand, VNNI layout; an int8 cache's
+// rows as their integers, exact in bf16, the scales applied to the scores and probabilities), the values into pairs
+// per 2 keys (the B operand of P.V); S for 32 query rows at a time (2 x 2 tiles of 16 x 16), then those rows' exact
+// online-softmax update (row maxima, base 2, fp32, m only rises), the probabilities rounded to bf16 row-major (the A
+// operand of P.V), O rescaled in memory for the rows whose maximum rose, and O += P.V on 2 x 2 tiles loaded from and
+// stored back to O. All queries of an item (several samples' rows with a shared prompt) go through the same tiles
+// 16 rows at a time; every row's arithmetic depends on its own data only, so the work split never changes a result.
+// GCC 12 warns falsely about _mm512_undefined_ps inside the max/roundscale/scalef intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/attention/attention.h"
+#include "backends/cpu/attention/exp2_avx512.h"
+
+// The tile instructions as asm with a memory clobber: GCC 12's _tile_loadd has none (a store to the operand just
+// before could be moved past it) and its _tile_loadconfig declares only the first 8 bytes of the configuration read.
+#define ALP_TILE_LOAD(t, base, stride) \
+  __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define ALP_TILE_STORE(t, base, stride) \
+  __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
+#define ALP_TILE_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::)
+// C += A.B over bf16 pairs, fp32 C.
+#define ALP_TILE_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+
+namespace alpamayo::cpu {
+namespace {
+
+// The tile configuration (palette 1): all 8 tiles 16 rows x 64 bytes. QK: tiles 0-3 S, 4-5 Q, 6-7 K;
+// PV: 0-3 O, 4-5 P, 6-7 V.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void load_tile_config() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) c.colsb[t] = 64, c.rows[t] = 16;
+  __asm__ volatile("ldtilecfg %0" ::"m"(c) : "memory");
+}
+
+// Where key j's rows are: the one place that maps the virtual key sequence onto the segments (attention.h,
+// KeyRows). Writes the rows of keys jb .. jb+n-1 to w (bf16 pointers, or an int8 cache's pointers and scales).
+void resolve_rows(const KeyRows& kv, int d, int jb, int n, const AttnWork& w) {
+  for (int k = 0; k < n; ++k) {
+    const int j = jb + k;
+    const int seg = j < kv.S ? 0 : j < kv.S + kv.S2 ? 1 : 2;
+    const size_t i = size_t(j - (seg == 0 ? 0 : seg == 1 ? kv.S : kv.S + kv.S2));
+    if (kv.int8) {
+      const KeyRows::Int8Segment& s = kv.i8[seg];
+      w.k8ptr[k] = s.k + i * d, w.v8ptr[k] = s.v + i * d, w.kscale[k] = s.ks[i], w.vscale[k] = s.vs[i];
+    } else {
+      w.kptr[k] = (seg == 0 ? kv.k_cache : seg == 1 ? kv.k_mid : kv.k_own) + i * d;
+      w.vptr[k] = (seg == 0 ? kv.v_cache : seg == 1 ? kv.v_mid : kv.v_own) + i * d;
+    }
+  }
+}
+
+// 32 values of row k from column c (fewer where d ends: zeros) as bf16: a bf16 row as is, an int8 cache's row as
+// its integers (exact in bf16; key rows are stored q + 128), the row's scale applied in the softmax instead.
+template <bool Int8, bool Key>
+inline __m512i row32(const AttnWork& w, int k, int c, int d) {
+  const int left = d - c;
+  const __mmask32 mask = left >= 32 ? ~__mmask32(0) : ((__mmask32(1) << left) - 1);
+  if constexpr (!Int8) {
+    return _mm512_maskz_loadu_epi16(mask, (Key ? w.kptr[k] : w.vptr[k]) + c);
+  } else {
+    const __m256i b = _mm256_maskz_loadu_epi8(mask, Key ? static_cast<const void*>(w.k8ptr[k] + c)
+                                                        : static_cast<const void*>(w.v8ptr[k] + c));
+    __m512i lo, hi;
+    if constexpr (Key) {
+      const __m512i off = _mm512_set1_epi32(128);
+      lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(b)), off);
+      hi = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(b, 1)), off);
+    } else {
+      lo = _mm512_cvtepi8_epi32(_mm256_castsi256_si128(b));
+      hi = _mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1));
+    }
+    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo));
+    return _mm512_maskz_mov_epi16(mask, v);  // columns past d read u8 0, key -128
+  }
+}
+
+// In-register transpose of 16 x 16 32-bit elements: r[i] lane j -> r[j] lane i.
+inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // r[i + b] lane group L: rows i..i+3, column 4L + b
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int b = 0; b < 4; ++b) {
+    t[b] = _mm512_shuffle_i32x4(r[b], r[4 + b], 0x88);
+    t[4 + b] = _mm512_shuffle_i32x4(r[b], r[4 + b], 0xdd);
+    t[8 + b] = _mm512_shuffle_i32x4(r[8 + b], r[12 + b], 0x88);
+    t[12 + b] = _mm512_shuffle_i32x4(r[8 + b], r[12 + b], 0xdd);
+  }
+  for (int b = 0; b < 4; ++b) {
+    r[b] = _mm512_shuffle_i32x4(t[b], t[8 + b], 0x88);
+    r[4 + b] = _mm512_shuffle_i32x4(t[4 + b], t[12 + b], 0x88);
+    r[8 + b] = _mm512_shuffle_i32x4(t[b], t[8 + b], 0xdd);
+    r[12 + b] = _mm512_shuffle_i32x4(t[4 + b], t[12 + b], 0xdd);
+  }
+}
+
+// Keys as pairs per 16 keys: Kb[i][k] = (key_k[2i], key_k[2i+1]) for i < dp/2, k < npad (row stride kKeyBlock);
+// keys >= n and dims >= d zero.
+template <bool Int8>
+void pack_keys(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* Kb) {
+  for (int k0 = 0; k0 < npad; k0 += 16)
+    for (int c = 0; c < dp; c += 32) {
+      __m512i r[16];
+      for (int k = 0; k < 16; ++k)
+        r[k] = k0 + k < n && c < d ? row32<Int8, true>(w, k0 + k, c, d) : _mm512_setzero_si512();
+      transpose16(r);
+      for (int i = 0; i < 16; ++i) _mm512_store_si512(Kb + size_t(c / 2 + i) * kKeyBlock + k0, r[i]);
+    }
+}
+
+// Values as pairs per 2 keys: V[k/2][c] = (v_k[c], v_k+1[c]) for c < dp (row stride dp); keys >= n zero.
+template <bool Int8>
+void pack_values(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* V) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                      6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int k = 0; k < npad; k += 2)
+    for (int c = 0; c < dp; c += 32) {
+      const __m512i a = k < n && c < d ? row32<Int8, false>(w, k, c, d) : _mm512_setzero_si512();
+      const __m512i b = k + 1 < n && c < d ? row32<Int8, false>(w, k + 1, c, d) : _mm512_setzero_si512();
+      _mm512_store_si512(V + size_t(k / 2) * dp + c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(V + size_t(k / 2) * dp + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+    }
+}
+
+// The queries row-major: Qa[r][c] for r < Rp, c < dp (bf16, row stride dp), from the pairs qp[i * qld + r]:
+// 16 x 16 pairs at a time, transposed in registers.
+void pack_queries(const AttnGeometry& g, const uint32_t* qp, uint16_t* Qa) {
+  uint32_t* q = reinterpret_cast<uint32_t*>(Qa);
+  const int half = g.d / 2, dph = g.dp / 2;
+  for (int r0 = 0; r0 < g.Rp; r0 += 16)
+    for (int i0 = 0; i0 < dph; i0 += 16) {
+      __m512i t[16];
+      for (int i = 0; i < 16; ++i)
+        t[i] = i0 + i < half ? _mm512_loadu_si512(qp + size_t(i0 + i) * g.qld + r0) : _mm512_setzero_si512();
+      transpose16(t);
+      for (int r = 0; r < 16; ++r) _mm512_storeu_si512(q + size_t(r0 + r) * dph + i0, t[r]);
+    }
+}
+
+// S[r - r0][k0 .. k0+31] (row stride kKeyBlock) for the 16 or 32 (two) query rows from r0: 2 x 2 tiles of 16 x 16.
+void qk_chunk(const uint16_t* Qa, int dp, const uint32_t* Kb, int k0, int r0, bool two, float* S) {
+  const size_t qs = size_t(dp) * 2, ks = kKeyBlock * 4, ss = kKeyBlock * 4;
+  ALP_TILE_ZERO(0);
+  ALP_TILE_ZERO(1);
+  if (two) {
+    ALP_TILE_ZERO(2);
+    ALP_TILE_ZERO(3);
+  }
+  for (int c = 0; c < dp; c += 32) {
+    ALP_TILE_LOAD(4, Qa + size_t(r0) * dp + c, qs);
+    ALP_TILE_LOAD(6, Kb + size_t(c / 2) * kKeyBlock + k0, ks);
+    ALP_TILE_LOAD(7, Kb + size_t(c / 2) * kKeyBlock + k0 + 16, ks);
+    ALP_TILE_DP(0, 4, 6);
+    ALP_TILE_DP(1, 4, 7);
+    if (two) {
+      ALP_TILE_LOAD(5, Qa + size_t(r0 + 16) * dp + c, qs);
+      ALP_TILE_DP(2, 5, 6);
+      ALP_TILE_DP(3, 5, 7);
+    }
+  }
+  ALP_TILE_STORE(0, S + k0, ss);
+  ALP_TILE_STORE(1, S + k0 + 16, ss);
+  if (two) {
+    ALP_TILE_STORE(2, S + size_t(16) * kKeyBlock + k0, ss);
+    ALP_TILE_STORE(3, S + size_t(16) * kKeyBlock + k0 + 16, ss);
+  }
+}
+
+// O[r][c0 .. c0+31] += P[r - r0][k] V[k][c] over keys [0, npad) for the 16 or 32 (two) rows from r0.
+void pv_chunk(const uint16_t* P, const uint32_t* V, int dp, int npad, int c0, int r0, bool two, float* O) {
+  const size_t os = size_t(dp) * 4, ps = kKeyBlock * 2, vs = size_t(dp) * 4;
+  float* o = O + size_t(r0) * dp + c0;
+  ALP_TILE_LOAD(0, o, os);
+  ALP_TILE_LOAD(1, o + 16, os);
+  if (two) {
+    ALP_TILE_LOAD(2, o + size_t(16) * dp, os);
+    ALP_TILE_LOAD(3, o + size_t(16) * dp + 16, os);
+  }
+  for (int k = 0; k < npad; k += 32) {
+    ALP_TILE_LOAD(4, P + k, ps);
+    ALP_TILE_LOAD(6, V + size_t(k / 2) * dp + c0, vs);
+    ALP_TILE_LOAD(7, V + size_t(k / 2) * dp + c0 + 16, vs);
+    ALP_TILE_DP(0, 4, 6);
+    ALP_TILE_DP(1, 4, 7);
+    if (two) {
+      ALP_TILE_LOAD(5, P + size_t(16) * kKeyBlock + k, ps);
+      ALP_TILE_DP(2, 5, 6);
+      ALP_TILE_DP(3, 5, 7);
+    }
+  }
+  ALP_TILE_STORE(0, o, os);
+  ALP_TILE_STORE(1, o + 16, os);
+  if (two) {
+    ALP_TILE_STORE(2, o + size_t(16) * dp, os);
+    ALP_TILE_STORE(3, o + size_t(16) * dp + 16, os);
+  }
+}
+
+// The tile work pending while the softmax of a row group runs: the next group's scores and the previous group's
+// P.V, in chunks of 32 keys / 32 columns, issued a chunk at a time between the softmax's rows (tick) so that the
+// tile unit and the vector units work at once. Each chunk is complete in itself (its tiles zeroed or loaded, then
+// stored), so the order of chunks changes no result.
+struct TileJobs {
+  const uint16_t* Qa;
+  const uint32_t *Kb, *V;
+  float* O;
+  int dp, npad;
+  int qk_r0 = -1, qk_k0 = 0, pv_r0 = -1, pv_c0 = 0;
+  bool qk_two = false, pv_two = false;
+  float* qk_S = nullptr;
+  const uint16_t* pv_P = nullptr;
+  int every = 1, ticks = 0;
+  bool pending() const { return qk_r0 >= 0 || pv_r0 >= 0; }
+  void step() {
+    if (qk_r0 >= 0) {
+      qk_chunk(Qa, dp, Kb, qk_k0, qk_r0, qk_two, qk_S);
+      if ((qk_k0 += 32) >= npad) qk_r0 = -1;
+    } else if (pv_r0 >= 0) {
+      pv_chunk(pv_P, V, dp, npad, pv_c0, pv_r0, pv_two, O);
+      if ((pv_c0 += 32) >= dp) pv_r0 = -1;
+    }
+  }
+  void drain() {
+    while (pending()) step();
+  }
+  // Spreads the pending chunks over `rows` ticks.
+  void schedule(int rows) {
+    const int chunks = (qk_r0 >= 0 ? (npad - qk_k0) / 32 : 0) + (pv_r0 >= 0 ? (dp - pv_c0) / 32 : 0);
+    every = chunks > 0 && rows > chunks ? rows / chunks : 1;
+    ticks = 0;
+  }
+  void tick() {
+    if (++ticks % every == 0) step();
+  }
+};
+
+// The online-softmax update of 16 rows from r0 for a block of n valid keys (npad, a multiple of 32): the row maxima
+// of S (these rows' scores, [16][kKeyBlock]), m raised to them, the probabilities 2^(s c - m) rounded to bf16 into
+// P[r - r0][k] (keys >= n zero), l rescaled and added to, and the rows of O whose maximum rose rescaled. An int8
+// cache's products are of its integers: S is first multiplied by the key rows' scales ks, and P holds p times the
+// value rows' scales vs (l adds p itself). One tile chunk of `jobs` per row (tick).
+template <bool Int8>
+void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, const float* ks, const float* vs,
+                  uint16_t* P, float* O, float* m, float* l, TileJobs& jobs) {
+  const __m512 scale = _mm512_set1_ps(g.scale_log2);
+  const int nv = npad / 16;
+  alignas(64) float mx[16], sum[16], mnew[16], alpha[16];
+  for (int r = 0; r < 16; ++r) {
+    float* s = S + size_t(r) * kKeyBlock;
+    __m512 v = _mm512_set1_ps(-INFINITY);
+    for (int k = 0; k < nv; ++k) {
+      const int left = n - 16 * k;
+      const __mmask16 valid = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+      __m512 x = _mm512_load_ps(s + 16 * k);
+      if constexpr (Int8) {
+        x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(valid, ks + 16 * k));
+        _mm512_store_ps(s + 16 * k, x);
+      }
+      v = _mm512_mask_max_ps(v, valid, v, x);
+    }
+    mx[r] = _mm512_reduce_max_ps(v);
+  }
+  const __m512 m_old = _mm512_loadu_ps(m + r0);
+  const __m512 m_new = _mm512_max_ps(m_old, _mm512_mul_ps(_mm512_load_ps(mx), scale));
+  // m_old is -inf before the first block: clamp so that alpha is 0 rather than NaN.
+  const __m512 a = exp2_ps<6>(_mm512_max_ps(_mm512_sub_ps(m_old, m_new), _mm512_set1_ps(-200.f)));
+  _mm512_store_ps(mnew, m_new);
+  _mm512_store_ps(alpha, a);
+  for (int r = 0; r < 16; ++r) {
+    jobs.tick();
+    const float* s = S + size_t(r) * kKeyBlock;
+    uint16_t* p = P + size_t(r) * kKeyBlock;
+    const __m512 mb = _mm512_set1_ps(mnew[r]);
+    __m512 acc = _mm512_setzero_ps();
+    for (int k = 0; k < nv; k += 2) {
+      __m512 p2[2];
+      for (int h = 0; h < 2; ++h) {
+        const int left = n - 16 * (k + h);
+        const __mmask16 valid = left >= 16 ? __mmask16(0xffff) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+        p2[h] = valid ? _mm512_maskz_mov_ps(valid, exp2_ps<3>(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * (k + h)), scale, mb)))
+                      : _mm512_setzero_ps();
+        acc = _mm512_add_ps(acc, p2[h]);
+        if constexpr (Int8) p2[h] = _mm512_mul_ps(p2[h], _mm512_maskz_loadu_ps(valid, vs + 16 * (k + h)));
+      }
+      _mm512_store_si512(p + 16 * k, (__m512i)_mm512_cvtne2ps_pbh(p2[1], p2[0]));
+    }
+    sum[r] = _mm512_reduce_add_ps(acc);
+    if (alpha[r] != 1.f) {
+      const __m512 ar = _mm512_set1_ps(alpha[r]);
+      float* o = O + size_t(r0 + r) * g.dp;
+      for (int c = 0; c < g.dp; c += 16) _mm512_store_ps(o + c, _mm512_mul_ps(_mm512_load_ps(o + c), ar));
+    }
+  }
+  _mm512_storeu_ps(l + r0, _mm512_fmadd_ps(_mm512_loadu_ps(l + r0), a, _mm512_load_ps(sum)));
+  _mm512_storeu_ps(m + r0, m_new);
+}
+
+// One body on purpose (about 60 lines): the software pipeline over a block's row groups (S, P double-buffered per
+// group: while group i's softmax runs, group i+1's scores and group i-1's P.V are issued between its rows).
+template <bool Int8>
+void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O, float* m,
+            float* l, const AttnWork& w) {
+  load_tile_config();
+  pack_queries(g, qp, w.qa);
+  const int groups = (g.Rp + 31) / 32;
+  float* Sbuf[2] = {w.s, w.s + 32 * kKeyBlock};
+  uint16_t* Pbuf[2] = {reinterpret_cast<uint16_t*>(w.p), reinterpret_cast<uint16_t*>(w.p) + 32 * kKeyBlock};
+  size_t ex_off = 0;  // progress through kv.prefetch
+  for (int jb = j0, n = 0; jb < j1; jb += n) {
+    n = j1 - jb < kKeyBlock ? j1 - jb : kKeyBlock;
+    const int npad = (n + 31) / 32 * 32;
+    resolve_rows(kv, g.d, jb, n, w);
+    pack_keys<Int8>(w, g.d, g.dp, n, npad, w.kb);
+    pack_values<Int8>(w, g.d, g.dp, n, npad, w.v);
+    // This block's share of the caller's region streams into L2 while the tiles work, spread over the row groups.
+    const size_t ex_block = ((kv.prefetch_bytes * kKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;
+    const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
+    const size_t ex_lines = (ex_end - ex_off) / 64 / groups + 1;
+    TileJobs jobs{w.qa, w.kb, w.v, O, g.dp, npad};
+    jobs.qk_r0 = 0, jobs.qk_k0 = 0, jobs.qk_two = g.Rp >= 32, jobs.qk_S = Sbuf[0];
+    jobs.drain();
+    for (int gi = 0; gi < groups; ++gi) {
+      const int r0 = 32 * gi;
+      const bool two = r0 + 32 <= g.Rp;
+      if (gi + 1 < groups) {
+        jobs.qk_r0 = r0 + 32, jobs.qk_k0 = 0, jobs.qk_two = r0 + 64 <= g.Rp, jobs.qk_S = Sbuf[(gi + 1) & 1];
+      }
+      jobs.schedule(two ? 32 : 16);
+      for (size_t e = ex_off + 64 * ex_lines; kv.prefetch && ex_off < e && ex_off < ex_end; ex_off += 64)
+        _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
+      float* S = Sbuf[gi & 1];
+      uint16_t* P = Pbuf[gi & 1];
+      softmax_rows<Int8>(g, S, n, npad, r0, w.kscale, w.vscale, P, O, m, l, jobs);
+      if (two)
+        softmax_rows<Int8>(g, S + 16 * kKeyBlock, n, npad, r0 + 16, w.kscale, w.vscale, P + 16 * kKeyBlock, O, m, l,
+                           jobs);
+      jobs.drain();
+      jobs.pv_r0 = r0, jobs.pv_c0 = 0, jobs.pv_two = two, jobs.pv_P = P;
+    }
+    jobs.drain();
+  }
+  __asm__ volatile("tilerelease" ::: "memory");
+}
+
+}  // namespace
+
+void attend_chunk_amx(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O,
+                      float* m, float* l, const AttnWork& w) {
+  if (kv.int8) attend<true>(g, qp, kv, j0, j1, O, m, l, w);
+  else attend<false>(g, qp, kv, j0, j1, O, m, l, w);
+}
+
+}  // namespace alpamayo::cpu
