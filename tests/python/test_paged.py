@@ -161,3 +161,31 @@ def test_errors_name_the_tensor_and_the_page():
         ae.Context.from_paged([pool] * L, [pool[:, :, :1]] * L, ok, [8, 5], [0, 0])
     with pytest.raises(ae.InvalidArgumentError, match=r"block_table must be int32 or int64"):
         ae.Context.from_paged([pool] * L, [pool] * L, ok.float(), [8, 5], [0, 0])
+
+
+def test_sample_trajectories_takes_a_paged_context(model):
+    """The rollout's expert stage on a paged context: the session's result for the same noise, in the release's
+    [G, ns, nj, T, ...] shape."""
+    page, lens = 16, [40, 50, 32]
+    rows = _rows(lens, shared=32, seed=6)
+    n, table = _pages(lens, page, shared_pages=2, seed=3)
+    caches = [torch.full((n, 2, page, H, D), float("nan"), dtype=torch.bfloat16) for _ in range(L)]
+    for l in range(L):
+        for kv in range(2):
+            _fill(caches[l][:, kv], rows[l][kv], table, page, False)
+    t = torch.linspace(-1.5, 0, 16)
+    xyz = torch.stack([4 * t, 0.1 * t, 0 * t], -1).expand(3, 16, 3).contiguous()
+    rot = torch.eye(3).expand(3, 16, 3, 3).contiguous()
+    ctx = ae.Context.from_paged(caches, None, torch.tensor(table, dtype=torch.int32), lens, [-2] * 3,
+                                ego_history_xyz=xyz, ego_history_rot=rot)
+    xyz_out, rot_out, action = ae.sample_trajectories(model, ctx, None, ego_history_xyz=None, ego_history_rot=None,
+                                                      num_traj_samples=3, use_classifier_free_guidance=False,
+                                                      generator=torch.Generator().manual_seed(9))
+    cfg = model.config
+    noise = torch.randn(3, cfg["n_waypoints"], cfg["action_dims"], generator=torch.Generator().manual_seed(9))
+    s = model.session()
+    s.bind(ctx)
+    want = s.sample(noise=noise)
+    assert action.shape == (1, 1, 3, cfg["n_waypoints"], cfg["action_dims"])
+    assert np.array_equal(action.reshape(3, *action.shape[3:]).numpy(), want.action)
+    assert np.array_equal(xyz_out.reshape(3, *xyz_out.shape[3:]).numpy(), want.xyz)
