@@ -277,7 +277,8 @@ void Context::validate(ErrorCode bad) {
       const bool strides_ok = t.strides.empty() || (t.strides.size() == 4 && t.strides[3] == 1 && t.strides[0] >= 0 &&
                                                      t.strides[1] >= 0 && t.strides[2] >= 0);
       check(strides_ok, bad,
-            t.name + ": cache views need strides of 4 non-negative elements with the head dim's stride 1, found " +
+            t.name + ": cache views need strides of 4 non-negative elements with the head dim's stride 1 "
+                     "(contiguous rows), found " +
                 shape_str(t.strides));
     }
   };
