@@ -256,7 +256,7 @@ struct BackendFeatures {
   bool guidance = false;        // classifier-free guidance (Binding::guided)
   bool device_memory = false;   // reads caches that live in GPU memory in place (BackendModel::can_read says which)
   bool strided_cache = false;   // cache views that are not row-major contiguous [N, Hkv, P, d] (kv_row_offset)
-  bool paged_cache = false;     // page pools with page tables (KVCache::page_size)
+  bool paged_cache = false;     // page pools with page tables (KVCache::page_size), the pools with any strides
   // A non-finite velocity is traced to the first layer whose output is non-finite (NonFiniteError::layer), which
   // Session::sample then explains (the stage and the tensors); else only the step is named.
   bool traces_non_finite = false;

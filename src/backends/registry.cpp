@@ -41,9 +41,9 @@ std::vector<std::string> context_features(const KVCache& kv) {
       f.push_back("left padding");
       break;
     }
-  bool strided = false;
+  bool strided = false;  // a backend that reads page pools reads them with any strides
   for (const auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
-    for (const TensorView& t : *list) strided = strided || !t.is_contiguous();
+    for (const TensorView& t : *list) strided = strided || (!kv.paged() && !t.is_contiguous());
   if (strided) f.push_back("strided cache views");
   if (kv.paged()) f.push_back("paged caches");
   return f;

@@ -367,6 +367,28 @@ TEST(PagedBind, BindAddsNoCacheCopy) {
 }
 #endif
 
+// A backend that does not declare strided or paged caches (the test-only `minimal`, test_backend_features.cpp) is
+// refused them at bind, naming the feature and the backends that run it.
+TEST(PagedBind, UndeclaredBackendsRefuseThem) {
+  Problem p(paged_shape(DType::F32));
+  Store st;
+  const Rows r = separate_rows(16, 4);
+  int64_t W = 0;
+  const Context paged = paged_context(r, DType::F32, {16, true, false, true, 3}, st, &W, 2);
+  Session s(p.model("minimal", "f32"));
+  expect_error([&] { s.bind(paged); }, {"the minimal backend does not run paged caches", "(backends that do:", "reference"});
+  EXPECT_FALSE(s.bound());
+  // The first rows of a larger dense cache: a view with the larger cache's strides.
+  const Context dense = dense_context(r, DType::F32, false, 64, st);
+  KVCache kv = dense.kv();
+  kv.P = 40;
+  for (auto* list : {&kv.key, &kv.value})
+    for (TensorView& t : *list) t.strides = {t.shape[1] * 64 * t.shape[3], 64 * t.shape[3], t.shape[3], 1}, t.shape[2] = 40;
+  const Context strided = Context::from_views(kv, dense.rope_delta(), std::nullopt, dense.v0(), "strided");
+  expect_error([&] { s.bind(strided); }, {"the minimal backend does not run strided cache views"});
+  EXPECT_EQ(sample(p.model("reference", ""), strided), sample(p.model("reference", ""), dense));
+}
+
 // Every bad input names the tensor and the page.
 TEST(PagedBind, ValidationNamesTheTensorAndThePage) {
   Store st;
@@ -378,14 +400,14 @@ TEST(PagedBind, ValidationNamesTheTensorAndThePage) {
   const std::vector<int64_t> rd = {0, 0};
   EXPECT_NO_THROW(Context::from_paged({k}, {v}, bt, {8, 5}, rd));
   std::vector<int64_t> out = {0, 4, 1, 2};
-  expect_error([&] { Context::from_paged({k}, {v}, {DType::I64, {2, 2}, out.data()}, {8, 5}, rd); },
+  expect_error([&] { Context::from_paged({k}, {v}, {DType::I64, {2, 2}, out.data(), "bt"}, {8, 5}, rd); },
                {"block_table[0, 1] = 4", "outside the pool k0 of 4 pages"});
   expect_error([&] { Context::from_paged({k}, {v}, bt, {9, 5}, rd); },
                {"valid_len[0] = 9", "2 pages of 4 rows"});
   const TensorView v3{DType::BF16, {N, S, 1, d}, pool, "v_heads"};
   expect_error([&] { Context::from_paged({k}, {v3}, bt, {8, 5}, rd); }, {"v_heads", "1 KV heads", "k0 has 2"});
   std::vector<float> ftbl(4, 0.f);
-  expect_error([&] { Context::from_paged({k}, {v}, {DType::F32, {2, 2}, ftbl.data()}, {8, 5}, rd); },
+  expect_error([&] { Context::from_paged({k}, {v}, {DType::F32, {2, 2}, ftbl.data(), "bt"}, {8, 5}, rd); },
                {"block_table must be int32 or int64, found F32"});
   expect_error([&] { Context::from_paged({k}, {v}, bt, {8, 5}, rd, "NDH"); }, {"layout must be"});
   const TensorView k3{DType::BF16, {N, 3, H, d}, pool, "k_odd"};
