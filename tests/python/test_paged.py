@@ -1,8 +1,8 @@
 """Context.from_paged over torch tensors as serving engines hold their caches, read in place: vLLM (per layer
-[2, num_blocks, block_size, H, d], K and V split by indexing), FlashInfer and TensorRT-LLM (one pool
-[num_pages, 2, page_size, H, d] or [num_pages, 2, H, page_size, d], K and V combined), SGLang (page size 1 with a
-token index table, one pool for all layers). Each is bitwise equal to the dense Context of the same rows, on the
-reference and cpu backends; samples that share their leading pages are bound as one shared prompt."""
+[2, num_blocks, block_size, H, d], K and V split by indexing), FlashInfer (per layer [num_pages, 2, page_size, H, d],
+K and V combined), TensorRT-LLM (one pool for all layers [num_blocks, L, 2, H, page_size, d], HND), SGLang (page
+size 1 with a token index table, one pool for all layers). Each is bitwise equal to the dense Context of the same
+rows, on the reference and cpu backends; samples that share their leading pages are bound as one shared prompt."""
 from __future__ import annotations
 
 import numpy as np
@@ -109,13 +109,19 @@ def test_engine_layouts_equal_the_dense_binding(model, engine):
             _fill(vpool[l].unsqueeze(1), rows[l][1], table, 1, False)
         ctx = ae.Context.from_paged([kpool[l].unsqueeze(1) for l in range(L)],
                                     [vpool[l].unsqueeze(1) for l in range(L)], bt, lens, [-2] * 3, v0=[4.0] * 3)
-    else:  # FlashInfer / TensorRT-LLM: [num_pages, 2, page, H, d] or [num_pages, 2, H, page, d], K and V combined
-        shape = (n, 2, H, page, D) if hnd else (n, 2, page, H, D)
-        caches = [torch.full(shape, nan, dtype=torch.bfloat16) for _ in range(L)]
+    elif engine == "flashinfer_nhd":  # per layer [num_pages, 2, page, H, d], K and V combined
+        caches = [torch.full((n, 2, page, H, D), nan, dtype=torch.bfloat16) for _ in range(L)]
         for l in range(L):
             for kv in range(2):
-                _fill(caches[l][:, kv], rows[l][kv], table, page, hnd)
-        ctx = ae.Context.from_paged(caches, None, bt, lens, [-2] * 3, layout="HND" if hnd else "NHD", v0=[4.0] * 3)
+                _fill(caches[l][:, kv], rows[l][kv], table, page, False)
+        ctx = ae.Context.from_paged(caches, None, bt, lens, [-2] * 3, v0=[4.0] * 3)
+    else:  # TensorRT-LLM: one pool for all layers [num_blocks, L, 2, H, page, d]; layer l is pool[:, l]
+        pool = torch.full((n, L, 2, H, page, D), nan, dtype=torch.bfloat16)
+        for l in range(L):
+            for kv in range(2):
+                _fill(pool[:, l, kv], rows[l][kv], table, page, True)
+        ctx = ae.Context.from_paged([pool[:, l] for l in range(L)], None, bt, lens, [-2] * 3, layout="HND",
+                                    v0=[4.0] * 3)
     assert ctx.paged and ctx.prompts == 3
     assert np.array_equal(_sample(model, ctx), _sample(model, _dense(rows, lens)))
 
