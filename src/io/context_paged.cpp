@@ -1,6 +1,7 @@
 // Context::from_paged: a serving engine's page pools and block table as a KVCache of page tables, with the
 // leading pages samples share found and bound as shared prompts (the cascade reads them once per step).
 #include <algorithm>
+#include <climits>
 #include <map>
 
 #include "alpamayo/context.h"
@@ -96,6 +97,28 @@ void find_shared_prompts(const std::vector<int64_t>& table, int64_t B, int64_t W
   }
 }
 
+// Every page a sample reads (the pages of its valid_len rows) inside every pool; valid_len within the table.
+void check_table(const std::vector<int64_t>& table, int64_t B, int64_t W, int ps, const std::vector<int64_t>& valid_len,
+                 const KVCache& kv, const std::string& n) {
+  check(int64_t(valid_len.size()) == B, ErrorCode::InvalidArgument,
+        n + ": valid_len has " + std::to_string(valid_len.size()) + " entries, block_table " + std::to_string(B) +
+            " rows");
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t len = valid_len[size_t(b)];
+    check(len >= 0 && len <= W * ps, ErrorCode::InvalidArgument,
+          n + ": valid_len[" + std::to_string(b) + "] = " + std::to_string(len) + " needs more than the " +
+              std::to_string(W) + " pages of " + std::to_string(ps) + " rows its block_table row holds");
+    for (int64_t p = 0; p * ps < len; ++p) {
+      const int64_t page = table[size_t(b * W + p)];
+      for (const auto* list : {&kv.key, &kv.value})
+        for (const TensorView& t : *list)
+          check(page >= 0 && page < t.shape[0], ErrorCode::InvalidArgument,
+                n + ": block_table[" + std::to_string(b) + ", " + std::to_string(p) + "] = " + std::to_string(page) +
+                    " is outside the pool " + t.name + " of " + std::to_string(t.shape[0]) + " pages");
+    }
+  }
+}
+
 }  // namespace
 
 Context Context::from_paged(std::vector<TensorView> key_pages, std::vector<TensorView> value_pages,
@@ -136,23 +159,10 @@ Context Context::from_paged(std::vector<TensorView> key_pages, std::vector<Tenso
         k0.name + ": page size " + std::to_string(ps) + " is not a power of two from 1 to 256");
   const std::vector<int64_t> table = read_block_table(block_table, n);
   const int64_t B = block_table.shape[0], W = block_table.shape[1];
-  check(int64_t(valid_len.size()) == B, ErrorCode::InvalidArgument,
-        n + ": valid_len has " + std::to_string(valid_len.size()) + " entries, block_table " + std::to_string(B) +
-            " rows");
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t len = valid_len[size_t(b)];
-    check(len >= 0 && len <= W * ps, ErrorCode::InvalidArgument,
-          n + ": valid_len[" + std::to_string(b) + "] = " + std::to_string(len) + " needs more than the " +
-              std::to_string(W) + " pages of " + std::to_string(ps) + " rows its block_table row holds");
-    for (int64_t p = 0; p * ps < len; ++p) {
-      const int64_t page = table[size_t(b * W + p)];
-      for (const auto* list : {&kv.key, &kv.value})
-        for (const TensorView& t : *list)
-          check(page >= 0 && page < t.shape[0], ErrorCode::InvalidArgument,
-                n + ": block_table[" + std::to_string(b) + ", " + std::to_string(p) + "] = " + std::to_string(page) +
-                    " is outside the pool " + t.name + " of " + std::to_string(t.shape[0]) + " pages");
-    }
-  }
+  check(B <= INT32_MAX && W * ps <= INT32_MAX, ErrorCode::InvalidArgument,
+        n + ": block_table " + shape_str(block_table.shape) + " with pages of " + std::to_string(ps) +
+            " rows is beyond 2^31 - 1 samples or rows");
+  check_table(table, B, W, ps, valid_len, kv, n);
   kv.B = static_cast<int>(B);
   kv.Hkv = static_cast<int>(k0.shape[1]);
   kv.d = static_cast<int>(k0.shape[3]);
