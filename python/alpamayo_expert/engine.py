@@ -349,6 +349,9 @@ class Context:
             table = np.asarray(table, dtype=np.int64)
         elif isinstance(table, np.ndarray) and table.dtype not in (np.int32, np.int64):
             raise InvalidArgumentError(f"{name}: block_table must be int32 or int64, found {_describe(table)}")
+        elif not isinstance(table, np.ndarray) and not hasattr(table, "__dlpack__"):
+            raise InvalidArgumentError(f"{name}: block_table must be a [B, max_pages] int32 or int64 tensor or array, "
+                                       f"found {type(table).__name__}")
         if (ego_history_xyz is None) != (ego_history_rot is None):
             raise InvalidArgumentError(f"{name}: ego_history_xyz and ego_history_rot must be given together")
         hx = _f32(ego_history_xyz, "ego_history_xyz") if ego_history_xyz is not None else None

@@ -167,6 +167,17 @@ def test_errors_name_the_tensor_and_the_page():
         ae.Context.from_paged([pool] * L, [pool[:, :, :1]] * L, ok, [8, 5], [0, 0])
     with pytest.raises(ae.InvalidArgumentError, match=r"block_table must be int32 or int64"):
         ae.Context.from_paged([pool] * L, [pool] * L, ok.float(), [8, 5], [0, 0])
+    with pytest.raises(ae.InvalidArgumentError, match=r"block_table must be int32 or int64"):
+        ae.Context.from_paged([pool] * L, [pool] * L, ok.numpy().astype(np.int16), [8, 5], [0, 0])
+    with pytest.raises(ae.InvalidArgumentError, match=r"block_table must be a \[B, max_pages\]"):
+        ae.Context.from_paged([pool] * L, [pool] * L, "pages", [8, 5], [0, 0])
+    with pytest.raises(ae.InvalidArgumentError, match=r"layout must be"):
+        ae.Context.from_paged([pool] * L, [pool] * L, ok, [8, 5], [0, 0], layout="THD")
+    # A row in use holding NaN: NonFiniteError naming the page.
+    bad = pool.clone()
+    bad[3, 1, 0, 0] = float("nan")
+    with pytest.raises(ae.NonFiniteError, match=r"page 3"):
+        ae.Context.from_paged([bad] * L, [pool] * L, ok, [8, 5], [0, 0])
 
 
 def test_sample_trajectories_takes_a_paged_context(model):
