@@ -220,18 +220,23 @@ Context paged_context(const Rows& r, DType dt, const PagedSpec& ps, Store& st, i
                              std::nullopt, std::vector<float>(r.B(), 4.f), "paged");
 }
 
-// The targets that must match bitwise: the reference (f32 and int8 KV) and the cpu backend under every attention
-// kernel this CPU runs, bf16 and int8 KV.
+// The targets that must match bitwise: every available backend that declares paged and strided caches, under each
+// of its KV cache formats (a backend reads the same rows in the same order either way, so only the addressing
+// differs), and the cpu backend under every attention kernel this CPU runs.
 struct BitwiseRun {
   std::string backend, kv, kernels;
 };
 std::vector<BitwiseRun> bitwise_runs() {
-  std::vector<BitwiseRun> runs = {{"reference", "", ""}, {"reference", "int8", ""}};
+  std::vector<BitwiseRun> runs;
+  for (const BackendInfo& b : registered_backends()) {
+    if (!b.features.paged_cache || !b.features.strided_cache || !b.unavailable().empty()) continue;
+    for (const std::string& kv : b.kv_formats) runs.push_back({b.name, kv, ""});
+  }
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
   for (bool int8 : {false, true})
     for (cpu::AttnKernel k : cpu::kAttnKernels)
       if (cpu::attn_kernel_unavailable(k, int8).empty())
-        runs.push_back({"cpu", int8 ? "int8" : "",
+        runs.push_back({"cpu", int8 ? "int8" : "bf16",
                         std::string(int8 ? "attention_kv_int8=" : "attention=") + cpu::attn_kernel_name(k)});
 #endif
   return runs;
@@ -247,11 +252,12 @@ std::vector<float> sample(const std::shared_ptr<const Model>& m, const Context& 
 
 void expect_bitwise(Problem& p, const Context& got, const Context& want, const std::string& at,
                     const std::vector<BitwiseRun>& runs = bitwise_runs()) {
+  ASSERT_FALSE(runs.empty()) << at << ": no backend declares paged and strided caches";
   for (const BitwiseRun& r : runs) {
     const auto m = p.model(r.backend, "", 2, {}, r.kv, r.kernels);
     const std::vector<float> a = sample(m, got), b = sample(m, want);
     for (float x : b) ASSERT_TRUE(std::isfinite(x)) << at;
-    EXPECT_EQ(a, b) << at << " on " << r.backend << " kv " << (r.kv.empty() ? "default" : r.kv) << " " << r.kernels;
+    EXPECT_EQ(a, b) << at << " on " << r.backend << " kv " << r.kv << " " << r.kernels;
   }
 }
 
@@ -295,9 +301,6 @@ TEST_P(Paged, EqualsTheDenseBindingOfTheSameRows) {
       if (S != 16 || dt != DType::BF16)
         runs.erase(std::remove_if(runs.begin(), runs.end(), [](const BitwiseRun& x) { return !x.kernels.empty(); }),
                    runs.end());
-#ifdef ALPAMAYO_WITH_CPU_BACKEND
-      if (S != 16 || dt != DType::BF16) runs.push_back({"cpu", "", ""}), runs.push_back({"cpu", "int8", ""});
-#endif
       expect_bitwise(p, paged, dense, at, runs);
     }
   }
