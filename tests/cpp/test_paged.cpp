@@ -392,6 +392,32 @@ TEST(PagedBind, UndeclaredBackendsRefuseThem) {
   EXPECT_EQ(sample(p.model("reference", ""), strided), sample(p.model("reference", ""), dense));
 }
 
+// Classifier-free guidance over two paged contexts (the guided one sharing pages, the unguided one not): bitwise the
+// dense pair, on every backend that declares the features.
+TEST(PagedBind, GuidanceOverPagedContexts) {
+  Problem p(paged_shape(DType::BF16));
+  Store st;
+  const Rows guided = sharing_rows(16, 21), unguided = Rows::make({0, 1, 2, 3}, {0, 0, 0, 0}, {30, 7, 41, 16}, 22);
+  int64_t Wg = 0, Wu = 0;
+  const Context pg = paged_context(guided, DType::BF16, {16, false, true, true, 2}, st, &Wg, 3);
+  const Context pu = paged_context(unguided, DType::BF16, {16, true, false, false, 1}, st, &Wu, 4);
+  const Context dg = dense_context(guided, DType::BF16, true, Wg * 16, st);
+  const Context du = dense_context(unguided, DType::BF16, false, Wu * 16, st);
+  int ran = 0;
+  for (const BitwiseRun& r : bitwise_runs()) {
+    if (!r.kernels.empty() || !find_backend(r.backend).features.guidance) continue;
+    const auto m = p.model(r.backend, "", 2, {}, r.kv);
+    auto guided_sample = [&](const Context& g, const Context& u) {
+      Session s(m);
+      s.bind(g, {.guidance = Guidance{u, 2.5}});
+      return s.sample({.seed = 4}).action;
+    };
+    EXPECT_EQ(guided_sample(pg, pu), guided_sample(dg, du)) << r.backend << " kv " << r.kv;
+    ++ran;
+  }
+  EXPECT_GT(ran, 0);
+}
+
 // Every bad input names the tensor and the page.
 TEST(PagedBind, ValidationNamesTheTensorAndThePage) {
   Store st;
