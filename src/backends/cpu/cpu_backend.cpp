@@ -479,6 +479,32 @@ CpuSession::CpuSession(const CpuModel& m)
   per_thread_.resize(nthreads_);
 }
 
+// A bf16 view that is not dense row-major is read in place through its strides (and page table): *map gets them and
+// the result is null. Another dtype is converted into an owned buffer, a strided or paged view's attended rows
+// through kv_row_offset into a dense [N, Hkv, rows, d] one.
+const uint16_t* CpuSession::cache_as_bf16(const KVCache& kv, const TensorView& t, bool suffix, CacheMap& map) {
+  const bool dense = !kv.paged() && t.is_contiguous();
+  if (t.dtype == DType::BF16 && dense) return static_cast<const uint16_t*>(t.data);
+  if (t.dtype == DType::BF16) {
+    const int64_t c3 = t.shape[3], c2 = t.shape[2] * c3;
+    map = {static_cast<const uint16_t*>(t.data), t.strides.empty() ? t.shape[1] * c2 : t.strides[0],
+           t.strides.empty() ? c2 : t.strides[1], t.strides.empty() ? c3 : t.strides[2]};
+    return nullptr;
+  }
+  const int N = suffix ? kv.B : kv.G, R = suffix ? kv.Q : kv.P;
+  owned_cache_.emplace_back(dense ? size_t(t.numel()) : size_t(N) * kv.Hkv * R * kv.d);
+  uint16_t* out = owned_cache_.back().data();
+  if (dense) {
+    convert_to_bf16(t, out);
+    return out;
+  }
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < kv.Hkv; ++h)
+      for (int64_t i = suffix ? 0 : kv.pad(n); i < (suffix ? kv.suffix(n) : kv.valid_len[n]); ++i)
+        convert_to_bf16(kv_row_view(kv, t, suffix, n, h, i), out + ((size_t(n) * kv.Hkv + h) * R + i) * kv.d);
+  return out;
+}
+
 // One function on purpose (about 120 lines): every buffer of a bind is sized and every cache view resolved here,
 // in one pass over the binding, so that what the step reads is all set before the first step runs.
 void CpuSession::bind_step(const Binding& bnd) {
@@ -497,30 +523,6 @@ void CpuSession::bind_step(const Binding& bnd) {
   // KV caches: used in place when bf16, otherwise converted once here (or quantised: int8).
   owned_cache_.clear();
   if (m_.kv_int8_) quantise_cache(kv);
-  // A bf16 view that is not dense row-major is read in place through its strides (and page table); another dtype
-  // is converted, the attended rows of such a view through kv_row_offset into a dense [N, Hkv, rows, d] buffer.
-  auto as_bf16 = [&](const TensorView& t, bool suffix, CacheMap& map) -> const uint16_t* {
-    const bool dense = !kv.paged() && t.is_contiguous();
-    if (t.dtype == DType::BF16 && dense) return static_cast<const uint16_t*>(t.data);
-    if (t.dtype == DType::BF16) {
-      const int64_t c3 = t.shape[3], c2 = t.shape[2] * c3;
-      map = {static_cast<const uint16_t*>(t.data), t.strides.empty() ? t.shape[1] * c2 : t.strides[0],
-             t.strides.empty() ? c2 : t.strides[1], t.strides.empty() ? c3 : t.strides[2]};
-      return nullptr;
-    }
-    const int N = suffix ? kv.B : kv.G, R = suffix ? kv.Q : kv.P;
-    owned_cache_.emplace_back(dense ? size_t(t.numel()) : size_t(N) * kv.Hkv * R * kv.d);
-    uint16_t* out = owned_cache_.back().data();
-    if (dense) {
-      convert_to_bf16(t, out);
-    } else {
-      for (int n = 0; n < N; ++n)
-        for (int h = 0; h < kv.Hkv; ++h)
-          for (int64_t i = suffix ? 0 : kv.pad(n); i < (suffix ? kv.suffix(n) : kv.valid_len[n]); ++i)
-            convert_to_bf16(kv_row_view(kv, t, suffix, n, h, i), out + ((size_t(n) * kv.Hkv + h) * R + i) * kv.d);
-    }
-    return out;
-  };
   k_cache_.assign(L, nullptr);
   v_cache_.assign(L, nullptr);
   ks_cache_.assign(kv.suffix_key.empty() ? 0 : L, nullptr);
@@ -530,11 +532,11 @@ void CpuSession::bind_step(const Binding& bnd) {
   ks_map_.assign(ks_cache_.size(), {});
   vs_map_.assign(ks_cache_.size(), {});
   for (int l = 0; l < L && !m_.kv_int8_; ++l) {
-    k_cache_[l] = as_bf16(kv.key[l], false, k_map_[l]);
-    v_cache_[l] = as_bf16(kv.value[l], false, v_map_[l]);
+    k_cache_[l] = cache_as_bf16(kv, kv.key[l], false, k_map_[l]);
+    v_cache_[l] = cache_as_bf16(kv, kv.value[l], false, v_map_[l]);
     if (!ks_cache_.empty()) {
-      ks_cache_[l] = as_bf16(kv.suffix_key[l], true, ks_map_[l]);
-      vs_cache_[l] = as_bf16(kv.suffix_value[l], true, vs_map_[l]);
+      ks_cache_[l] = cache_as_bf16(kv, kv.suffix_key[l], true, ks_map_[l]);
+      vs_cache_[l] = cache_as_bf16(kv, kv.suffix_value[l], true, vs_map_[l]);
     }
   }
   members_.assign(kv.G, {});

@@ -182,6 +182,7 @@ class CpuSession final : public HostLoopSession {
     int64_t s0 = 0, s1 = 0, s2 = 0;
   };
   std::vector<CacheMap> k_map_, v_map_, ks_map_, vs_map_;
+  const uint16_t* cache_as_bf16(const KVCache& kv, const TensorView& t, bool suffix, CacheMap& map);
   // Rows from row0 on of head h of sequence n (prompt, or sample's suffix) of a mapped view, for the kernels.
   RowMap row_map(const CacheMap& c, bool suffix, int n, int h, int64_t row0) const;
   // An int8 cache (kv int8): per layer the attended prompt and suffix rows quantised once at bind (keys stored
