@@ -3,12 +3,16 @@
 // machine affects both: the ratio is the kernel's efficiency relative to oneDNN's. Also prints the
 // single-thread peak of the instruction each kernel multiplies with, and which kernel the backend's
 // selection (select_attention_kernel) takes for this shape. --kernel NAME runs one kernel only; --kv int8 runs
-// the kernels that read an int8 cache on one (every row quantised, kv_int8.h).
+// the kernels that read an int8 cache on one (every row quantised, kv_int8.h). --page N reads the bf16 cache rows
+// through a page table instead (pages of N rows in a shuffled pool, rows 8 heads apart as in an NHD pool): the
+// kernels' addressing of a paged cache (RowMap, key_row_ptrs) against the dense run.
 #include <CLI/CLI.hpp>
 
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
+#include <numeric>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -28,7 +32,7 @@ using namespace alpamayo;
 using namespace alpamayo::cpu;
 
 int main(int argc, char** argv) {
-  int S = 4700, T = 64, group = 2, d = 128, reps = 10, caches = 1;
+  int S = 4700, T = 64, group = 2, d = 128, reps = 10, caches = 1, page = 0;
   std::string only, kv = "bf16";
   CLI::App app{"attention kernel throughput"};
   app.add_option("--S", S);
@@ -42,7 +46,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--kernel", only, "one kernel: avx512_bf16 | avx512_vnni | avx512_fma | avx2_fma | amx_bf16 | portable");
   app.add_option("--kv", kv, "the cache: bf16 | int8")->check(CLI::IsMember({"bf16", "int8"}));
+  app.add_option("--page", page, "bf16: read the cache rows through a page table, pages of this many rows (a power "
+                                 "of two) in a shuffled NHD pool of 8 heads")->check(CLI::Range(0, 256));
   CLI11_PARSE(app, argc, argv);
+  if (page > 0 && (kv != "bf16" || (page & (page - 1)) != 0)) {
+    std::fprintf(stderr, "bench_attention: --page takes a power of two and a bf16 cache\n");
+    return 1;
+  }
   // ALPAMAYO_CPU_ISA caps everything this program runs, oneDNN too (before its first primitive).
   BackendOptions env;
   options_from_environment(env, "cpu");
@@ -92,10 +102,30 @@ int main(int argc, char** argv) {
         kernels_run.push_back(k);
     }
   }
+  // --page: every cache's rows in a shuffled pool [pages, page, 8 heads, d] (head 0 used), one table per cache.
+  const int pool_heads = 8, npages = page > 0 ? (S + page - 1) / page : 0;
+  std::vector<uint16_t> kpool(size_t(npages) * page * pool_heads * d * caches), vpool(kpool.size());
+  std::vector<int64_t> table(size_t(npages) * caches);
+  if (page > 0) {
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+    for (int c = 0; c < caches; ++c)
+      for (int i = 0; i < S; ++i) {
+        const size_t at = (size_t(table[size_t(c) * npages + i / page]) * page + i % page) * pool_heads * d;
+        std::copy_n(kc1.data() + size_t(i) * d, d, kpool.data() + at);
+        std::copy_n(vc1.data() + size_t(i) * d, d, vpool.data() + at);
+      }
+  }
   auto rows_of = [&](int c) {
     KeyRows r;
-    r.k_cache = kc.data() + c * kc1.size();
-    r.v_cache = vc.data() + c * vc1.size();
+    if (page > 0) {
+      r.k_map = {kpool.data(), int64_t(pool_heads) * d, table.data() + size_t(c) * npages,
+                 std::countr_zero(unsigned(page)), int64_t(page) * pool_heads * d, 0};
+      r.v_map = r.k_map;
+      r.v_map.base = vpool.data();
+    }
+    r.k_cache = page > 0 ? nullptr : kc.data() + c * kc1.size();
+    r.v_cache = page > 0 ? nullptr : vc.data() + c * vc1.size();
     r.S = S;
     r.k_own = ko.data();
     r.v_own = vo.data();

@@ -225,7 +225,8 @@ Run add_backends(CLI::App&) {
       const BackendFeatures& f = b.features;
       for (const auto& [on, word] : {std::pair{f.shared_prompts, "shared-prompts"}, {f.suffix_rows, "suffix-rows"},
                                      {f.left_padding, "left-padding"}, {f.guidance, "guidance"},
-                                     {f.device_memory, "device-memory"}})
+                                     {f.device_memory, "device-memory"}, {f.strided_cache, "strided-cache"},
+                                     {f.paged_cache, "paged-cache"}})
         if (on) std::printf(" %s", word);
       if (const std::string why = b.unavailable(); !why.empty()) std::printf(" -- unavailable: %s", why.c_str());
       std::printf("\n");

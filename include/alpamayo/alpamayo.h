@@ -195,6 +195,28 @@ typedef struct alpamayo_context_desc {
   const int64_t* suffix_len;      /* [B], with suffix_keys */
 } alpamayo_context_desc;
 
+/* A serving engine's paged cache over the caller's buffers (docs/FORMATS.md shows vLLM's, SGLang's, FlashInfer's
+ * and TensorRT-LLM's), read in place like the views above. key_pages[l], value_pages[l]: page pools
+ * [num_pages, page_size, Hkv, d] (layout "NHD") or [num_pages, Hkv, page_size, d] ("HND"), any strides with the
+ * head dim's stride 1; value_pages NULL when each key_pages[l] holds K and V as [num_pages, 2, ...]. page_size: a
+ * power of two from 1 to 256. block_table [B, max_pages] INT32 or INT64 in host memory (copied): sample b's rows
+ * [p * page_size, (p + 1) * page_size) lie in page block_table[b, p]. Samples whose tables start with the same
+ * pages share them as one prompt, read once per step for all of them; the rest of each sample's pages are its own. */
+typedef struct alpamayo_paged_context_desc {
+  int64_t layers;                    /* L, the length of key_pages (and value_pages) */
+  const alpamayo_tensor* key_pages;  /* [layers] */
+  const alpamayo_tensor* value_pages; /* [layers], or NULL: K and V combined in key_pages */
+  const char* layout;                /* "NHD" or "HND"; NULL: "NHD" */
+  alpamayo_tensor block_table;       /* [B, max_pages] */
+  const int64_t* valid_len;          /* [B]: rows of each sample */
+  const int64_t* rope_delta;         /* [B] */
+  const float* v0;                   /* [B] initial speeds, or NULL */
+  int64_t history;                   /* H: ego-history poses (0: none) */
+  const float* history_xyz;          /* [B, H, 3] when history > 0 */
+  const float* history_rot;          /* [B, H, 3, 3] when history > 0 */
+  const char* name;                  /* for messages; NULL: "context" */
+} alpamayo_paged_context_desc;
+
 typedef struct alpamayo_context_info {
   int64_t layers, batch, kv_heads, rows, head_dim; /* L, B, Hkv, P, d */
   int32_t has_v0, has_history;
@@ -202,6 +224,10 @@ typedef struct alpamayo_context_info {
 
 /* Validates and wraps the caller's buffers (shapes, dtypes, strides, 0 <= S_b <= P, finite valid rows). */
 ALPAMAYO_API alpamayo_status alpamayo_context_create(const alpamayo_context_desc* desc, alpamayo_context** out);
+/* Validates and wraps a paged cache: every page a sample reads inside its pool, lengths within the block table,
+ * head counts and page sizes alike, finite rows in use; the messages name the tensor and the page. */
+ALPAMAYO_API alpamayo_status alpamayo_context_create_paged(const alpamayo_paged_context_desc* desc,
+                                                           alpamayo_context** out);
 /* Maps and validates a context file (docs/FORMATS.md). IO_ERROR when it cannot be read, FORMAT_ERROR when
  * its content is wrong. */
 ALPAMAYO_API alpamayo_status alpamayo_context_open(const char* path, alpamayo_context** out);

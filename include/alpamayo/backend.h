@@ -44,6 +44,17 @@ struct KVCache {
   std::vector<TensorView> suffix_key, suffix_value;  // empty: no suffixes
   std::vector<int64_t> suffix_len;          // [B] valid suffix rows; empty: none
 
+  // Paged caches (vLLM, SGLang, FlashInfer, TensorRT-LLM; docs/FORMATS.md): page_size > 0 makes key[l], value[l]
+  // (and suffix_key[l], suffix_value[l]) page pools [num_pages, Hkv, page_size, d], and prompt g's row i lies in
+  // page prompt_pages[g * (P / page_size) + i / page_size], suffix row i of sample b in page
+  // suffix_pages[b * (Q / page_size) + i / page_size], at row i % page_size. P and Q are multiples of page_size.
+  // page_size is a power of two up to 256. Entries of pages no sample attends to are never read.
+  int page_size = 0;
+  std::vector<int64_t> prompt_pages, suffix_pages;
+  // Every cache view may have any strides (in elements) with the head dim's stride 1: token-major caches and K and V
+  // interleaved in one buffer are views with other strides; kv_row_offset resolves them.
+
+  bool paged() const { return page_size > 0; }
   int prompt(int b) const { return prompt_of.empty() ? b : static_cast<int>(prompt_of[b]); }
   int64_t pad(int g) const { return prefix_pad.empty() ? 0 : prefix_pad[g]; }
   int64_t suffix(int b) const { return suffix_len.empty() ? 0 : suffix_len[b]; }
@@ -52,6 +63,30 @@ struct KVCache {
   // Cache rows sample b attends to (prompt rows after the padding, then its suffix).
   int64_t attended(int b) const { return valid_len[prompt(b)] - pad(prompt(b)) + suffix(b); }
 };
+
+// The one place a cache row becomes an address: the element offset from t.data of row i (0 <= i < P, or < Q for a
+// suffix view) of head h of sequence n (prompt n of key/value, sample n of suffix_key/suffix_value) in cache view t
+// of kv, for the dense [N, Hkv, P, d] views and the page pools alike, with t's strides.
+inline int64_t kv_row_offset(const KVCache& kv, const TensorView& t, bool suffix, int n, int h, int64_t i) {
+  const int64_t s0 = t.strides.empty() ? t.shape[1] * t.shape[2] * t.shape[3] : t.strides[0];
+  const int64_t s1 = t.strides.empty() ? t.shape[2] * t.shape[3] : t.strides[1];
+  const int64_t s2 = t.strides.empty() ? t.shape[3] : t.strides[2];
+  if (!kv.paged()) return n * s0 + h * s1 + i * s2;
+  const std::vector<int64_t>& pages = suffix ? kv.suffix_pages : kv.prompt_pages;
+  const int64_t width = (suffix ? kv.Q : kv.P) / kv.page_size;
+  const int64_t page = pages[size_t(n * width + i / kv.page_size)];
+  return page * s0 + h * s1 + (i % kv.page_size) * s2;
+}
+
+// That row as a one-dimensional view of d elements, on t's device, without t's name.
+inline TensorView kv_row_view(const KVCache& kv, const TensorView& t, bool suffix, int n, int h, int64_t i) {
+  TensorView r;
+  r.dtype = t.dtype;
+  r.shape = {t.shape[3]};
+  r.data = static_cast<const char*>(t.data) + kv_row_offset(kv, t, suffix, n, h, i) * int64_t(dtype_size(t.dtype));
+  r.device = t.device;
+  return r;
+}
 
 // Rotary tables for the expert tokens of each sample: cos/sin [B, T, d] (HF rotate_half layout), host fp32.
 struct RopeTables {
@@ -220,6 +255,8 @@ struct BackendFeatures {
   bool left_padding = false;    // prefix_pad with a row > 0
   bool guidance = false;        // classifier-free guidance (Binding::guided)
   bool device_memory = false;   // reads caches that live in GPU memory in place (BackendModel::can_read says which)
+  bool strided_cache = false;   // cache views that are not row-major contiguous [N, Hkv, P, d] (kv_row_offset)
+  bool paged_cache = false;     // page pools with page tables (KVCache::page_size), the pools with any strides
   // A non-finite velocity is traced to the first layer whose output is non-finite (NonFiniteError::layer), which
   // Session::sample then explains (the stage and the tensors); else only the step is named.
   bool traces_non_finite = false;
@@ -230,7 +267,8 @@ struct BackendFeatures {
   std::function<int64_t(const ExpertConfig&)> max_batch;
 };
 
-// The features a context needs, by name ("shared prompts", "suffix rows", "left padding"), in that order; a
+// The features a context needs, by name ("shared prompts", "suffix rows", "left padding", "strided cache views",
+// "paged caches"), in that order; a
 // context needs none of them when every sample has a prompt of its own, no suffix and no padding.
 std::vector<std::string> context_features(const KVCache& kv);
 // "" when `f` allows every feature of kv (and guidance where `guided`) and B within max_batch, else the first

@@ -33,6 +33,19 @@ class Context {
   static Context from_views(KVCache kv, std::vector<int64_t> rope_delta, std::optional<EgoHistory> history,
                             std::optional<std::vector<float>> v0, const std::string& name = "context");
 
+  // Binds a serving engine's paged KV cache in place (docs/FORMATS.md has each engine's call). Per layer l,
+  // key_pages[l] and value_pages[l] are page pools [num_pages, page_size, Hkv, d] (layout "NHD") or
+  // [num_pages, Hkv, page_size, d] ("HND"), any strides with the head dim's stride 1; value_pages empty when each
+  // key_pages[l] holds both as [num_pages, 2, ...] (K then V). block_table [B, max_pages] I32 or I64 in host
+  // memory; valid_len [B] rows of each sample. Samples whose block tables start with the same pages (prefix caching,
+  // several samples of one prompt) share them as one prompt, read once per step for all of them; the rest of each
+  // sample's pages are its suffix. Validated as from_views, and every page a sample reads named when out of its pool.
+  static Context from_paged(std::vector<TensorView> key_pages, std::vector<TensorView> value_pages,
+                            const TensorView& block_table, std::vector<int64_t> valid_len,
+                            std::vector<int64_t> rope_delta, const std::string& layout = "NHD",
+                            std::optional<EgoHistory> history = std::nullopt,
+                            std::optional<std::vector<float>> v0 = std::nullopt, const std::string& name = "context");
+
   // Throws unless the context fits the expert: same layer count, KV heads and head dim.
   void check_compatible(const ExpertConfig& cfg) const;
 

@@ -54,6 +54,11 @@ class Context:
                     suffix_values: Sequence[Any], suffix_len: Sequence[int], history_xyz: Optional[np.ndarray],
                     history_rot: Optional[np.ndarray], v0: Optional[Sequence[float]], copy: bool,
                     name: str) -> Context: ...
+    @staticmethod
+    def from_paged(key_pages: Sequence[Any], value_pages: Sequence[Any], block_table: Any, valid_len: Sequence[int],
+                   rope_delta: Sequence[int], layout: str, history_xyz: Optional[np.ndarray],
+                   history_rot: Optional[np.ndarray], v0: Optional[Sequence[float]], name: str) -> Context: ...
+    paged: bool
     name: str
     batch: int
     prompts: int

@@ -324,7 +324,46 @@ class Context:
         kv = cache_layers(past_key_values)
         return cls([k for k, _ in kv], [v for _, v in kv], valid_len, rope_delta, **kwargs)
 
+    @classmethod
+    def from_paged(cls, key_pages: Sequence[Any], value_pages: Sequence[Any] | None, block_table: Any, valid_len: Any,
+                   rope_delta: Any, *, layout: str = "NHD", ego_history_xyz: Any = None, ego_history_rot: Any = None,
+                   v0: Any = None, name: str = "context") -> "Context":
+        """A serving engine's paged KV cache, read in place (docs/FORMATS.md shows vLLM's, SGLang's, FlashInfer's
+        and TensorRT-LLM's). key_pages, value_pages: per layer [num_pages, page_size, Hkv, d] (layout "NHD") or
+        [num_pages, Hkv, page_size, d] ("HND") tensors, any strides (views of one pool for all layers, or of a
+        pool holding K and V, are fine); value_pages=None when each key_pages tensor holds both as
+        [num_pages, 2, ...]. block_table [B, max_pages] int32 or int64 (host memory): sample b's rows
+        [p * page_size, (p + 1) * page_size) lie in page block_table[b, p]; valid_len [B]: rows of each sample.
+        Samples whose tables start with the same pages share them as one prompt, read once per step for all of
+        them. page_size: a power of two from 1 to 256 (1 with a token index table: SGLang's token_to_kv_pool).
+        The tensors must not change while the Context (or a Session bound to it) lives."""
+        keys = [_cache_tensor(t, f"{name}: key_pages[{l}]") for l, t in enumerate(key_pages)]
+        values = [_cache_tensor(t, f"{name}: value_pages[{l}]") for l, t in enumerate(value_pages or [])]
+        table = block_table
+        if _is_torch(table):
+            if str(table.dtype) not in ("torch.int32", "torch.int64"):
+                raise InvalidArgumentError(f"{name}: block_table must be int32 or int64, found {_describe(table)}")
+            _check_torch_host_readable(table, f"{name}: block_table", "int32 or int64 page indices")
+            table = table.detach()
+        elif isinstance(table, (list, tuple)):
+            table = np.asarray(table, dtype=np.int64)
+        elif isinstance(table, np.ndarray) and table.dtype not in (np.int32, np.int64):
+            raise InvalidArgumentError(f"{name}: block_table must be int32 or int64, found {_describe(table)}")
+        elif not isinstance(table, np.ndarray) and not hasattr(table, "__dlpack__"):
+            raise InvalidArgumentError(f"{name}: block_table must be a [B, max_pages] int32 or int64 tensor or array, "
+                                       f"found {type(table).__name__}")
+        if (ego_history_xyz is None) != (ego_history_rot is None):
+            raise InvalidArgumentError(f"{name}: ego_history_xyz and ego_history_rot must be given together")
+        hx = _f32(ego_history_xyz, "ego_history_xyz") if ego_history_xyz is not None else None
+        hr = _f32(ego_history_rot, "ego_history_rot") if ego_history_rot is not None else None
+        v0_list = [float(e) for e in _f32(v0, "v0").reshape(-1)] if v0 is not None else None
+        self = cls.__new__(cls)
+        self._c = _native().Context.from_paged(keys, values, table, _ints(valid_len, "valid_len"),
+                                               _ints(rope_delta, "rope_delta"), str(layout), hx, hr, v0_list, str(name))
+        return self
+
     name = property(lambda self: self._c.name)
+    paged = property(lambda self: self._c.paged, doc="bound from page pools and a block table (from_paged)")
     batch = property(lambda self: self._c.batch, doc="B, the samples")
     prompts = property(lambda self: self._c.prompts, doc="G, the prompt caches")
     layers = property(lambda self: self._c.layers)

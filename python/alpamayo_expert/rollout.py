@@ -285,12 +285,24 @@ def sample_trajectories(model: Model, past_key_values: Any, rope_deltas: Any, *,
     the VLM's sampling temperature). steps: default the config's num_inference_steps.
     share_prompt, prompt_atol: see rollout_layout (the cache is read in place with share_prompt=False).
     session: reuse a Session of this model (one is created otherwise).
+    past_key_values (and unguided_past_key_values) may also be a Context bound already, e.g. Context.from_paged over
+    a serving engine's page pools with the samples of one prompt sharing its pages (its ego history or v0 inside;
+    rope_deltas and the layout arguments are then unused); the outputs are then on the cpu.
     """
     n = int(num_traj_samples) * int(num_traj_sets)
-    ctx, lay = rollout_context(past_key_values, rope_deltas, num_return_sequences=n, ego_history_xyz=ego_history_xyz,
-                               ego_history_rot=ego_history_rot, sequences=sequences, eos_token_id=eos_token_id,
-                               offsets=offsets, prefix_mask=prefix_mask, prompt_len=prompt_len,
-                               share_prompt=share_prompt, prompt_atol=prompt_atol, name="rollout")
+    if isinstance(past_key_values, Context):  # bound already (Context.from_paged: a serving engine's pages)
+        ctx = past_key_values
+        if ctx.batch % n:
+            raise InvalidArgumentError(f"the context has {ctx.batch} samples, not a multiple of num_traj_samples * "
+                                       f"num_traj_sets = {n}")
+        batch, device = ctx.batch, torch.device("cpu")
+    else:
+        ctx, lay = rollout_context(past_key_values, rope_deltas, num_return_sequences=n,
+                                   ego_history_xyz=ego_history_xyz, ego_history_rot=ego_history_rot,
+                                   sequences=sequences, eos_token_id=eos_token_id, offsets=offsets,
+                                   prefix_mask=prefix_mask, prompt_len=prompt_len, share_prompt=share_prompt,
+                                   prompt_atol=prompt_atol, name="rollout")
+        batch, device = lay.batch, cache_layers(past_key_values)[0][0].device
     cfg = model.config
     use_cfg = cfg["use_classifier_free_guidance"] if use_classifier_free_guidance is None else bool(use_classifier_free_guidance)
     unguided = None
@@ -299,20 +311,19 @@ def sample_trajectories(model: Model, past_key_values: Any, rope_deltas: Any, *,
             raise InvalidArgumentError("classifier-free guidance is on: give the unguided cache (unguided_past_key_values, "
                         "unguided_rope_deltas, unguided_sequences or unguided_offsets, unguided_prefix_mask), "
                         "or use_classifier_free_guidance=False")
-        unguided, _ = rollout_context(
+        unguided = unguided_past_key_values if isinstance(unguided_past_key_values, Context) else rollout_context(
             unguided_past_key_values, unguided_rope_deltas if unguided_rope_deltas is not None else rope_deltas,
             num_return_sequences=n, ego_history_xyz=ego_history_xyz, ego_history_rot=ego_history_rot,
             sequences=unguided_sequences, eos_token_id=eos_token_id, offsets=unguided_offsets,
             prefix_mask=unguided_prefix_mask, prompt_len=unguided_prompt_len, share_prompt=share_prompt,
-            prompt_atol=prompt_atol, name="unguided rollout")
+            prompt_atol=prompt_atol, name="unguided rollout")[0]
     if session is None:
         session = Session(model)
     elif session.model is not model:
         raise InvalidArgumentError("session: a Session of another Model")
     session.bind(ctx, guidance=unguided, guidance_weight=guidance_weight if unguided is not None else None,
                  no_guidance=not use_cfg)
-    B, T, A = lay.batch, cfg["n_waypoints"], cfg["action_dims"]
-    device = cache_layers(past_key_values)[0][0].device
+    B, T, A = batch, cfg["n_waypoints"], cfg["action_dims"]
     if noise is None and seeds is None:
         # FlowMatching._initial_noise: one randn for the batch, or one per row with a list of generators.
         if isinstance(generator, (list, tuple)):

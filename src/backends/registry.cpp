@@ -41,14 +41,21 @@ std::vector<std::string> context_features(const KVCache& kv) {
       f.push_back("left padding");
       break;
     }
+  bool strided = false;  // a backend that reads page pools reads them with any strides
+  for (const auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
+    for (const TensorView& t : *list) strided = strided || (!kv.paged() && !t.is_contiguous());
+  if (strided) f.push_back("strided cache views");
+  if (kv.paged()) f.push_back("paged caches");
   return f;
 }
 
 std::string missing_feature(const BackendFeatures& f, const ExpertConfig& c, const KVCache& kv, bool guided) {
   for (const std::string& need : context_features(kv))
-    if (!(need == "shared prompts"  ? f.shared_prompts
-          : need == "suffix rows"   ? f.suffix_rows
-                                    : f.left_padding))
+    if (!(need == "shared prompts"        ? f.shared_prompts
+          : need == "suffix rows"         ? f.suffix_rows
+          : need == "left padding"        ? f.left_padding
+          : need == "strided cache views" ? f.strided_cache
+                                          : f.paged_cache))
       return need;
   if (guided && !f.guidance) return "classifier-free guidance";
   if (f.max_batch) {

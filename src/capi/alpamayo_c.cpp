@@ -267,6 +267,40 @@ alpamayo::Context make_context(const alpamayo_context_desc& d) {
   return alpamayo::Context::from_views(std::move(kv), std::move(rope), std::move(hist), std::move(v0), name);
 }
 
+alpamayo::Context make_paged_context(const alpamayo_paged_context_desc& d) {
+  const std::string name = d.name && *d.name ? d.name : "context";
+  check(d.layers > 0 && d.layers <= 4096, name + ": layers must be in [1, 4096], found " + std::to_string(d.layers));
+  check(d.key_pages != nullptr, name + ": key_pages is NULL");
+  check(d.valid_len != nullptr && d.rope_delta != nullptr, name + ": valid_len or rope_delta is NULL");
+  std::vector<alpamayo::TensorView> keys, values;
+  for (int64_t l = 0; l < d.layers; ++l) {
+    keys.push_back(to_view(d.key_pages[l], name + ": key_pages[" + std::to_string(l) + "]"));
+    if (d.value_pages) values.push_back(to_view(d.value_pages[l], name + ": value_pages[" + std::to_string(l) + "]"));
+  }
+  const alpamayo::TensorView table = to_view(d.block_table, name + ": block_table");
+  check(table.shape.size() == 2, name + ": block_table must be [B, max_pages], found " +
+                                     alpamayo::shape_str(table.shape));
+  const int64_t B = table.shape[0];
+  check(B > 0 && B <= (int64_t(1) << 24), name + ": block_table has " + std::to_string(B) + " rows");
+  std::vector<int64_t> valid(d.valid_len, d.valid_len + B), rope(d.rope_delta, d.rope_delta + B);
+  std::optional<alpamayo::EgoHistory> hist;
+  if (d.history != 0) {
+    check(d.history > 0 && d.history <= (int64_t(1) << 24),
+          name + ": history = " + std::to_string(d.history) + " is out of range");
+    check(d.history_xyz != nullptr && d.history_rot != nullptr,
+          name + ": history > 0 needs history_xyz and history_rot");
+    alpamayo::EgoHistory h;
+    h.H = static_cast<int>(d.history);
+    h.xyz.assign(d.history_xyz, d.history_xyz + B * d.history * 3);
+    h.rot.assign(d.history_rot, d.history_rot + B * d.history * 9);
+    hist = std::move(h);
+  }
+  std::optional<std::vector<float>> v0;
+  if (d.v0) v0.emplace(d.v0, d.v0 + B);
+  return alpamayo::Context::from_paged(std::move(keys), std::move(values), table, std::move(valid), std::move(rope),
+                                       d.layout ? d.layout : "NHD", std::move(hist), std::move(v0), name);
+}
+
 void fill_array(alpamayo_array* out, const std::vector<float>& v, std::initializer_list<int64_t> shape) {
   *out = alpamayo_array{};
   out->data = v.data();
@@ -435,6 +469,14 @@ alpamayo_status alpamayo_context_create(const alpamayo_context_desc* desc, alpam
     clear_out(out);
     require_ptr(desc, "desc");
     *out = new alpamayo_context{make_context(*desc)};
+  });
+}
+
+alpamayo_status alpamayo_context_create_paged(const alpamayo_paged_context_desc* desc, alpamayo_context** out) {
+  return guarded(__func__, [&] {
+    clear_out(out);
+    require_ptr(desc, "desc");
+    *out = new alpamayo_context{make_paged_context(*desc)};
   });
 }
 

@@ -43,18 +43,35 @@ std::vector<int64_t> read_i64(const SafetensorsFile& f, const std::string& key, 
   return out;
 }
 
-// NaN/Inf scan of rows [lo[i], hi[i]) of each [i, h] slice of a [N, Hkv, P, d] cache tensor (the other rows
-// are padding and may hold anything).
-void check_cache_finite(const TensorView& t, const std::vector<int64_t>& lo, const std::vector<int64_t>& hi) {
-  const int64_t N = t.shape[0], H = t.shape[1], P = t.shape[2], d = t.shape[3];
-  for (int64_t b = 0; b < N; ++b)
+// NaN/Inf scan of rows [lo[n], hi[n]) of each sequence n and head h of a cache view (the other rows are padding
+// and may hold anything): in bulk where the view is dense and contiguous, else row by row through kv_row_offset.
+void check_cache_finite(const KVCache& kv, const TensorView& t, bool suffix, const std::vector<int64_t>& lo,
+                        const std::vector<int64_t>& hi) {
+  const int64_t H = kv.Hkv, d = kv.d;
+  const bool bulk = !kv.paged() && t.is_contiguous();
+  for (size_t n = 0; n < lo.size(); ++n)
     for (int64_t h = 0; h < H; ++h) {
-      const int64_t base = ((b * H + h) * P + lo[b]) * d;
-      int64_t i = first_non_finite(t, base, base + (hi[b] - lo[b]) * d);
-      if (i >= 0) i -= base;
-      check(i < 0, ErrorCode::NonFinite,
-            t.name + ": non-finite value at [" + std::to_string(b) + ", " + std::to_string(h) + ", " +
-                std::to_string(lo[b] + i / d) + ", " + std::to_string(i % d) + "]");
+      int64_t bad_row = -1, bad_col = 0;
+      if (bulk) {
+        const int64_t base = kv_row_offset(kv, t, suffix, int(n), int(h), lo[n]);
+        const int64_t i = first_non_finite(t, base, base + (hi[n] - lo[n]) * d);
+        if (i >= 0) bad_row = lo[n] + (i - base) / d, bad_col = (i - base) % d;
+      } else {
+        for (int64_t r = lo[n]; r < hi[n] && bad_row < 0; ++r) {
+          const int64_t i = first_non_finite(kv_row_view(kv, t, suffix, int(n), int(h), r));
+          if (i >= 0) bad_row = r, bad_col = i;
+        }
+      }
+      check(bad_row < 0, ErrorCode::NonFinite,
+            t.name + ": non-finite value at [" + std::to_string(n) + ", " + std::to_string(h) + ", " +
+                std::to_string(bad_row) + ", " + std::to_string(bad_col) + "]" +
+                (kv.paged() ? " (" + std::string(suffix ? "suffix" : "prompt") + " row " + std::to_string(bad_row) +
+                                  " of " + (suffix ? "sample " : "prompt ") + std::to_string(n) + ", page " +
+                                  std::to_string((suffix ? kv.suffix_pages : kv.prompt_pages)
+                                                     [n * ((suffix ? kv.Q : kv.P) / kv.page_size) +
+                                                      bad_row / kv.page_size]) +
+                                  ")"
+                            : std::string()));
     }
 }
 
@@ -81,13 +98,47 @@ void check_rows_finite(const KVCache& kv) {
   for (int g = 0; g < kv.G; ++g) lo[g] = kv.pad(g);
   for (size_t l = 0; l < kv.key.size(); ++l)
     for (const TensorView* t : {&kv.key[l], &kv.value[l]})
-      if (t->device.host_accessible()) check_cache_finite(*t, lo, hi);
+      if (t->device.host_accessible()) check_cache_finite(kv, *t, false, lo, hi);
   if (!kv.suffix_key.empty()) {
     const std::vector<int64_t> zero(kv.B, 0);
     for (size_t l = 0; l < kv.suffix_key.size(); ++l)
       for (const TensorView* t : {&kv.suffix_key[l], &kv.suffix_value[l]})
-        if (t->device.host_accessible()) check_cache_finite(*t, zero, kv.suffix_len);
+        if (t->device.host_accessible()) check_cache_finite(kv, *t, true, zero, kv.suffix_len);
   }
+}
+
+// A paged cache's page tables: page_size a power of two up to 256, P and Q whole pages, one table row per
+// sequence, and every page some sample attends to inside every layer's pool.
+void check_pages(const KVCache& kv, const std::string& n, ErrorCode bad) {
+  const int ps = kv.page_size;
+  check(ps >= 1 && ps <= 256 && (ps & (ps - 1)) == 0, bad,
+        n + ": page size " + std::to_string(ps) + " is not a power of two from 1 to 256");
+  check(kv.P % ps == 0 && kv.Q % ps == 0, bad,
+        n + ": P = " + std::to_string(kv.P) + " and Q = " + std::to_string(kv.Q) + " must be whole pages of " +
+            std::to_string(ps) + " rows");
+  auto table = [&](const std::vector<int64_t>& pages, const char* what, int64_t seqs, int64_t width,
+                   const std::vector<TensorView>& k, const std::vector<TensorView>& v, auto lo, auto hi) {
+    check(int64_t(pages.size()) == seqs * width, bad,
+          n + ": " + what + " has " + std::to_string(pages.size()) + " entries, expected " + std::to_string(seqs) +
+              " x " + std::to_string(width));
+    for (int64_t s = 0; s < seqs; ++s) {
+      if (hi(s) <= lo(s)) continue;
+      for (int64_t p = lo(s) / ps; p <= (hi(s) - 1) / ps; ++p) {
+        const int64_t page = pages[size_t(s * width + p)];
+        for (const auto* list : {&k, &v})
+          for (const TensorView& t : *list)
+            check(page >= 0 && page < t.shape[0], bad,
+                  n + ": " + what + "[" + std::to_string(s) + ", " + std::to_string(p) + "] = " +
+                      std::to_string(page) + " is outside the pool " + t.name + " of " +
+                      std::to_string(t.shape[0]) + " pages");
+      }
+    }
+  };
+  table(kv.prompt_pages, "the prompt page table", kv.G, kv.P / ps, kv.key, kv.value,
+        [&](int64_t g) { return kv.pad(int(g)); }, [&](int64_t g) { return kv.valid_len[size_t(g)]; });
+  if (!kv.suffix_key.empty())
+    table(kv.suffix_pages, "the suffix page table", kv.B, kv.Q / ps, kv.suffix_key, kv.suffix_value,
+          [](int64_t) { return int64_t(0); }, [&](int64_t b) { return kv.suffix(int(b)); });
 }
 
 // The ego history of B samples: at least 2 poses, [B, H, 3] positions and [B, H, 3, 3] rotations, finite, in range.
@@ -209,13 +260,26 @@ void Context::validate(ErrorCode bad) {
             " Hkv=" + std::to_string(kv.Hkv) + " P=" + std::to_string(kv.P) + " d=" + std::to_string(kv.d) + ")");
   check(!kv.key.empty(), bad, n + ": the KV cache has no layers");
   check(kv.key.size() == kv.value.size(), bad, n + ": key and value layer counts differ");
-  auto check_layers = [&](const std::vector<TensorView>& list, const std::vector<int64_t>& shape) {
+  // Dense views [N, Hkv, P, d]; page pools [num_pages, Hkv, page_size, d] (num_pages per view). Any strides with
+  // the head dim's stride 1.
+  auto check_layers = [&](const std::vector<TensorView>& list, std::vector<int64_t> shape) {
     for (const TensorView& t : list) {
       check(t.data != nullptr || t.numel() == 0, bad, t.name + ": null data pointer");
       expect_float(t, bad);
+      if (kv.paged()) {
+        shape[2] = kv.page_size;
+        if (t.shape.size() == 4) shape[0] = t.shape[0];
+        check(t.shape.size() == 4 && t.shape[0] > 0, bad,
+              t.name + ": a page pool [num_pages, Hkv, page_size, d] needs num_pages >= 1, found " +
+                  shape_str(t.shape));
+      }
       expect_shape(t, shape, bad);
-      check(t.is_contiguous(), bad,
-            t.name + ": cache tensors must be row-major contiguous, found strides " + shape_str(t.strides));
+      const bool strides_ok = t.strides.empty() || (t.strides.size() == 4 && t.strides[3] == 1 && t.strides[0] >= 0 &&
+                                                     t.strides[1] >= 0 && t.strides[2] >= 0);
+      check(strides_ok, bad,
+            t.name + ": cache views need strides of 4 non-negative elements with the head dim's stride 1 "
+                     "(contiguous rows), found " +
+                shape_str(t.strides));
     }
   };
   check_layers(kv.key, {kv.G, kv.Hkv, kv.P, kv.d});
@@ -260,6 +324,7 @@ void Context::validate(ErrorCode bad) {
             n + ": suffix_len[" + std::to_string(b) + "] = " + std::to_string(kv.suffix_len[b]) +
                 " is outside [0, Q = " + std::to_string(kv.Q) + "]");
   }
+  if (kv.paged()) check_pages(kv, n, bad);
   count(rope_delta_, kv.B, "rope_delta", "B (samples)");
   for (int b = 0; b < kv.B; ++b) {
     const int64_t lim = int64_t(1) << 40;  // positions stay exact in fp32 rope arguments far below this

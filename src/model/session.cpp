@@ -98,9 +98,17 @@ std::string layer_culprits(const ModelWeights& w, const KVCache& kv, int l) {
     for (const TensorView* t : {&kv.key[l], &kv.value[l]})
       for (int g = 0; g < kv.G; ++g)
         for (int h = 0; h < kv.Hkv; ++h) {
+          const std::string label = t->name.empty() ? "cache layer " + std::to_string(l) : t->name;
+          if (kv.paged() || !t->is_contiguous()) {  // row by row where rows are not one run
+            for (int64_t i = kv.pad(g); i < kv.valid_len[g]; ++i)
+              look(kv_row_view(kv, *t, false, g, h, i),
+                   label + " (prompt " + std::to_string(g) + ", head " + std::to_string(h) + ", row " +
+                       std::to_string(i) + ")",
+                   0, -1);
+            continue;
+          }
           const int64_t base = (int64_t(g) * kv.Hkv + h) * kv.P;
-          look(*t, t->name.empty() ? "cache layer " + std::to_string(l) : t->name, (base + kv.pad(g)) * kv.d,
-               (base + kv.valid_len[g]) * kv.d);
+          look(*t, label, (base + kv.pad(g)) * kv.d, (base + kv.valid_len[g]) * kv.d);
         }
   std::string s;
   if (!bad.empty()) s += "; " + bad;

@@ -163,6 +163,38 @@ void check_4d(const std::vector<TensorView>& key, const std::string& what) {
   check(k0.shape.size() == 4, k0.name + ": expected shape [" + what + ", Hkv, rows, d], found " + shape_str(k0.shape));
 }
 
+// The ego history of B samples from [B, H, 3] positions and [B, H, 3, 3] rotations (both or neither).
+std::optional<EgoHistory> history_of(const std::optional<HostF32>& history_xyz, const std::optional<HostF32>& history_rot,
+                                     int64_t B, const std::string& name) {
+  std::optional<EgoHistory> hist;
+  check(history_xyz.has_value() == history_rot.has_value(),
+        name + ": ego_history_xyz and ego_history_rot must be given together");
+  if (history_xyz) {
+    const HostF32& x = *history_xyz;
+    const HostF32& r = *history_rot;
+    auto shape_of = [](const HostF32& a) {
+      std::vector<int64_t> sh;
+      for (size_t k = 0; k < a.ndim(); ++k) sh.push_back(static_cast<int64_t>(a.shape(k)));
+      return shape_str(sh);
+    };
+    check(x.ndim() == 3 && x.shape(2) == 3,
+          name + ": ego_history_xyz: expected shape [B, H, 3], found " + shape_of(x));
+    EgoHistory h;
+    h.H = static_cast<int>(x.shape(1));
+    check(static_cast<int64_t>(x.shape(0)) == B,
+          name + ": ego_history_xyz has " + std::to_string(x.shape(0)) + " samples, the context B = " +
+              std::to_string(B));
+    check(r.ndim() == 4 && static_cast<int64_t>(r.shape(0)) == B && static_cast<int64_t>(r.shape(1)) == h.H &&
+              r.shape(2) == 3 && r.shape(3) == 3,
+          name + ": ego_history_rot: expected shape [" + std::to_string(B) + ", " + std::to_string(h.H) +
+              ", 3, 3], found " + shape_of(r));
+    h.xyz.assign(x.data(), x.data() + x.size());
+    h.rot.assign(r.data(), r.data() + r.size());
+    hist = std::move(h);
+  }
+  return hist;
+}
+
 CtxHandle* context_from_arrays(const std::vector<AnyArray>& keys, const std::vector<AnyArray>& values,
                                std::vector<int64_t> valid_len, std::vector<int64_t> rope_delta,
                                std::vector<int64_t> prefix_pad, std::vector<int64_t> prompt_index,
@@ -199,35 +231,46 @@ CtxHandle* context_from_arrays(const std::vector<AnyArray>& keys, const std::vec
     kv.Q = static_cast<int>(kv.suffix_key[0].shape[2]);
     kv.suffix_len = std::move(suffix_len);
   }
-  std::optional<EgoHistory> hist;
-  check(history_xyz.has_value() == history_rot.has_value(),
-        name + ": ego_history_xyz and ego_history_rot must be given together");
-  if (history_xyz) {
-    const HostF32& x = *history_xyz;
-    const HostF32& r = *history_rot;
-    auto shape_of = [](const HostF32& a) {
-      std::vector<int64_t> sh;
-      for (size_t k = 0; k < a.ndim(); ++k) sh.push_back(static_cast<int64_t>(a.shape(k)));
-      return shape_str(sh);
-    };
-    check(x.ndim() == 3 && x.shape(2) == 3,
-          name + ": ego_history_xyz: expected shape [B, H, 3], found " + shape_of(x));
-    EgoHistory h;
-    h.H = static_cast<int>(x.shape(1));
-    check(static_cast<int64_t>(x.shape(0)) == kv.B,
-          name + ": ego_history_xyz has " + std::to_string(x.shape(0)) + " samples, the context B = " +
-              std::to_string(kv.B));
-    check(r.ndim() == 4 && static_cast<int64_t>(r.shape(0)) == kv.B && static_cast<int64_t>(r.shape(1)) == h.H &&
-              r.shape(2) == 3 && r.shape(3) == 3,
-          name + ": ego_history_rot: expected shape [" + std::to_string(kv.B) + ", " + std::to_string(h.H) +
-              ", 3, 3], found " + shape_of(r));
-    h.xyz.assign(x.data(), x.data() + x.size());
-    h.rot.assign(r.data(), r.data() + r.size());
-    hist = std::move(h);
-  }
+  std::optional<EgoHistory> hist = history_of(history_xyz, history_rot, kv.B, name);
   {
     nb::gil_scoped_release release;  // validation scans every row in use for NaN/Inf
     pc->ctx = Context::from_views(std::move(kv), std::move(rope_delta), std::move(hist), std::move(v0), name);
+  }
+  return pc.release();
+}
+
+// A serving engine's paged cache (Context::from_paged), read in place whatever its strides: per layer page pools
+// (value_pages empty: K and V combined in key_pages), the block table [B, max_pages] int32 or int64 in host memory.
+CtxHandle* context_from_paged(const std::vector<AnyArray>& key_pages, const std::vector<AnyArray>& value_pages,
+                              const AnyArray& block_table, std::vector<int64_t> valid_len,
+                              std::vector<int64_t> rope_delta, const std::string& layout,
+                              std::optional<HostF32> history_xyz, std::optional<HostF32> history_rot,
+                              std::optional<std::vector<float>> v0, const std::string& name) {
+  auto pc = std::make_unique<CtxHandle>();
+  auto raw = [&](const AnyArray& a, const std::string& what) {
+    TensorView v;
+    v.name = what;
+    v.dtype = dtype_of(a, what);
+    v.device = device_of(a, what);
+    v.data = a.data();
+    for (size_t k = 0; k < a.ndim(); ++k) {
+      v.shape.push_back(static_cast<int64_t>(a.shape(k)));
+      v.strides.push_back(static_cast<int64_t>(a.stride(k)));
+    }
+    pc->owners.push_back(a);
+    return v;
+  };
+  std::vector<TensorView> keys, values;
+  for (size_t l = 0; l < key_pages.size(); ++l)
+    keys.push_back(raw(key_pages[l], name + ": key_pages[" + std::to_string(l) + "]"));
+  for (size_t l = 0; l < value_pages.size(); ++l)
+    values.push_back(raw(value_pages[l], name + ": value_pages[" + std::to_string(l) + "]"));
+  const TensorView table = raw(block_table, name + ": block_table");
+  std::optional<EgoHistory> hist = history_of(history_xyz, history_rot, int64_t(valid_len.size()), name);
+  {
+    nb::gil_scoped_release release;  // validation scans every row in use for NaN/Inf
+    pc->ctx = Context::from_paged(std::move(keys), std::move(values), table, std::move(valid_len),
+                                  std::move(rope_delta), layout, std::move(hist), std::move(v0), name);
   }
   return pc.release();
 }
@@ -523,6 +566,10 @@ NB_MODULE(_core, m) {
                   "prefix_pad"_a, "prompt_index"_a, "suffix_keys"_a, "suffix_values"_a, "suffix_len"_a,
                   "history_xyz"_a.none(), "history_rot"_a.none(), "v0"_a.none(), "copy"_a, "name"_a,
                   nb::rv_policy::take_ownership)
+      .def_static("from_paged", &context_from_paged, "key_pages"_a, "value_pages"_a, "block_table"_a, "valid_len"_a,
+                  "rope_delta"_a, "layout"_a, "history_xyz"_a.none(), "history_rot"_a.none(), "v0"_a.none(),
+                  "name"_a, nb::rv_policy::take_ownership)
+      .def_prop_ro("paged", [](const CtxHandle& c) { return c.get().kv().paged(); })
       .def_prop_ro("name", [](const CtxHandle& c) { return c.get().name(); })
       .def_prop_ro("batch", [](const CtxHandle& c) { return c.get().batch(); })
       .def_prop_ro("prompts", [](const CtxHandle& c) { return c.get().kv().G; })

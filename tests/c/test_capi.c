@@ -557,6 +557,67 @@ static void test_sampling(void) {
     expect_same_results(r, r2, ALPAMAYO_V_STEPS + 1, "explicit strides");
     alpamayo_result_free(r2);
 
+    /* The same rows as a paged cache (FlashInfer's [num_pages, 2, page_size, Hkv, d], pages of 4 rows, shuffled,
+     * two pages unused and every unread row NaN): bitwise the dense views. */
+    {
+      enum { PS = 4, NP = 6 };
+      const int64_t Hkv = sh[1], P = sh[2], d = sh[3];
+      const int64_t pool_shape[5] = {NP, 2, PS, Hkv, d};
+      const int32_t table[2][3] = {{4, 0, 2}, {5, -1, 77}}; /* sample 1 (3 rows) reads one page */
+      const int64_t table_shape[2] = {2, 3};
+      uint16_t* pools[16];
+      alpamayo_tensor pages[16];
+      for (int64_t l = 0; l < cc.L; ++l) {
+        const size_t n = (size_t)(NP * 2 * PS * Hkv * d);
+        pools[l] = malloc(n * sizeof(uint16_t));
+        REQUIRE(pools[l]);
+        for (size_t i = 0; i < n; ++i) pools[l][i] = 0x7fc0; /* bf16 NaN */
+        for (int kv = 0; kv < 2; ++kv)
+          for (int64_t b = 0; b < 2; ++b)
+            for (int64_t h = 0; h < Hkv; ++h)
+              for (int64_t i = 0; i < cc.valid_len[b]; ++i)
+                memcpy(pools[l] + (((table[b][i / PS] * 2 + kv) * PS + i % PS) * Hkv + h) * d,
+                       (const uint16_t*)cc.mem[kv][l] + ((b * Hkv + h) * P + i) * d, (size_t)d * 2);
+        pages[l] = cc.keys[l];
+        pages[l].data = pools[l];
+        pages[l].ndim = 5;
+        pages[l].shape = pool_shape;
+      }
+      alpamayo_paged_context_desc pd = {0};
+      pd.layers = cc.L;
+      pd.key_pages = pages;
+      pd.block_table.data = table;
+      pd.block_table.ndim = 2;
+      pd.block_table.dtype_code = ALPAMAYO_DTYPE_INT;
+      pd.block_table.dtype_bits = 32;
+      pd.block_table.shape = table_shape;
+      pd.valid_len = cc.valid_len;
+      pd.rope_delta = cc.rope_delta;
+      pd.history = cc.desc.history;
+      pd.history_xyz = cc.hist_xyz;
+      pd.history_rot = cc.hist_rot;
+      pd.name = "paged cache";
+      EXPECT_OK(alpamayo_context_create_paged(&pd, &views));
+      EXPECT_OK(alpamayo_session_bind(s2, views, NULL));
+      alpamayo_context_free(views);
+      EXPECT_OK(alpamayo_session_sample(s2, &so, &r2));
+      expect_same_results(r, r2, ALPAMAYO_V_STEPS + 1, "paged views");
+      alpamayo_result_free(r2);
+      const int32_t outside[2][3] = {{4, 6, 2}, {5, -1, 77}};
+      pd.block_table.data = outside;
+      EXPECT_STATUS(alpamayo_context_create_paged(&pd, &views), ALPAMAYO_INVALID_ARGUMENT,
+                    "block_table[0, 1] = 6 is outside the pool paged cache: key_pages[0] of 6 pages");
+      pd.block_table.data = table;
+      pd.block_table.dtype_code = ALPAMAYO_DTYPE_FLOAT;
+      EXPECT_STATUS(alpamayo_context_create_paged(&pd, &views), ALPAMAYO_INVALID_ARGUMENT,
+                    "block_table must be int32 or int64, found F32");
+      /* The session keeps the paged context: rebind it to the dense views before the pools go. */
+      EXPECT_OK(alpamayo_context_create(&cc.desc, &views));
+      EXPECT_OK(alpamayo_session_bind(s2, views, NULL));
+      alpamayo_context_free(views);
+      for (int64_t l = 0; l < cc.L; ++l) free(pools[l]);
+    }
+
     /* Caller noise x_0 (the seed's noise) gives the same sample; a wrong count is refused. */
     alpamayo_array x_steps;
     EXPECT_OK(alpamayo_result_get(r, ALPAMAYO_X_STEPS, &x_steps));

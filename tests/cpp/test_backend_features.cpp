@@ -59,12 +59,15 @@ TEST(BackendFeatures, ContextFeaturesAreWhatTheLayoutUses) {
 TEST(BackendFeatures, EveryRegisteredBackendDeclaresItsFeatures) {
   for (const BackendInfo& b : registered_backends()) {
     const BackendFeatures& f = b.features;
-    std::printf("  %-10s shared prompts %d, suffix rows %d, left padding %d, guidance %d, device memory %d, traces "
-                "non-finite %d, host threads %d%s\n",
+    std::printf("  %-10s shared prompts %d, suffix rows %d, left padding %d, guidance %d, device memory %d, strided "
+                "cache %d, paged cache %d, traces non-finite %d, host threads %d%s\n",
                 b.name.c_str(), f.shared_prompts, f.suffix_rows, f.left_padding, f.guidance, f.device_memory,
-                f.traces_non_finite, f.host_threads, f.max_batch ? ", batch limit" : "");
+                f.strided_cache, f.paged_cache, f.traces_non_finite, f.host_threads, f.max_batch ? ", batch limit" : "");
   }
   EXPECT_TRUE(find_backend("reference").features.shared_prompts);
+  EXPECT_TRUE(find_backend("reference").features.paged_cache);
+  EXPECT_TRUE(find_backend("reference").features.strided_cache);
+  EXPECT_FALSE(find_backend("minimal").features.paged_cache);
   EXPECT_TRUE(find_backend("reference").features.guidance);
   EXPECT_FALSE(find_backend("minimal").features.suffix_rows);
 }

@@ -2,6 +2,7 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -478,6 +479,32 @@ CpuSession::CpuSession(const CpuModel& m)
   per_thread_.resize(nthreads_);
 }
 
+// A bf16 view that is not dense row-major is read in place through its strides (and page table): *map gets them and
+// the result is null. Another dtype is converted into an owned buffer, a strided or paged view's attended rows
+// through kv_row_offset into a dense [N, Hkv, rows, d] one.
+const uint16_t* CpuSession::cache_as_bf16(const KVCache& kv, const TensorView& t, bool suffix, CacheMap& map) {
+  const bool dense = !kv.paged() && t.is_contiguous();
+  if (t.dtype == DType::BF16 && dense) return static_cast<const uint16_t*>(t.data);
+  if (t.dtype == DType::BF16) {
+    const int64_t c3 = t.shape[3], c2 = t.shape[2] * c3;
+    map = {static_cast<const uint16_t*>(t.data), t.strides.empty() ? t.shape[1] * c2 : t.strides[0],
+           t.strides.empty() ? c2 : t.strides[1], t.strides.empty() ? c3 : t.strides[2]};
+    return nullptr;
+  }
+  const int N = suffix ? kv.B : kv.G, R = suffix ? kv.Q : kv.P;
+  owned_cache_.emplace_back(dense ? size_t(t.numel()) : size_t(N) * kv.Hkv * R * kv.d);
+  uint16_t* out = owned_cache_.back().data();
+  if (dense) {
+    convert_to_bf16(t, out);
+    return out;
+  }
+  for (int n = 0; n < N; ++n)
+    for (int h = 0; h < kv.Hkv; ++h)
+      for (int64_t i = suffix ? 0 : kv.pad(n); i < (suffix ? kv.suffix(n) : kv.valid_len[n]); ++i)
+        convert_to_bf16(kv_row_view(kv, t, suffix, n, h, i), out + ((size_t(n) * kv.Hkv + h) * R + i) * kv.d);
+  return out;
+}
+
 // One function on purpose (about 120 lines): every buffer of a bind is sized and every cache view resolved here,
 // in one pass over the binding, so that what the step reads is all set before the first step runs.
 void CpuSession::bind_step(const Binding& bnd) {
@@ -496,22 +523,20 @@ void CpuSession::bind_step(const Binding& bnd) {
   // KV caches: used in place when bf16, otherwise converted once here (or quantised: int8).
   owned_cache_.clear();
   if (m_.kv_int8_) quantise_cache(kv);
-  auto as_bf16 = [&](const TensorView& t) {
-    if (t.dtype == DType::BF16) return static_cast<const uint16_t*>(t.data);
-    owned_cache_.emplace_back(size_t(t.numel()));
-    convert_to_bf16(t, owned_cache_.back().data());
-    return static_cast<const uint16_t*>(owned_cache_.back().data());
-  };
   k_cache_.assign(L, nullptr);
   v_cache_.assign(L, nullptr);
   ks_cache_.assign(kv.suffix_key.empty() ? 0 : L, nullptr);
   vs_cache_.assign(ks_cache_.size(), nullptr);
+  k_map_.assign(L, {});
+  v_map_.assign(L, {});
+  ks_map_.assign(ks_cache_.size(), {});
+  vs_map_.assign(ks_cache_.size(), {});
   for (int l = 0; l < L && !m_.kv_int8_; ++l) {
-    k_cache_[l] = as_bf16(kv.key[l]);
-    v_cache_[l] = as_bf16(kv.value[l]);
+    k_cache_[l] = cache_as_bf16(kv, kv.key[l], false, k_map_[l]);
+    v_cache_[l] = cache_as_bf16(kv, kv.value[l], false, v_map_[l]);
     if (!ks_cache_.empty()) {
-      ks_cache_[l] = as_bf16(kv.suffix_key[l]);
-      vs_cache_[l] = as_bf16(kv.suffix_value[l]);
+      ks_cache_[l] = cache_as_bf16(kv, kv.suffix_key[l], true, ks_map_[l]);
+      vs_cache_[l] = cache_as_bf16(kv, kv.suffix_value[l], true, vs_map_[l]);
     }
   }
   members_.assign(kv.G, {});
@@ -601,6 +626,22 @@ void CpuSession::bind_step(const Binding& bnd) {
   }
 }
 
+RowMap CpuSession::row_map(const CacheMap& c, bool suffix, int n, int h, int64_t row0) const {
+  RowMap r;
+  r.stride = c.s2;
+  r.row0 = row0;
+  if (!kv_.paged()) {
+    r.base = c.data + n * c.s0 + h * c.s1;
+    return r;
+  }
+  const int64_t width = (suffix ? kv_.Q : kv_.P) / kv_.page_size;
+  r.base = c.data + h * c.s1;
+  r.pages = (suffix ? kv_.suffix_pages : kv_.prompt_pages).data() + n * width;
+  r.page_shift = std::countr_zero(static_cast<unsigned>(kv_.page_size));
+  r.page_stride = c.s0;
+  return r;
+}
+
 void CpuSession::quantise_cache(const KVCache& kv) {
   const int L = cfg_.L, Hkv = cfg_.Hkv, d = cfg_.d;
   // The attended rows only (prompt rows after the padding, up to the valid length; suffix rows up to each sample's
@@ -624,23 +665,28 @@ void CpuSession::quantise_cache(const KVCache& kv) {
   struct Unit {
     const TensorView *k, *v;
     Int8Rows* out;
-    size_t src0, dst0;  // the first attended row in the tensor, in `out`
+    bool suffix;
+    int n, h;           // the sequence (prompt, or sample's suffix) and head
+    int64_t src0;       // its first attended row
+    size_t dst0;        // where it goes in `out`
     int64_t rows;
   };
   std::vector<Unit> units;
   for (int l = 0; l < L; ++l) {
     for (int g = 0; g < kv.G; ++g)
       for (int h = 0; h < Hkv; ++h)
-        units.push_back({&kv.key[l], &kv.value[l], &i8_prompt_[l], (size_t(g) * Hkv + h) * kv.P + size_t(kv.pad(g)),
+        units.push_back({&kv.key[l], &kv.value[l], &i8_prompt_[l], false, g, h, kv.pad(g),
                          i8_prompt_row0_[size_t(g) * Hkv + h], kv.valid_len[g] - kv.pad(g)});
     for (int b = 0; b < kv.B && suffixes; ++b)
       for (int h = 0; h < Hkv; ++h)
-        units.push_back({&kv.suffix_key[l], &kv.suffix_value[l], &i8_suffix_[l], (size_t(b) * Hkv + h) * kv.Q,
+        units.push_back({&kv.suffix_key[l], &kv.suffix_value[l], &i8_suffix_[l], true, b, h, 0,
                          i8_suffix_row0_[size_t(b) * Hkv + h], kv.suffix(b)});
   }
-  // Row `row` of t quantised into row `dst` of q, from the cache's dtype (F16 through fp32).
-  auto quantise = [d](const TensorView& t, size_t row, size_t dst, int bias, void* q, std::vector<float>& tmp) {
-    const size_t off = row * d;
+  // Row `row` of sequence n, head h of t (any strides, or a page pool: kv_row_offset) quantised into row `dst` of
+  // q, from the cache's dtype (F16 through fp32).
+  auto quantise = [d, &kv](const TensorView& t, const Unit& un, int64_t row, size_t dst, int bias, void* q,
+                           std::vector<float>& tmp) {
+    const int64_t off = kv_row_offset(kv, t, un.suffix, un.n, un.h, row);
     int8_t* out = static_cast<int8_t*>(q) + dst * d;
     if (t.dtype == DType::BF16) return quantize_row_avx2(static_cast<const uint16_t*>(t.data) + off, true, d, bias, out);
     if (t.dtype == DType::F32) return quantize_row_avx2(static_cast<const float*>(t.data) + off, false, d, bias, out);
@@ -653,9 +699,9 @@ void CpuSession::quantise_cache(const KVCache& kv) {
     for (size_t u = tid; u < units.size(); u += nthreads_) {
       const Unit& un = units[u];
       for (int64_t j = 0; j < un.rows; ++j) {
-        const size_t src = un.src0 + size_t(j), dst = un.dst0 + size_t(j);
-        un.out->ks[dst] = quantise(*un.k, src, dst, 128, un.out->k.data(), tmp);
-        un.out->vs[dst] = quantise(*un.v, src, dst, 0, un.out->v.data(), tmp);
+        const size_t dst = un.dst0 + size_t(j);
+        un.out->ks[dst] = quantise(*un.k, un, un.src0 + j, dst, 128, un.out->k.data(), tmp);
+        un.out->vs[dst] = quantise(*un.v, un, un.src0 + j, dst, 0, un.out->v.data(), tmp);
       }
     }
   });

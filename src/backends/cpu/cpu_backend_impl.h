@@ -175,6 +175,16 @@ class CpuSession final : public HostLoopSession {
   std::vector<const uint16_t*> k_cache_, v_cache_;  // per layer, prompts [G, Hkv, P, d] bf16
   std::vector<const uint16_t*> ks_cache_, vs_cache_;  // per layer, suffixes [B, Hkv, Q, d] bf16 (or empty)
   std::vector<AlignedBuf<uint16_t>> owned_cache_;   // converted F32/F16 caches
+  // Per layer, the bf16 views read in place that are not dense row-major (strided views, page pools): their data
+  // and strides in elements; data null: the plain pointers above.
+  struct CacheMap {
+    const uint16_t* data = nullptr;
+    int64_t s0 = 0, s1 = 0, s2 = 0;
+  };
+  std::vector<CacheMap> k_map_, v_map_, ks_map_, vs_map_;
+  const uint16_t* cache_as_bf16(const KVCache& kv, const TensorView& t, bool suffix, CacheMap& map);
+  // Rows from row0 on of head h of sequence n (prompt, or sample's suffix) of a mapped view, for the kernels.
+  RowMap row_map(const CacheMap& c, bool suffix, int n, int h, int64_t row0) const;
   // An int8 cache (kv int8): per layer the attended prompt and suffix rows quantised once at bind (keys stored
   // q + 128, values q) with their per-row scales, packed: the rows of prompt g's head h from row
   // i8_prompt_row0_[g * Hkv + h], those of sample b's suffix from i8_suffix_row0_[b * Hkv + h] (the same for every

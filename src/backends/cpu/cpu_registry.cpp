@@ -14,6 +14,7 @@ BackendInfo cpu_backend_info() {
   b.kernels_variable = "ALPAMAYO_CPU_KERNELS";
   b.features.shared_prompts = b.features.suffix_rows = b.features.left_padding = b.features.guidance = true;
   b.features.traces_non_finite = b.features.host_threads = true;
+  b.features.strided_cache = b.features.paged_cache = true;
   b.memory.host_bytes_per_weight = host_bytes_per_weight;  // packed or block-encoded once at load
   b.memory.session = [](MemoryEstimate& e, const ExpertConfig&, const KVCache& kv, const KVCache* unguided) {
     double conv = 0;  // caches not in bf16 are converted to bf16 once at bind
@@ -21,7 +22,11 @@ BackendInfo cpu_backend_info() {
       if (k)
         for (const auto* list : {&k->key, &k->value, &k->suffix_key, &k->suffix_value})
           for (const TensorView& t : *list)
-            if (t.dtype != DType::BF16) conv += 2.0 * double(t.numel());
+            if (t.dtype != DType::BF16)  // a strided view or a pool: its rows gathered as dense [N, Hkv, rows, d]
+              conv += 2.0 * (!k->paged() && t.is_contiguous()
+                                 ? double(t.numel())
+                                 : double(list == &k->key || list == &k->value ? k->G : k->B) * k->Hkv *
+                                       (list == &k->key || list == &k->value ? k->P : k->Q) * k->d);
     e.add("caches converted to bf16", conv);
   };
   return b;

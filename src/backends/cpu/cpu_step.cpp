@@ -252,8 +252,10 @@ void CpuSession::attention_phase(int tid, int l) {
       if (i8kv) {
         kv.i8[0] = i8_prompt_[l].segment(i8_prompt_row0_[pg], d);
       } else {
-        kv.k_cache = k_cache_[l] + prompt_off;
-        kv.v_cache = v_cache_[l] + prompt_off;
+        kv.k_cache = k_cache_[l] ? k_cache_[l] + prompt_off : nullptr;
+        kv.v_cache = v_cache_[l] ? v_cache_[l] + prompt_off : nullptr;
+        if (k_map_[l].data) kv.k_map = row_map(k_map_[l], false, p, it.g, kv_.pad(p));
+        if (v_map_[l].data) kv.v_map = row_map(v_map_[l], false, p, it.g, kv_.pad(p));
       }
     };
     if (it.prompt >= 0) {  // cascade: every sample of the prompt, prompt rows only
@@ -266,8 +268,10 @@ void CpuSession::attention_phase(int tid, int l) {
         if (i8kv) {
           kv.i8[1] = i8_suffix_[l].segment(i8_suffix_row0_[bg], d);
         } else {
-          kv.k_mid = ks_cache_[l] + size_t(bg) * Q_ * d;
-          kv.v_mid = vs_cache_[l] + size_t(bg) * Q_ * d;
+          kv.k_mid = ks_cache_[l] ? ks_cache_[l] + size_t(bg) * Q_ * d : nullptr;
+          kv.v_mid = vs_cache_[l] ? vs_cache_[l] + size_t(bg) * Q_ * d : nullptr;
+          if (ks_map_[l].data) kv.k_mid_map = row_map(ks_map_[l], true, b, it.g, 0);
+          if (vs_map_[l].data) kv.v_mid_map = row_map(vs_map_[l], true, b, it.g, 0);
         }
       }
       const size_t own = size_t(bg) * T_;

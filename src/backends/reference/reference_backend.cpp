@@ -104,6 +104,21 @@ class ReferenceModel final : public BackendModel {
   bool kv_int8_;
 };
 
+// A cache view as dense fp32 [N, Hkv, rows, d]: a contiguous dense view converted whole; a strided view or a page
+// pool row by row through kv_row_offset, the rows some sample attends to (the rest stay zero and are never read).
+std::vector<float> dense_f32(const KVCache& kv, const TensorView& t, bool suffix) {
+  if (!kv.paged() && t.is_contiguous()) return to_f32(t);
+  const int N = suffix ? kv.B : kv.G, R = suffix ? kv.Q : kv.P, d = kv.d;
+  std::vector<float> out(size_t(N) * kv.Hkv * R * d, 0.f);
+  for (int n = 0; n < N; ++n) {
+    const int64_t lo = suffix ? 0 : kv.pad(n), hi = suffix ? kv.suffix(n) : kv.valid_len[n];
+    for (int h = 0; h < kv.Hkv; ++h)
+      for (int64_t i = lo; i < hi; ++i)
+        convert_to_f32(kv_row_view(kv, t, suffix, n, h, i), out.data() + ((size_t(n) * kv.Hkv + h) * R + i) * d);
+  }
+  return out;
+}
+
 }  // namespace
 
 // One function on purpose (about 90 lines): the oracle is written to be read, and the layer reads top to bottom as
@@ -116,11 +131,11 @@ void reference_layer(const ExpertConfig& cfg, const LayerWeights& lw, const Weig
   std::vector<float> a(int64_t(M) * D), q(int64_t(M) * Hq * d), k(int64_t(M) * Hkv * d), v(int64_t(M) * Hkv * d),
       att(int64_t(M) * Hq * d), tmp(int64_t(M) * D), g(int64_t(M) * I), u(int64_t(M) * I);
   const RefLayer w(lw, wf);
-  std::vector<float> key = to_f32(kv.key[layer]), value = to_f32(kv.value[layer]);
+  std::vector<float> key = dense_f32(kv, kv.key[layer], false), value = dense_f32(kv, kv.value[layer], false);
   std::vector<float> skey, svalue;
   if (!kv.suffix_key.empty()) {
-    skey = to_f32(kv.suffix_key[layer]);
-    svalue = to_f32(kv.suffix_value[layer]);
+    skey = dense_f32(kv, kv.suffix_key[layer], true);
+    svalue = dense_f32(kv, kv.suffix_value[layer], true);
   }
   if (kv_int8) {
     // The int8 KV cache: every cache row some sample attends to, rows of d per (prompt g, head, position)

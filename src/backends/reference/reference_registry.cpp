@@ -12,6 +12,7 @@ BackendInfo reference_backend_info() {
   b.load = load_reference_backend;
   b.features.shared_prompts = b.features.suffix_rows = b.features.left_padding = b.features.guidance = true;
   b.features.traces_non_finite = b.features.host_threads = true;
+  b.features.strided_cache = b.features.paged_cache = true;
   // Weights stay in the checkpoint's mapping; a session converts one layer's weights and caches to f32 when the
   // layer runs.
   b.memory.session = [](MemoryEstimate& e, const ExpertConfig& c, const KVCache& kv, const KVCache* unguided) {

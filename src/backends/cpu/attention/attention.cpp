@@ -363,6 +363,56 @@ AttnKernel select_attention_kernel(int d, int group, int T, int keys, bool int8,
 
 // Same math as the AVX-512 path (bf16 operands, fp32 accumulation, base-2 online softmax with bf16
 // probabilities), one key at a time. For CPUs without AVX512-BF16. An int8 cache's rows are widened to q * s.
+namespace {
+
+inline const uint16_t* mapped_row(const RowMap& m, int64_t i) {
+  const int64_t r = m.row0 + i;
+  if (!m.pages) return m.base + r * m.stride;
+  return m.base + m.pages[r >> m.page_shift] * m.page_stride + (r & ((int64_t(1) << m.page_shift) - 1)) * m.stride;
+}
+
+// Rows [i0, i1) of a mapped segment prefetched into L2. The kernels stream the next block of a segment that is one
+// run of rows themselves; rows at strides or on pages are fetched here, a block ahead, so that they do not come
+// cold from memory one demand miss at a time.
+void prefetch_rows(const RowMap& m, int64_t i0, int64_t i1, int d) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const char* p = reinterpret_cast<const char*>(mapped_row(m, i));
+    for (int b = 0; b < d * 2; b += 64) __builtin_prefetch(p + b, 0, 2);
+  }
+}
+
+}  // namespace
+
+void key_row_ptrs(const KeyRows& kv, int d, int jb, int n, int npad, const uint16_t* zero, const uint16_t** kptr,
+                  const uint16_t** vptr) {
+  for (int k = 0; k < npad; ++k) {
+    const int j = jb + k;
+    if (k >= n) {
+      kptr[k] = vptr[k] = zero;
+    } else if (j < kv.S) {
+      kptr[k] = kv.k_map.base ? mapped_row(kv.k_map, j) : kv.k_cache + size_t(j) * d;
+      vptr[k] = kv.v_map.base ? mapped_row(kv.v_map, j) : kv.v_cache + size_t(j) * d;
+    } else if (j < kv.S + kv.S2) {
+      kptr[k] = kv.k_mid_map.base ? mapped_row(kv.k_mid_map, j - kv.S) : kv.k_mid + size_t(j - kv.S) * d;
+      vptr[k] = kv.v_mid_map.base ? mapped_row(kv.v_mid_map, j - kv.S) : kv.v_mid + size_t(j - kv.S) * d;
+    } else {
+      kptr[k] = kv.k_own + size_t(j - kv.S - kv.S2) * d;
+      vptr[k] = kv.v_own + size_t(j - kv.S - kv.S2) * d;
+    }
+  }
+  // The next block's mapped rows (results do not depend on it).
+  const int next0 = jb + n, next1 = next0 + kKeyBlock;
+  if (kv.k_map.base && next0 < kv.S) {
+    prefetch_rows(kv.k_map, next0, std::min(next1, kv.S), d);
+    prefetch_rows(kv.v_map, next0, std::min(next1, kv.S), d);
+  }
+  if (kv.k_mid_map.base && next1 > kv.S && next0 < kv.S + kv.S2) {
+    const int a = std::max(next0, kv.S) - kv.S, b = std::min(next1, kv.S + kv.S2) - kv.S;
+    prefetch_rows(kv.k_mid_map, a, b, d);
+    prefetch_rows(kv.v_mid_map, a, b, d);
+  }
+}
+
 void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1,
                            float* O, float* m, float* l) {
   const int d = g.d, half = d / 2;
@@ -382,12 +432,8 @@ void attend_chunk_portable(const AttnGeometry& g, const uint32_t* qp, const KeyR
         for (int c = 0; c < d; ++c)
           krow[c] = float(int(sg.k[i * d + c]) - 128) * sg.ks[i], vrow[c] = float(sg.v[i * d + c]) * sg.vs[i];
       } else {
-        const uint16_t* kr = j < kv.S ? kv.k_cache + size_t(j) * d
-                             : j < kv.S + kv.S2 ? kv.k_mid + size_t(j - kv.S) * d
-                                                : kv.k_own + size_t(j - kv.S - kv.S2) * d;
-        const uint16_t* vr = j < kv.S ? kv.v_cache + size_t(j) * d
-                             : j < kv.S + kv.S2 ? kv.v_mid + size_t(j - kv.S) * d
-                                                : kv.v_own + size_t(j - kv.S - kv.S2) * d;
+        const uint16_t *kr, *vr;
+        key_row_ptrs(kv, d, j, 1, 1, nullptr, &kr, &vr);
         for (int c = 0; c < d; ++c) krow[c] = bf16_to_f32(kr[c]), vrow[c] = bf16_to_f32(vr[c]);
       }
       float s = 0.f;

@@ -44,10 +44,23 @@ struct AttnGeometry {
   static AttnGeometry make(int d, int group, int T);
 };
 
-// Key/value rows of one (b, g): bf16, row stride d. Key j < S is a cache row, j < S + S2 a middle (suffix)
-// row j - S, else own row j - S - S2.
+// The bf16 rows of a cache or suffix segment read in place where they are not d apart (a strided view or a page
+// pool; kv_row_offset in alpamayo/backend.h): row i of the segment, r = row0 + i, lies at
+//   base + r * stride                                                       (pages null)
+//   base + pages[r >> page_shift] * page_stride + (r & (2^page_shift - 1)) * stride   (a page table)
+struct RowMap {
+  const uint16_t* base = nullptr;  // null: the segment's plain pointer in KeyRows (rows d apart)
+  int64_t stride = 0;              // elements between rows (of a page)
+  const int64_t* pages = nullptr;  // the sequence's page table
+  int page_shift = 0;              // log2 of the page size
+  int64_t page_stride = 0;         // elements between pages
+  int64_t row0 = 0;                // the segment's first row in the sequence (left padding)
+};
+
+// Key/value rows of one (b, g): bf16. Key j < S is a cache row, j < S + S2 a middle (suffix) row j - S, else own
+// row j - S - S2. Each segment's rows lie d apart from its plain pointer, or where its RowMap says.
 struct KeyRows {
-  const uint16_t* k_cache = nullptr;
+  const uint16_t* k_cache = nullptr;  // null where k_map says (then the kernels prefetch no cache rows)
   const uint16_t* v_cache = nullptr;
   int S = 0;
   const uint16_t* k_own = nullptr;
@@ -55,6 +68,7 @@ struct KeyRows {
   const uint16_t* k_mid = nullptr;
   const uint16_t* v_mid = nullptr;
   int S2 = 0;
+  RowMap k_map, v_map, k_mid_map, v_mid_map;
   // An int8 cache: every row as int8 (keys stored q + 128 as u8, values q as s8) with one fp32 scale per row; the
   // segments cache, mid and own (i8[0..2]) at the same row indices as the bf16 pointers above, then unused.
   struct Int8Segment {
@@ -183,6 +197,11 @@ float store_int8_value_row(const float* x, int d, int8_t* v8);
 // `rows` bf16 key and value rows of d as an int8 cache's rows and scales (benchmarks, kernel timing).
 void store_int8_rows(const uint16_t* k, const uint16_t* v, size_t rows, int d, uint8_t* k8, int8_t* v8, float* ks,
                      float* vs);
+
+// The one place a key index becomes a bf16 row pointer: kptr[k], vptr[k] for keys jb + k, k < n, of kv, and `zero`
+// for k in [n, npad). Out of line, so that the ISA translation units share it (AttnWork's comment says why).
+void key_row_ptrs(const KeyRows& kv, int d, int jb, int n, int npad, const uint16_t* zero, const uint16_t** kptr,
+                  const uint16_t** vptr);
 
 // Merges n partials (O, m, l at stride Rp*dp / Rp) and writes query row r = hh*T + t (hh < group) of
 // head g*group + hh to out[t * ld + (g*group + hh) * d + c], as fp32 and/or bf16 (either may be null).

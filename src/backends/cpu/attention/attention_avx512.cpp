@@ -199,21 +199,7 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
     const int want = first ? kFirstBlock : kKeyBlock;
     n = j1 - jb < want ? j1 - jb : want;
     const int npad = (n + kQkKeys - 1) / kQkKeys * kQkKeys;  // multiple of 4, hence even
-    for (int k = 0; k < npad; ++k) {
-      const int j = jb + k;
-      if (k >= n) {
-        kptr[k] = vptr[k] = zero;
-      } else if (j < kv.S) {
-        kptr[k] = kv.k_cache + size_t(j) * g.d;
-        vptr[k] = kv.v_cache + size_t(j) * g.d;
-      } else if (j < kv.S + kv.S2) {
-        kptr[k] = kv.k_mid + size_t(j - kv.S) * g.d;
-        vptr[k] = kv.v_mid + size_t(j - kv.S) * g.d;
-      } else {
-        kptr[k] = kv.k_own + size_t(j - kv.S - kv.S2) * g.d;
-        vptr[k] = kv.v_own + size_t(j - kv.S - kv.S2) * g.d;
-      }
-    }
+    key_row_ptrs(kv, g.d, jb, n, npad, zero, kptr, vptr);
     pack_values(g, vptr, npad, V);
     // After the first block, try the fused path against the running max; fall back to the exact
     // two-pass block (scores, max, exp, rescale) when there is no max yet or a score jumps too far.
@@ -263,9 +249,9 @@ ALP_BF16 void attend_chunk_avx512bf16(const AttnGeometry& g, const uint32_t* qp,
     // over the row tiles, and within a tile one line of K and V per pair, so that neither the next block's
     // first touches nor this block's loads stall (a burst per tile filled the miss buffers; docs/PERFORMANCE.md).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
-    const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * 2 : 0;
-    const char* pf_k = reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
-    const char* pf_v = reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
+    const size_t pf_bytes = next1 > next0 && kv.k_cache ? size_t(next1 - next0) * g.d * 2 : 0;
+    const char* pf_k = pf_bytes ? reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d) : nullptr;
+    const char* pf_v = pf_bytes ? reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d) : nullptr;
     const size_t pf_step = (pf_bytes / 64 + g.Rp / kPvRows - 1) / (g.Rp / kPvRows) * 64;
     size_t pf_off = 0;
     // The caller's region: this block's share (blocks are ~kKeyBlock keys), spread over the row tiles.

@@ -248,20 +248,8 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
       widen_key_s8(sg.k + i * g.d, sg.ks[i], g.d, g.d, kf);
       widen_value_s8(sg.v + i * g.d, sg.vs[i], g.d, g.dp, vf);
     }
+    if (!kv.int8) key_row_ptrs(kv, g.d, jb, n, npad, w.zero, kptr, vptr);
     for (int k = 0; k < npad && !kv.int8; ++k) {
-      const int j = jb + k;
-      if (k >= n) {
-        kptr[k] = vptr[k] = w.zero;
-      } else if (j < kv.S) {
-        kptr[k] = kv.k_cache + size_t(j) * g.d;
-        vptr[k] = kv.v_cache + size_t(j) * g.d;
-      } else if (j < kv.S + kv.S2) {
-        kptr[k] = kv.k_mid + size_t(j - kv.S) * g.d;
-        vptr[k] = kv.v_mid + size_t(j - kv.S) * g.d;
-      } else {
-        kptr[k] = kv.k_own + size_t(j - kv.S - kv.S2) * g.d;
-        vptr[k] = kv.v_own + size_t(j - kv.S - kv.S2) * g.d;
-      }
       widen_row(kptr[k], g.d, g.d, w.kf + size_t(k) * g.d);
       widen_row(vptr[k], g.d, g.dp, w.vf + size_t(k) * lv);
     }
@@ -287,11 +275,13 @@ void attend_fma(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, in
     // caller's region, spread over the row tiles (as in the vdpbf16ps kernel).
     const int next0 = jb + n, next1 = jb + n + kKeyBlock < kv.S ? jb + n + kKeyBlock : kv.S;
     const size_t elem = kv.int8 ? 1 : 2;
-    const size_t pf_bytes = next1 > next0 ? size_t(next1 - next0) * g.d * elem : 0;
-    const char* pf_k = kv.int8 ? reinterpret_cast<const char*>(kv.i8[0].k + size_t(next0) * g.d)
-                               : reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
-    const char* pf_v = kv.int8 ? reinterpret_cast<const char*>(kv.i8[0].v + size_t(next0) * g.d)
-                               : reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
+    const size_t pf_bytes = next1 > next0 && (kv.int8 || kv.k_cache) ? size_t(next1 - next0) * g.d * elem : 0;
+    const char* pf_k = !pf_bytes ? nullptr
+                       : kv.int8 ? reinterpret_cast<const char*>(kv.i8[0].k + size_t(next0) * g.d)
+                                 : reinterpret_cast<const char*>(kv.k_cache + size_t(next0) * g.d);
+    const char* pf_v = !pf_bytes ? nullptr
+                       : kv.int8 ? reinterpret_cast<const char*>(kv.i8[0].v + size_t(next0) * g.d)
+                                 : reinterpret_cast<const char*>(kv.v_cache + size_t(next0) * g.d);
     constexpr int kFmaPvRows = V::kPvRows;
     static_assert(16 % kFmaPvRows == 0);
     // Column strips outer, row tiles inner: a strip of the widened values (128 keys x 64 columns, 32 KB) stays in
