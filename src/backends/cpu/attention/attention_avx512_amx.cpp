@@ -51,20 +51,19 @@ void load_tile_config() {
   __asm__ volatile("ldtilecfg %0" ::"m"(c) : "memory");
 }
 
-// Where key j's rows are: the one place that maps the virtual key sequence onto the segments (attention.h,
-// KeyRows). Writes the rows of keys jb .. jb+n-1 to w (bf16 pointers, or an int8 cache's pointers and scales).
+// Where keys jb .. jb+n-1 are: an int8 cache's rows and scales (the backend's own buffers, rows d apart), or the bf16
+// rows through key_row_ptrs, the one place that maps the key sequence onto segments, strided views and pages.
 void resolve_rows(const KeyRows& kv, int d, int jb, int n, const AttnWork& w) {
+  if (!kv.int8) {
+    key_row_ptrs(kv, d, jb, n, n, w.zero, w.kptr, w.vptr);
+    return;
+  }
   for (int k = 0; k < n; ++k) {
     const int j = jb + k;
     const int seg = j < kv.S ? 0 : j < kv.S + kv.S2 ? 1 : 2;
     const size_t i = size_t(j - (seg == 0 ? 0 : seg == 1 ? kv.S : kv.S + kv.S2));
-    if (kv.int8) {
-      const KeyRows::Int8Segment& s = kv.i8[seg];
-      w.k8ptr[k] = s.k + i * d, w.v8ptr[k] = s.v + i * d, w.kscale[k] = s.ks[i], w.vscale[k] = s.vs[i];
-    } else {
-      w.kptr[k] = (seg == 0 ? kv.k_cache : seg == 1 ? kv.k_mid : kv.k_own) + i * d;
-      w.vptr[k] = (seg == 0 ? kv.v_cache : seg == 1 ? kv.v_mid : kv.v_own) + i * d;
-    }
+    const KeyRows::Int8Segment& s = kv.i8[seg];
+    w.k8ptr[k] = s.k + i * d, w.v8ptr[k] = s.v + i * d, w.kscale[k] = s.ks[i], w.vscale[k] = s.vs[i];
   }
 }
 
