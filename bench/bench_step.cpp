@@ -234,10 +234,14 @@ int main(int argc, char** argv) {
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
     if (const auto* cpu_model = dynamic_cast<const cpu::CpuModel*>(&model->backend())) {  // the cpu backend's floors
       std::vector<long long> keys;
-      for (int b = 0; b < B; ++b)
+      long long rows = shared ? S : 0;  // distinct cache rows: the shared prompt read once
+      for (int b = 0; b < B; ++b) {
         keys.push_back((shared ? S + sfx[b] : kv.valid_len[b]) + T);
+        rows += keys.back() - (shared ? S : 0);
+      }
       const int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      const cpu::StepWork work = cpu::step_work(L, D, Hq, Hkv, d, I, T, keys);
+      const cpu::StepWork work =
+          cpu::step_work(L, D, Hq, Hkv, d, I, T, keys, model->weights(), model->kv() == "int8", rows);
       // The peaks again after the steps, the best of both kept: one neighbour's burst at bind cannot lower them.
       cpu::remeasure_peaks(nt);
       const cpu::CpuModel& cm = *cpu_model;
@@ -251,11 +255,25 @@ int main(int argc, char** argv) {
       std::printf("peaks (%d threads, best of bind and after the steps):", nt);
       for (const cpu::PeakEntry& e : cpu::measured_peaks(nt).entries)
         std::printf("  %s %.1f", e.instruction.c_str(), e.rate);
-      std::printf("  GFLOP/s (int8: GOP/s)\n");
+      std::printf("  GFLOP/s (int8: GOP/s); streaming read %.1f GB/s\n", cpu::measured_peaks(nt).read_gbs);
       std::printf("%s", cpu::format_floors(floors, nt, "").c_str());
       for (const cpu::OpFloor& f : floors) floor_s += f.floor_ms * 1e-3;
-      std::printf("step floor %.4f s; best step %.4f s = %.1f%% of the floor-bound speed\n", floor_s, best,
-                  100.0 * floor_s / best);
+      std::printf("step floor %.4f s; best step %.4f s = %.1f%% of floor\n", floor_s, best, 100.0 * floor_s / best);
+      // The weight matmuls' phases (with --profile), fastest step: the bytes they must move per second, against
+      // the read bandwidth.
+      double mm_ms = 0;
+      for (const StepProfile& pr : session.profiles())
+        if (!pr.ops.empty() && pr.ops[0].actual_ms > 0)
+          mm_ms = mm_ms > 0 ? std::min(mm_ms, pr.ops[0].actual_ms) : pr.ops[0].actual_ms;
+      if (mm_ms > 0)
+        std::printf("matmul phases: %.3f GB of weights in %.1f ms = %.1f GB/s = %.1f%% of the read bandwidth\n",
+                    work.matmul_weight_gbytes, mm_ms, work.matmul_weight_gbytes / (1e-3 * mm_ms),
+                    100.0 * work.matmul_weight_gbytes / (1e-3 * mm_ms) / cpu::measured_peaks(nt).read_gbs);
+      // Every op held to the CPU's fastest unit for its operands (AMX where granted), whatever kernel ran.
+      double best_s = 0;
+      for (const cpu::OpFloor& f : cpu::step_floors(work, {}, model->weights(), nt, model->kv() == "int8"))
+        best_s += f.floor_ms * 1e-3;
+      std::printf("step floor with every op on the CPU's fastest unit: %.4f s\n", best_s);
     }
 #endif
     if (sessions == 2) {
