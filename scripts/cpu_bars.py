@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR_BAR = 1.25
 TORCH_BAR = 2.0
-CANDIDATES = {"matmul_bf16": ("bf16", ["avx512_bf16", "onednn", "avx512_fma", "avx2_fma"]),
+CANDIDATES = {"matmul_bf16": ("bf16", ["amx_bf16", "avx512_bf16", "onednn", "avx512_fma", "avx2_fma"]),
               "matmul_int8": ("int8", ["avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"])}
 
 

@@ -538,7 +538,7 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
   if (isa().has(kAvx2Fma)) { EXPECT_EQ(n, 4); }
   // Forced, each runnable candidate passes too and says so.
   const std::vector<std::pair<std::string, std::vector<std::string>>> ops = {
-      {"matmul_bf16", {"avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
+      {"matmul_bf16", {"amx_bf16", "avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
       {"matmul_int8", {"avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"}},
       {"attention", {"avx512_bf16", "avx512_fma", "avx2_fma"}},
       {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma"}}};
