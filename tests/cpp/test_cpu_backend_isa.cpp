@@ -769,6 +769,9 @@ TEST(Roofline, FloorPerPhaseIsTheLargerOfComputeAndMemory) {
   EXPECT_EQ(f8[0].instruction, "best: tdpbusd tmm");
   EXPECT_NEAR(f8[0].floor_ms, 1e3 * w8.matmul_gbytes / 25, 1e-9);
   EXPECT_LT(f8[0].floor_ms, 0.55 * f[0].floor_ms);
+  // An int8 cache's attention without a recorded instruction: the fastest unit, int8 ones included.
+  EXPECT_EQ(step_floors(w8, {}, "int8", p, true)[1].instruction, "best: tdpbusd tmm");
+  EXPECT_EQ(step_floors(w8, {}, "int8", p, false)[1].instruction, "best: tdpbf16ps tmm");
   // No bandwidth known: compute only.
   const std::vector<OpFloor> nobw = step_floors(w, chosen, "bf16", given_peaks(7000, 200, 14000, 0));
   EXPECT_NEAR(nobw[0].floor_ms, nobw[0].compute_ms, 1e-12);

@@ -314,9 +314,10 @@ std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices
     const KernelChoice c = chosen(kv_int8 ? "attention_kv_int8" : "attention");
     OpFloor f{c.op, c.kernel, c.instruction, w.attention_gflop};
     f.peak = c.instruction.empty() ? 0 : p.of(c.instruction);
-    if (f.peak <= 0) {
-      std::string which;
+    if (f.peak <= 0) {  // the fastest unit (an int8 cache: int8 units too)
+      std::string which, which8;
       f.peak = p.best_bf16_unit(&which);
+      if (kv_int8 && p.best_int8_unit(&which8) > f.peak) f.peak = p.best_int8_unit(), which = which8;
       f.instruction = (c.instruction.empty() ? "" : c.instruction + ", held to ") + "best: " + which;
     }
     f.gbytes = w.attention_gbytes;
