@@ -75,10 +75,10 @@ std::string matmul_kernel_refuses(MatmulKernel k, bool int8, int K);
 const char* matmul_kernel_instruction(MatmulKernel k);
 // The kernel named `name` (matmul_kernel_name); false for any other name.
 bool matmul_kernel_from_name(const std::string& name, MatmulKernel* k);
-// Every kernel, our dot-product kernels first (the order the cpu backend tries them in).
-inline constexpr MatmulKernel kMatmulKernels[] = {MatmulKernel::AmxBf16,  MatmulKernel::Avx512Vnni,
-                                                  MatmulKernel::Avx512Bf16, MatmulKernel::Avx2Int8,
-                                                  MatmulKernel::Avx512,   MatmulKernel::Avx2,
+// Every kernel, our dot-product kernels first (the order the cpu backend tries them in; oneDNN goes before amx_bf16).
+inline constexpr MatmulKernel kMatmulKernels[] = {MatmulKernel::Avx512Vnni, MatmulKernel::Avx512Bf16,
+                                                  MatmulKernel::Avx2Int8,   MatmulKernel::AmxBf16,
+                                                  MatmulKernel::Avx512,     MatmulKernel::Avx2,
                                                   MatmulKernel::Portable};
 // Output columns per packed panel.
 int matmul_panel_width(MatmulKernel k);
