@@ -153,6 +153,9 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t
     cfg.colsb[t] = 64;
     cfg.rows[t] = 16;
   }
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes only: without this the stores to the other
+  // 56 bytes of cfg may be dropped (a palette of zeros: every tile instruction then faults).
+  asm volatile("" : : "m"(cfg) : "memory");
   _tile_loadconfig(&cfg);
   const int panels = (N + kNR - 1) / kNR;
   const char* end = reinterpret_cast<const char*>(w) + size_t(panels) * ((K + 1) / 2) * kRowBytes;

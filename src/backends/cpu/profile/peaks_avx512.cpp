@@ -107,6 +107,9 @@ __attribute__((target("amx-tile,amx-bf16,amx-int8"))) float amx_loop(long iters,
   alignas(64) unsigned char in[1024];
   for (int i = 0; i < 1024; ++i) in[i] = static_cast<unsigned char>((i * 7 + static_cast<int>(seed)) & 0x3f);
   alignas(64) float out[256];
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes only: without this the stores to the other
+  // 56 bytes of cfg may be dropped (a palette of zeros: every tile instruction then faults).
+  asm volatile("" : : "m"(cfg) : "memory");
   _tile_loadconfig(&cfg);
   _tile_zero(0);
   _tile_zero(1);
