@@ -4,8 +4,8 @@
 //
 // Why: at the seed's 64 rows a step makes one pass over the weights and AMX multiplies them several times
 // faster than they arrive from memory, so the matmul phases are bound by the read bandwidth alone if the
-// weights stream without pause. oneDNN's AMX brgemm reached well under half of it (docs/PERFORMANCE.md,
-// "Roofline"): it leaves the streaming to the hardware prefetchers and waits on every cold tile load.
+// weights stream without pause. oneDNN's AMX brgemm reached about half of it (docs/PERFORMANCE.md,
+// "Roofline"), leaving the streaming to the hardware prefetchers.
 //
 // Layout: avx512_bf16's (MatmulWeights::pack*): panels of 64 columns, K in spans of kDotKSpan, rows in pairs of
 // k, [ks/2][64][2] bf16 per span-panel: 256 bytes a packed row, so the B tile of 16 columns x 16 pairs is
