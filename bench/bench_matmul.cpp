@@ -325,6 +325,8 @@ std::pair<double, double> stream_rate(ThreadPool& pool, const std::function<void
   return {rate, gbytes_per_pass * reps / wall};
 }
 
+// Longer than most functions here: the oneDNN pass and our kernels' pass share the weights, activations, slices and
+// the bandwidth measured once; split, each would take a dozen of them as parameters.
 void stream(const dnnl::engine& eng, int M, int threads, int layers, int reps) {
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv", 1536, 4096}, {"o", 2048, 1536}, {"gate_up", 1536, 12288}, {"down", 6144, 1536}};
