@@ -6,6 +6,10 @@
 // the attribute choices the backend avoids would get (--study), and what cold weights cost (--cold).
 // --block: one thread's slices on the block-format kernels (bfp_matmul.h: bf16 pairs, bfp8_b, bfp4_b, AVX512-BF16
 // and portable) against oneDNN bf16, hot and cold weights.
+// --stream: the weights streamed from memory as a step streams them: every thread runs its own column slices of
+// the four linears of --layers layers (far more bytes than the last-level cache), M rows, on oneDNN and on each of
+// our kernels that takes the weights; the weight bytes per second of the threads' own CPU time, against the
+// streaming read bandwidth measured the same way in the same process (peaks.h, read_bandwidth_gbs).
 // --fma: one thread's slices: oneDNN bf16 vs the fp32-FMA kernels (matmul_kernels.h: avx512_fma, avx2_fma), hot and cold
 // weights, with the single-thread fp32 FMA peak (a register-only vfmadd231ps loop) for scale; then the same for int8
 // weights (oneDNN u8 x s8 vs avx512_vnni and the fp32-FMA kernels on s8 weights).
@@ -30,6 +34,7 @@
 #include "backends/cpu/matmul/matmul_kernels.h"
 #include "backends/cpu/runtime/isa.h"
 #include "backends/cpu/matmul/onednn_matmul.h"
+#include "backends/cpu/profile/peaks.h"
 #include "backends/cpu/runtime/thread_pool.h"
 
 using namespace alpamayo::cpu;
@@ -300,11 +305,120 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
   if (sink == 42) std::printf(" \n");
 }
 
+// One kernel's pass over every layer's slices on every pool thread, `reps` times after one untimed pass.
+// Returns {GB/s of the threads' CPU time (summed over threads), GB/s of wall time}.
+std::pair<double, double> stream_rate(ThreadPool& pool, const std::function<void(int, int)>& layer_pass, int layers,
+                                      double gbytes_per_pass, int reps) {
+  const int T = pool.size();
+  std::vector<double> cpu(T, 0.0);
+  pool.run([&](int t) { for (int l = 0; l < layers; ++l) layer_pass(t, l); });
+  const auto w0 = std::chrono::steady_clock::now();
+  pool.run([&](int t) {
+    const double c0 = thread_cpu_seconds();
+    for (int r = 0; r < reps; ++r)
+      for (int l = 0; l < layers; ++l) layer_pass(t, l);
+    cpu[t] = thread_cpu_seconds() - c0;
+  });
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  double rate = 0;
+  for (int t = 0; t < T; ++t) rate += gbytes_per_pass * reps / T / std::max(cpu[t], 1e-9);
+  return {rate, gbytes_per_pass * reps / wall};
+}
+
+// Longer than most functions here: the oneDNN pass and our kernels' pass share the weights, activations, slices and
+// the bandwidth measured once; split, each would take a dozen of them as parameters.
+void stream(const dnnl::engine& eng, int M, int threads, int layers, int reps) {
+  struct Shape { const char* name; int K, N; };
+  const Shape shapes[] = {{"qkv", 1536, 4096}, {"o", 2048, 1536}, {"gate_up", 1536, 12288}, {"down", 6144, 1536}};
+  ThreadPool pool(threads);
+  std::printf("CPU features: %s; %d threads, M=%d, %d layers\n", isa().describe().c_str(), threads, M, layers);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  std::vector<std::vector<float>> W;
+  for (const Shape& sh : shapes) {
+    W.emplace_back(size_t(sh.N) * sh.K);
+    for (auto& v : W.back()) v = nd(rng);
+  }
+  AlignedBuf<uint16_t> x(size_t(M) * 6144);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = alpamayo::f32_to_bf16(nd(rng));
+  AlignedBuf<uint8_t> xq(size_t(M) * 6144);
+  for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t(128 + int(rng() % 61) - 30);
+  std::vector<AlignedBuf<float>> y(threads);
+  for (auto& b : y) b.resize(size_t(M) * 12288);
+  const double read = read_bandwidth_gbs(threads);
+  std::printf("streaming read bandwidth: %.1f GB/s (%d threads)\n", read, threads);
+  auto col0 = [&](int s, int t) { return shapes[s].N * t / threads; };
+  auto cols = [&](int s, int t) { return shapes[s].N * (t + 1) / threads - col0(s, t); };
+  for (WeightType wt : {WeightType::BF16, WeightType::INT8}) {
+    const bool i8 = wt == WeightType::INT8;
+    double gb = 0;
+    for (const Shape& sh : shapes) gb += double(sh.K) * sh.N * (i8 ? 1 : 2) * layers * 1e-9;
+    auto report = [&](const char* what, std::pair<double, double> r) {
+      std::printf("%s %-12s M=%-4d %.3f GB/pass: %6.1f GB/s (CPU time) = %5.1f%% of the read bandwidth; %6.1f GB/s "
+                  "wall\n", i8 ? "int8" : "bf16", what, M, gb, r.first, 100.0 * r.first / read, r.second);
+    };
+    {  // oneDNN, as the backend runs it: a slice per thread, single-threaded oneDNN
+      OnednnPrimitives kernels(eng);
+      std::vector<std::vector<OnednnLinear>> lin(size_t(threads) * layers, std::vector<OnednnLinear>(4));
+      std::vector<std::vector<OnednnPlan>> plan(size_t(threads) * layers, std::vector<OnednnPlan>(4));
+      std::vector<AlignedBuf<uint8_t>> scratch(threads);
+      std::vector<dnnl::stream> st;
+      for (int t = 0; t < threads; ++t) st.emplace_back(eng);
+      try {
+        pool.run([&](int t) {
+          ScopedOmpThreads one(1);
+          size_t need = 1;
+          for (int l = 0; l < layers; ++l)
+            for (int s = 0; s < 4; ++s) {
+              const size_t i = size_t(t) * layers + l;
+              lin[i][s].pack(kernels, wt, shapes[s].K, cols(s, t), W[s].data() + size_t(col0(s, t)) * shapes[s].K, M,
+                             cols(s, t));
+              plan[i][s] = lin[i][s].plan(kernels, M, cols(s, t));
+              need = std::max(need, plan[i][s].scratch_bytes());
+            }
+          scratch[t].resize(need);
+        });
+        report("onednn", stream_rate(pool, [&](int t, int l) {
+          ScopedOmpThreads one(1);
+          for (int s = 0; s < 4; ++s)
+            lin[size_t(t) * layers + l][s].run(st[t], plan[size_t(t) * layers + l][s], i8 ? (const void*)xq.data()
+                                                                                              : (const void*)x.data(),
+                                               y[t].data(), scratch[t].data());
+        }, layers, gb, reps));
+      } catch (const alpamayo::Error& e) {
+        std::printf("%s onednn unavailable: %s\n", i8 ? "int8" : "bf16", e.what());
+      }
+    }
+    for (MatmulKernel k : kMatmulKernels) {
+      if (k == MatmulKernel::Portable || !matmul_kernel_runnable(k) || !matmul_kernel_refuses(k, i8, 6144).empty() ||
+          k == MatmulKernel::Avx2 || k == MatmulKernel::Avx2Int8)
+        continue;
+      std::vector<std::vector<MatmulWeights>> mw(size_t(threads) * layers, std::vector<MatmulWeights>(4));
+      std::vector<AlignedBuf<uint8_t>> scratch(threads);
+      pool.run([&](int t) {
+        for (int l = 0; l < layers; ++l)
+          for (int s = 0; s < 4; ++s) {
+            const float* src = W[s].data() + size_t(col0(s, t)) * shapes[s].K;
+            if (i8) mw[size_t(t) * layers + l][s].pack_int8(k, src, shapes[s].K, cols(s, t));
+            else mw[size_t(t) * layers + l][s].pack(k, src, shapes[s].K, cols(s, t));
+          }
+        scratch[t].resize(matmul_scratch_bytes(k, M, 6144));
+      });
+      report(matmul_kernel_name(k), stream_rate(pool, [&](int t, int l) {
+        for (int s = 0; s < 4; ++s)
+          run_matmul(mw[size_t(t) * layers + l][s], i8 ? (const void*)xq.data() : (const void*)x.data(), M,
+                     shapes[s].K, y[t].data(), cols(s, t), scratch[t].data());
+      }, layers, gb, reps));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int M = 64, threads = 2, reps = 20;
-  bool study = false, cold = false, block = false, fma = false;
+  bool study = false, cold = false, block = false, fma = false, streamed = false;
+  int layers = 24;
   CLI::App app{"oneDNN matmul throughput for the expert's shapes"};
   app.add_option("--M", M, "rows (B*T)");
   app.add_option("--threads", threads, "threads");
@@ -313,6 +427,9 @@ int main(int argc, char** argv) {
   app.add_flag("--cold", cold, "only single-thread slices with cold versus hot weights");
   app.add_flag("--block", block, "only single-thread slices: oneDNN bf16 vs the block-format kernels");
   app.add_flag("--fma", fma, "only single-thread slices: oneDNN bf16 vs the fp32-FMA kernels (avx512_fma, avx2_fma)");
+  app.add_flag("--stream", streamed, "only the weights of --layers layers streamed from memory, per kernel, against "
+               "the read bandwidth");
+  app.add_option("--layers", layers, "with --stream: layers of weights (their bytes must dwarf the last-level cache)");
   CLI11_PARSE(app, argc, argv);
   struct Shape { const char* name; int K, N; };
   const Shape shapes[] = {{"qkv 1536->4096", 1536, 4096}, {"o 2048->1536", 2048, 1536},
@@ -322,6 +439,10 @@ int main(int argc, char** argv) {
   alpamayo::options_from_environment(env, "cpu");
   set_isa_ceiling(env.isa_cap, env.isa_cap_source);
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  if (streamed) {
+    stream(eng, M, threads, layers, reps < 3 ? reps : 3);
+    return 0;
+  }
   if (fma) {
     fma_kernels(eng, M, reps < 5 ? reps : 5);
     return 0;

@@ -3,9 +3,13 @@
 // one random layer's weights (so the weight traffic is real) and its own cache rows.
 // Prints the per-op table of every step (--profile, stderr), time per step, 10-step estimate, the memory of the
 // model and of one session, and a final JSON line for scripts (bench/bench_vs_torch.py). For the cpu
-// backend also the kernel chosen per op and this machine's floor for the step: the GFLOP of the weight
-// matmuls (2 * M * the layers' weights) and of attention (4 * T * Hq * d * keys, per sample and layer), each
-// at the measured peak of the instruction its kernel uses, and the fraction of it the best step achieves.
+// backend also the kernel chosen per op and this machine's roofline floor for the step (peaks.h): per phase
+// max(flop / peak, bytes / read bandwidth), the flops of the weight matmuls (2 * M * the layers' weights) and of
+// attention (4 * T * Hq * d * keys, per sample and layer) at the measured peak of the instruction its kernel uses,
+// the bytes those phases must move at the measured streaming read bandwidth; the fraction of the floor the best
+// step achieves, the floor with every op on the CPU's fastest unit, and (with --profile) the weight bytes per
+// second of the matmul phases against the read bandwidth. The JSON line carries floor_s, floor_best_s, read_gbs
+// and matmul_gbs (0 without --profile).
 // --sessions 2 also binds a second session on the same model and runs both at once: it reports what the
 // second session costs and checks that each gives bitwise the result it gives alone.
 #include <CLI/CLI.hpp>
@@ -230,14 +234,18 @@ int main(int argc, char** argv) {
                 "%.1f MiB after the first bind, %.1f MiB now\n",
                 model->backend().weight_bytes() / 1048576.0, session.buffer_bytes() / 1048576.0, hwm_model / 1024.0,
                 hwm_one / 1024.0, vm_hwm_kb() / 1024.0);
-    double floor_s = 0;
+    double floor_s = 0, floor_best_s = 0, read_gbs = 0, matmul_gbs = 0;
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
     if (const auto* cpu_model = dynamic_cast<const cpu::CpuModel*>(&model->backend())) {  // the cpu backend's floors
       std::vector<long long> keys;
-      for (int b = 0; b < B; ++b)
+      long long rows = shared ? S : 0;  // distinct cache rows: the shared prompt read once
+      for (int b = 0; b < B; ++b) {
         keys.push_back((shared ? S + sfx[b] : kv.valid_len[b]) + T);
+        rows += keys.back() - (shared ? S : 0);
+      }
       const int nt = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      const cpu::StepWork work = cpu::step_work(L, D, Hq, Hkv, d, I, T, keys);
+      const cpu::StepWork work =
+          cpu::step_work(L, D, Hq, Hkv, d, I, T, keys, model->weights(), model->kv() == "int8", rows);
       // The peaks again after the steps, the best of both kept: one neighbour's burst at bind cannot lower them.
       cpu::remeasure_peaks(nt);
       const cpu::CpuModel& cm = *cpu_model;
@@ -251,11 +259,26 @@ int main(int argc, char** argv) {
       std::printf("peaks (%d threads, best of bind and after the steps):", nt);
       for (const cpu::PeakEntry& e : cpu::measured_peaks(nt).entries)
         std::printf("  %s %.1f", e.instruction.c_str(), e.rate);
-      std::printf("  GFLOP/s (int8: GOP/s)\n");
+      std::printf("  GFLOP/s (int8: GOP/s); streaming read %.1f GB/s\n", cpu::measured_peaks(nt).read_gbs);
       std::printf("%s", cpu::format_floors(floors, nt, "").c_str());
       for (const cpu::OpFloor& f : floors) floor_s += f.floor_ms * 1e-3;
-      std::printf("step floor %.4f s; best step %.4f s = %.1f%% of the floor-bound speed\n", floor_s, best,
-                  100.0 * floor_s / best);
+      std::printf("step floor %.4f s; best step %.4f s = %.1f%% of floor\n", floor_s, best, 100.0 * floor_s / best);
+      // The weight matmuls' phases (with --profile), fastest step: the bytes they must move per second, against
+      // the read bandwidth.
+      double mm_ms = 0;
+      for (const StepProfile& pr : session.profiles())
+        if (!pr.ops.empty() && pr.ops[0].actual_ms > 0)
+          mm_ms = mm_ms > 0 ? std::min(mm_ms, pr.ops[0].actual_ms) : pr.ops[0].actual_ms;
+      read_gbs = cpu::measured_peaks(nt).read_gbs;
+      if (mm_ms > 0) {
+        matmul_gbs = work.matmul_weight_gbytes / (1e-3 * mm_ms);
+        std::printf("matmul phases: %.3f GB of weights in %.1f ms = %.1f GB/s = %.1f%% of the read bandwidth\n",
+                    work.matmul_weight_gbytes, mm_ms, matmul_gbs, 100.0 * matmul_gbs / read_gbs);
+      }
+      // Every op held to the CPU's fastest unit for its operands (AMX where granted), whatever kernel ran.
+      for (const cpu::OpFloor& f : cpu::step_floors(work, {}, model->weights(), nt, model->kv() == "int8"))
+        floor_best_s += f.floor_ms * 1e-3;
+      std::printf("step floor with every op on the CPU's fastest unit: %.4f s\n", floor_best_s);
     }
 #endif
     if (sessions == 2) {
@@ -283,8 +306,10 @@ int main(int argc, char** argv) {
       if (!same) return 1;
     }
     std::printf("{\"backend\":\"%s\",\"weights\":\"%s\",\"threads\":%d,\"S\":%d,\"step_s_mean\":%.5f,"
-                "\"step_s_min\":%.5f,\"vmhwm_mib\":%.1f,\"floor_s\":%.5f}\n",
-                backend.c_str(), model->weights().c_str(), threads, S, mean, best, vm_hwm_kb() / 1024.0, floor_s);
+                "\"step_s_min\":%.5f,\"vmhwm_mib\":%.1f,\"floor_s\":%.5f,\"floor_best_s\":%.5f,\"read_gbs\":%.2f,"
+                "\"matmul_gbs\":%.2f}\n",
+                backend.c_str(), model->weights().c_str(), threads, S, mean, best, vm_hwm_kb() / 1024.0, floor_s,
+                floor_best_s, read_gbs, matmul_gbs);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_step: %s\n", e.what());
     return 1;

@@ -4,12 +4,15 @@ floor and PyTorch").
 
 Runs, one process at a time, at the seed's full size unless --sizes says otherwise:
   1. bench/bench_vs_torch.py (ours with bf16 and int8 weights, PyTorch fp32 and bf16), unless --no-torch;
-  2. --runs bench_step runs per weight format with the kernels chosen at load, each step against the floor that run
-     printed (its own measured peaks);
+  2. --runs bench_step runs per weight format with the kernels chosen at load, each step against the roofline floor
+     that run printed (its own measured peaks, AMX included, and streaming read bandwidth: per phase
+     max(flop / peak, bytes / bandwidth)), and the weight bytes per second of its matmul phases against that
+     bandwidth (the 80% bar);
   3. each weight matmul kernel forced in turn (ALPAMAYO_CPU_KERNELS=matmul_bf16=... / matmul_int8=...), and both
      weight formats with --kv int8; a kernel this CPU cannot run is listed with bench_step's reason;
   4. the line Matmul.OnednnUsesAmxExactlyWhereUsable prints (which oneDNN implementation runs, AMX or not).
-Prints the CPU (lscpu), a table of step / floor ratios against the 1.25x bar and ours against PyTorch's faster
+Prints the CPU (lscpu), a table of step / floor ratios against the 1.25x bar, the floor and the matmul phases' GB/s
+beside each, and ours against PyTorch's faster
 configuration against the 2x bar, and writes everything as JSON (--out). Exit status 0 when every run ran; the
 bars are reported, not enforced (a shared machine's noise moves the ratios by several percent).
 
@@ -27,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR_BAR = 1.25
 TORCH_BAR = 2.0
-CANDIDATES = {"matmul_bf16": ("bf16", ["avx512_bf16", "onednn", "avx512_fma", "avx2_fma"]),
+STREAM_BAR = 0.80  # the matmul phases' weight bytes per second, as a share of the measured read bandwidth
+CANDIDATES = {"matmul_bf16": ("bf16", ["amx_bf16", "avx512_bf16", "onednn", "avx512_fma", "avx2_fma"]),
               "matmul_int8": ("int8", ["avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"])}
 
 
@@ -69,7 +73,17 @@ def bench_step(exe: Path, args: list[str], env_kernels: str | None = None) -> di
     res["kernel_lines"] = [l[len("kernel "):] for l in r.stdout.splitlines() if l.startswith("kernel ")]
     if res.get("floor_s"):
         res["ratio"] = res["step_s_mean"] / res["floor_s"]
+    if res.get("matmul_gbs") and res.get("read_gbs"):
+        res["matmul_of_read"] = res["matmul_gbs"] / res["read_gbs"]
     return res
+
+
+def stream_text(res: dict) -> str:
+    """The matmul phases' weight GB/s against the read bandwidth, as printed beside each run."""
+    if not res.get("matmul_of_read"):
+        return "matmul GB/s not measured"
+    return (f"matmul {res['matmul_gbs']:.1f} GB/s = {100 * res['matmul_of_read']:.0f}% of {res['read_gbs']:.1f} GB/s "
+            f"read")
 
 
 def torch_run(python: str, exe: Path, threads: int, sizes: list[str]) -> dict:
@@ -121,7 +135,8 @@ def main() -> int:
               file=sys.stderr)
         return 2
     sizes = a.sizes.split()
-    common = [*sizes, "--threads", str(a.threads), "--warmup", "1", "--profile", "0"]
+    # --profile 1: the phase times give the matmul phases' GB/s (the tables go to stderr, not printed here).
+    common = [*sizes, "--threads", str(a.threads), "--warmup", "1", "--profile", "1"]
     report: dict = {"cpu": lscpu(), "threads": a.threads, "sizes": sizes or "the seed's full size"}
     print(f"cpu: {report['cpu'].get('Model name', '?')} (family {report['cpu'].get('CPU family', '?')}, model "
           f"{report['cpu'].get('Model', '?')}), {report['cpu'].get('CPU(s)', '?')} CPUs; "
@@ -135,20 +150,22 @@ def main() -> int:
         for w in ("int8", "bf16"):
             res = bench_step(exe, [*common, "--weights", w, "--steps", str(a.steps)])
             print(f"  run {i + 1} {w}: " + (f"{res['step_s_mean']:.4f} s / floor {res['floor_s']:.4f} s = "
-                                             f"{res['ratio']:.3f}x" if "error" not in res else res["error"]),
-                  flush=True)
+                                             f"{res['ratio']:.3f}x; {stream_text(res)}" if "error" not in res
+                                             else res["error"]), flush=True)
             runs.append(res)
     report["runs"] = runs
     forced = []
     for op, (w, names) in CANDIDATES.items():
         for name in names:
             res = bench_step(exe, [*common, "--weights", w, "--steps", "2"], f"{op}={name}")
-            print(f"  {op}={name}: " + (f"{res['step_s_mean']:.4f} s, {res['ratio']:.3f}x its floor"
+            print(f"  {op}={name}: " + (f"{res['step_s_mean']:.4f} s, {res['ratio']:.3f}x its floor "
+                                        f"{res['floor_s']:.4f} s; {stream_text(res)}"
                                         if "error" not in res else res["error"]), flush=True)
             forced.append(res)
     for w in ("bf16", "int8"):
         res = bench_step(exe, [*common, "--weights", w, "--kv", "int8", "--steps", "2"])
-        print(f"  {w} weights, --kv int8: " + (f"{res['step_s_mean']:.4f} s, {res['ratio']:.3f}x its floor"
+        print(f"  {w} weights, --kv int8: " + (f"{res['step_s_mean']:.4f} s, {res['ratio']:.3f}x its floor "
+                                              f"{res['floor_s']:.4f} s; {stream_text(res)}"
                                               if "error" not in res else res["error"]), flush=True)
         forced.append(res)
     report["forced"] = forced
@@ -156,17 +173,22 @@ def main() -> int:
 
     # The summary.
     print(f"\n{report['cpu'].get('Model name', '?')}, {a.threads} threads, {' '.join(sizes) or 'full size'}")
-    print("| weights | kernels | s/step (mean) | floor s | step / floor | bar 1.25x |")
-    print("|---|---|---|---|---|---|")
+    print("| weights | kernels | s/step (mean) | floor s | step / floor | bar 1.25x | matmul GB/s / read GB/s | "
+          "bar 80% |")
+    print("|---|---|---|---|---|---|---|---|")
     for res in runs + forced:
         if "error" in res:
             print(f"| {res['args'][res['args'].index('--weights') + 1]} | {res['kernels'] or 'chosen'} | - | - | "
-                  f"{res['error'].split('. Candidates:')[0]} | - |")  # the full message is printed above
+                  f"{res['error'].split('. Candidates:')[0]} | - | - | - |")  # the full message is printed above
             continue
         w = res["weights"] + (", kv " + res["args"][res["args"].index("--kv") + 1] if "--kv" in res["args"] else "")
         kern = ", ".join(" ".join(l.split()[:2]) for l in res["kernel_lines"])
+        mr = res.get("matmul_of_read")
+        stream = (f"{res['matmul_gbs']:.1f} / {res['read_gbs']:.1f} = {100 * mr:.0f}% | "
+                  f"{'met' if mr >= STREAM_BAR else 'missed'}") if mr else "- | -"
         print(f"| {w} | {kern}{' (forced)' if res['kernels'] else ''} | {res['step_s_mean']:.4f} | "
-              f"{res['floor_s']:.4f} | {res['ratio']:.3f}x | {'met' if res['ratio'] <= FLOOR_BAR else 'missed'} |")
+              f"{res['floor_s']:.4f} | {res['ratio']:.3f}x | {'met' if res['ratio'] <= FLOOR_BAR else 'missed'} | "
+              f"{stream} |")
     vt = report.get("vs_torch")
     if vt:
         if "error" in vt:

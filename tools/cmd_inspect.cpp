@@ -39,7 +39,7 @@ Run add_inspect(CLI::App& app) {
   app.add_option("checkpoint", a->dir, "checkpoint directory")->required();
   app.add_flag("--kernels", a->kernels,
                "cpu backend: time the kernels as loading a model does (attention on bf16 and int8 caches, bf16 and int8 weight matmuls), "
-               "print the choice per op, the ALPAMAYO_CPU_KERNELS value that pins them all, and the instruction peaks (~1 s)");
+               "print the choice per op, the ALPAMAYO_CPU_KERNELS value that pins them all, the instruction peaks (AMX included) and the streaming read bandwidth (~1.5 s)");
   app.add_option("--threads", a->threads, "with --kernels: threads the peaks are measured on (0: all cores)");
   app.add_option("--vlm-config", a->vlm, "the VLM's config.json (or its text_config)");
   add_release_option(app, a->release);
@@ -92,6 +92,8 @@ Run add_inspect(CLI::App& app) {
                       p.threads);
         else
           std::printf("cpu peak     %-16s %8s (%s)\n", e.instruction.c_str(), "-", e.why_not.c_str());
+      // The roofline's other side: the weight matmuls stream their weights from memory once per step.
+      std::printf("cpu read     %-16s %8.1f GB/s on %d threads\n", "streaming", p.read_gbs, p.threads);
     }
 #endif
   };

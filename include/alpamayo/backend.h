@@ -194,8 +194,12 @@ struct ProfileOp {
   std::string op, kernel, instruction;
   double gflop = 0;      // work per step (GOP for int8)
   double peak = 0;       // GFLOP/s (GOP/s) of the instruction, all threads
-  double floor_ms = 0;   // gflop / peak
+  double floor_ms = 0;   // per phase max(compute_ms, memory_ms), summed over the op's phases
   double actual_ms = 0;  // the op's phases in this step; 0: not measured
+  double gbytes = 0;     // GB the op must move per step (weights, cache rows, activations)
+  double read_gbs = 0;   // the measured streaming read bandwidth, GB/s, all threads
+  double compute_ms = 0; // gflop / peak
+  double memory_ms = 0;  // gbytes / read_gbs
   // GFLOP/s (GOP/s) reached in this step; 0 where not measured.
   double achieved() const { return actual_ms > 0 ? gflop / (1e-3 * actual_ms) : 0; }
 };

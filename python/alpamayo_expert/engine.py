@@ -523,5 +523,6 @@ class Session:
     def profiles(self) -> list[dict]:
         """Model(profile=True), cpu backend: one dict per run of the layers in the last sample, in the order they ran
         (with guidance: guided, then unguided, per step): 'phases' (name, seconds, idle), 'kernels', 'ops' (gflop,
-        peak, floor_ms, actual_ms, achieved), 'wall_seconds', ... and 'table', the CLI's --profile table. [] otherwise."""
+        peak, gbytes, read_gbs, compute_ms, memory_ms, floor_ms: the roofline per phase, actual_ms, achieved),
+        'wall_seconds', ... and 'table', the CLI's --profile table. [] otherwise."""
         return list(self._s.profiles())

@@ -389,6 +389,10 @@ nb::dict profile_dict(const StepProfile& p) {
     e["floor_ms"] = o.floor_ms;
     e["actual_ms"] = o.actual_ms;
     e["achieved"] = o.achieved();
+    e["gbytes"] = o.gbytes;
+    e["read_gbs"] = o.read_gbs;
+    e["compute_ms"] = o.compute_ms;
+    e["memory_ms"] = o.memory_ms;
     ops.append(e);
   }
   d["phases"] = phases;

@@ -626,6 +626,9 @@ TEST(Conformance, CpuProfileTablesEveryPhase) {
     for (const ProfileOp& o : last.ops) {
       EXPECT_GT(o.gflop, 0) << o.op;
       EXPECT_GT(o.actual_ms, 0) << o.op;
+      EXPECT_GT(o.gbytes, 0) << o.op;  // the roofline's bytes, at the measured read bandwidth
+      EXPECT_GT(o.read_gbs, 0) << o.op;
+      EXPECT_GE(o.floor_ms, std::max(o.compute_ms, o.memory_ms) * (1 - 1e-9)) << o.op;
       EXPECT_NEAR(o.achieved(), o.gflop / (1e-3 * o.actual_ms), 1e-9 * o.achieved()) << o.op;
     }
     EXPECT_NEAR(last.ops[1].actual_ms, 1e3 * last.phases[3].seconds, 1e-9);
@@ -636,6 +639,8 @@ TEST(Conformance, CpuProfileTablesEveryPhase) {
     EXPECT_NE(err.find("idle"), std::string::npos) << err;
     EXPECT_NE(err.find("kernel attention"), std::string::npos) << err;
     EXPECT_NE(err.find("floor"), std::string::npos) << err;
+    EXPECT_NE(err.find("of floor"), std::string::npos) << err;
+    EXPECT_EQ(err.find("of peak"), std::string::npos) << err;
     double share = 0;
     for (const char* ph : phases) {
       const std::string name = std::string("  ") + ph + " ";

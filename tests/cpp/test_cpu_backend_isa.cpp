@@ -558,7 +558,7 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
   if (isa().has(kAvx2Fma)) { EXPECT_EQ(n, 4); }
   // Forced, each runnable candidate passes too and says so.
   const std::vector<std::pair<std::string, std::vector<std::string>>> ops = {
-      {"matmul_bf16", {"avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
+      {"matmul_bf16", {"amx_bf16", "avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
       {"matmul_int8", {"avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"}},
       {"attention", {"avx512_bf16", "avx512_fma", "avx2_fma", "amx_bf16"}},
       {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma", "amx_bf16"}}};
@@ -655,7 +655,7 @@ TEST(KernelCheck, InaccurateCandidateIsRejectedAndNamed) {
 TEST(Peaks, MeasuredWhereRunnable) {
   const Peaks& p = measured_peaks(1);
   EXPECT_EQ(&p, &measured_peaks(1));  // cached
-  ASSERT_EQ(p.entries.size(), 7u);
+  ASSERT_EQ(p.entries.size(), 9u);
   for (const PeakEntry& e : p.entries) {
     std::printf("  %-16s %8.1f %s %s\n", e.instruction.c_str(), e.rate, e.unit.c_str(), e.why_not.c_str());
     if (e.why_not.empty())
@@ -665,7 +665,16 @@ TEST(Peaks, MeasuredWhereRunnable) {
   }
   EXPECT_EQ(p.of("vfmadd231ps ymm") > 0, isa().has(kAvx2Fma));
   EXPECT_EQ(p.of("vdpbf16ps zmm") > 0, isa().has(kAvx512 | kAvx512Bf16));
+  EXPECT_EQ(p.of("tdpbf16ps tmm") > 0, isa().has(kAvx512 | kAmxBf16));
+  EXPECT_EQ(p.of("tdpbusd tmm") > 0, isa().has(kAvx512 | kAmxInt8));
   EXPECT_GE(p.best_bf16_unit(), p.of("vfmadd231ps ymm"));
+  EXPECT_GE(p.best_bf16_unit(), p.of("tdpbf16ps tmm"));
+  EXPECT_GE(p.best_int8_unit(), p.of("tdpbusd tmm"));
+  // Streaming reads from memory: any machine of the last decade reads > 1 GB/s per core, and no single core
+  // of today reads 1000 GB/s from DRAM (the buffer is several times the last-level cache).
+  printf("  read %.1f GB/s\n", p.read_gbs);
+  EXPECT_GT(p.read_gbs, 1.0);
+  EXPECT_LT(p.read_gbs, 1000.0);
   EXPECT_EQ(p.of("vpmaddwd ymm") > 0, isa().has(kAvx2Fma));
   EXPECT_GE(p.best_int8_unit(), p.of("vpmaddwd ymm"));
   // A kernel doing half its work on each of two instructions: their harmonic mean.
@@ -689,10 +698,14 @@ TEST(Peaks, RemeasureKeepsTheBest) {
 
 TEST(Peaks, StepFloorFromTheConfig) {
   // The full-size expert (L=64, D=1536, 16/8 heads of 128, I=6144), one sample of 64 tokens, 4700 cache rows:
-  // the 309 GFLOP of weight matmuls and 158 GFLOP of attention.
+  // the 309 GFLOP of weight matmuls and 158 GFLOP of attention; 4.83 GB of bf16 weights.
   const StepWork w = step_work(64, 1536, 16, 8, 128, 6144, 64, {4700 + 64});
   EXPECT_NEAR(w.matmul_gflop, 309, 2);
   EXPECT_NEAR(w.attention_gflop, 160, 3);
+  EXPECT_NEAR(w.matmul_weight_gbytes, 4.83, 0.01);
+  // + the activations: 64 rows of bf16 inputs (K = 1536, 2048, 1536, 6144) and fp32 outputs (N = 4096, 1536,
+  // 12288, 1536) per layer.
+  EXPECT_NEAR(w.matmul_gbytes - w.matmul_weight_gbytes, 64 * 64 * (11264 * 2 + 19456 * 4) * 1e-9, 1e-9);
   const KernelChoices chosen = {{"matmul_bf16", "avx2_fma", "", 0.0, "vfmadd231ps ymm"},
                                 {"attention", "avx2_fma", "", 0.0, "vfmadd231ps ymm"}};
   const auto f = step_floors(w, chosen, "bf16", 1);
@@ -700,10 +713,109 @@ TEST(Peaks, StepFloorFromTheConfig) {
   EXPECT_EQ(f[0].op, "matmul_bf16");
   EXPECT_EQ(f[1].op, "attention");
   for (const OpFloor& o : f)
-    if (o.peak > 0) { EXPECT_NEAR(o.floor_ms, 1e3 * o.gflop / o.peak, 1e-9); }
+    if (o.peak > 0 && o.read_gbs > 0) {
+      EXPECT_NEAR(o.compute_ms, 1e3 * o.gflop / o.peak, 1e-9 * o.compute_ms);
+      EXPECT_NEAR(o.memory_ms, 1e3 * o.gbytes / o.read_gbs, 1e-9 * o.memory_ms);
+      EXPECT_GE(o.floor_ms, std::max(o.compute_ms, o.memory_ms) * (1 - 1e-12));
+    }
   const std::string table = format_floors(f, 1, "  ");
   EXPECT_NE(table.find("matmul_bf16"), std::string::npos) << table;
   EXPECT_NE(table.find("floor"), std::string::npos) << table;
+}
+
+// Hand-made peaks: the floor model is a plain function of them.
+Peaks given_peaks(double amx_bf16, double fma_ymm, double amx_int8, double read_gbs) {
+  Peaks p;
+  p.threads = 2;
+  p.entries = {{"tdpbf16ps tmm", "GFLOP/s", amx_bf16, ""},
+               {"vfmadd231ps ymm", "GFLOP/s", fma_ymm, ""},
+               {"tdpbusd tmm", "GOP/s", amx_int8, ""}};
+  p.read_gbs = read_gbs;
+  return p;
+}
+
+// Bytes: the weights once (bf16 2 bytes, int8 1), the activations, and the distinct cache rows (K and V).
+TEST(Roofline, BytesOfAStep) {
+  // L=2, D=4, 2/1 heads of 2, I=8: per layer qkv 4 x 8, o_proj 4 x 4, gate_up 4 x 16, down 8 x 4 = 144 weights.
+  const std::vector<long long> att = {10, 30};  // two samples of T = 3
+  const StepWork b = step_work(2, 4, 2, 1, 2, 8, 3, att, "bf16");
+  ASSERT_EQ(b.matmul_phases.size(), 4u);
+  EXPECT_EQ(b.matmul_phases[2].phase, "gate_up");
+  // gate_up: M = 6 rows, K = 4, N = 16: weights 64 x 2 bytes, input 6 x 4 x 2, output 6 x 16 x 4, per layer.
+  EXPECT_NEAR(b.matmul_phases[2].gbytes, 2 * (128 + 48 + 384) * 1e-9, 1e-18);
+  EXPECT_NEAR(b.matmul_phases[2].gflop, 2 * (2.0 * 6 * 4 * 16) * 1e-9, 1e-18);
+  const StepWork i8 = step_work(2, 4, 2, 1, 2, 8, 3, att, "int8");
+  EXPECT_NEAR(i8.matmul_phases[2].gbytes, 2 * (64 + 24 + 384) * 1e-9, 1e-18);
+  // Attention: 40 rows x Hkv 1 x d 2 x (K, V) x 2 bytes x 2 layers; int8 cache 1 byte; a shared prompt once.
+  EXPECT_NEAR(b.attention_gbytes, 40 * 2 * 2 * 2 * 2 * 1e-9, 1e-18);
+  EXPECT_NEAR(step_work(2, 4, 2, 1, 2, 8, 3, att, "bf16", true).attention_gbytes, 40 * 2 * 2 * 2 * 1e-9, 1e-18);
+  EXPECT_NEAR(step_work(2, 4, 2, 1, 2, 8, 3, att, "bf16", false, 25).attention_gbytes, 25 * 2 * 2 * 2 * 2 * 1e-9,
+              1e-18);
+  EXPECT_EQ(weight_bytes_per_param("bfp8_b"), 1.0625);
+  EXPECT_EQ(weight_bytes_per_param("bfp4_b"), 0.5625);
+}
+
+TEST(Roofline, FloorPerPhaseIsTheLargerOfComputeAndMemory) {
+  const StepWork w = step_work(64, 1536, 16, 8, 128, 6144, 64, {4700 + 64});
+  // oneDNN (no instruction recorded) is held to the fastest bf16 unit, here AMX; at 64 rows the weights' bytes
+  // at 25 GB/s take longer than their flops at 7000 GFLOP/s: memory-bound.
+  const Peaks p = given_peaks(7000, 200, 14000, 25);
+  const KernelChoices chosen = {{"matmul_bf16", "onednn", "", 0.0, ""},
+                                {"attention", "avx2_fma", "", 0.0, "vfmadd231ps ymm"}};
+  const std::vector<OpFloor> f = step_floors(w, chosen, "bf16", p);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].instruction, "best: tdpbf16ps tmm");
+  EXPECT_EQ(f[0].peak, 7000);
+  EXPECT_NEAR(f[0].memory_ms, 1e3 * w.matmul_gbytes / 25, 1e-9);
+  EXPECT_NEAR(f[0].compute_ms, 1e3 * w.matmul_gflop / 7000, 1e-9);
+  EXPECT_STREQ(f[0].bound(), "memory");
+  double expect = 0;
+  for (const PhaseWork& ph : w.matmul_phases) expect += std::max(1e3 * ph.gflop / 7000, 1e3 * ph.gbytes / 25);
+  EXPECT_NEAR(f[0].floor_ms, expect, 1e-9);
+  EXPECT_NEAR(f[0].floor_ms, f[0].memory_ms, 1e-9);  // every phase memory-bound
+  // Attention on vfmadd231ps ymm: its own instruction's peak, compute-bound.
+  EXPECT_EQ(f[1].instruction, "vfmadd231ps ymm");
+  EXPECT_EQ(f[1].peak, 200);
+  EXPECT_STREQ(f[1].bound(), "compute");
+  EXPECT_NEAR(f[1].floor_ms, 1e3 * w.attention_gflop / 200, 1e-9);
+  // A slow unit makes the matmuls compute-bound: then the floor is the flops' time.
+  const std::vector<OpFloor> slow =
+      step_floors(w, {{"matmul_bf16", "avx2_fma", "", 0.0, "vfmadd231ps ymm"}}, "bf16", p);
+  EXPECT_STREQ(slow[0].bound(), "compute");
+  EXPECT_NEAR(slow[0].floor_ms, 1e3 * w.matmul_gflop / 200, 1e-9);
+  // int8 weights: half the bytes, the AMX int8 peak.
+  const StepWork w8 = step_work(64, 1536, 16, 8, 128, 6144, 64, {4700 + 64}, "int8");
+  const std::vector<OpFloor> f8 = step_floors(w8, {}, "int8", p);
+  EXPECT_EQ(f8[0].instruction, "best: tdpbusd tmm");
+  EXPECT_NEAR(f8[0].floor_ms, 1e3 * w8.matmul_gbytes / 25, 1e-9);
+  EXPECT_LT(f8[0].floor_ms, 0.55 * f[0].floor_ms);
+  // An int8 cache's attention without a recorded instruction: the fastest unit, int8 ones included.
+  EXPECT_EQ(step_floors(w8, {}, "int8", p, true)[1].instruction, "best: tdpbusd tmm");
+  EXPECT_EQ(step_floors(w8, {}, "int8", p, false)[1].instruction, "best: tdpbf16ps tmm");
+  // No bandwidth known: compute only.
+  const std::vector<OpFloor> nobw = step_floors(w, chosen, "bf16", given_peaks(7000, 200, 14000, 0));
+  EXPECT_NEAR(nobw[0].floor_ms, nobw[0].compute_ms, 1e-12);
+}
+
+TEST(Roofline, TableSaysOfFloorAndTheBound) {
+  const StepWork w = step_work(64, 1536, 16, 8, 128, 6144, 64, {4700 + 64});
+  std::vector<OpFloor> f = step_floors(w, {{"attention", "avx2_fma", "", 0.0, "vfmadd231ps ymm"}}, "bf16",
+                                       given_peaks(7000, 200, 14000, 25));
+  f[0].actual_ms = 2 * f[0].floor_ms;
+  f[1].actual_ms = 4 * f[1].floor_ms;
+  const std::string t = format_floors(f, 2, "  ");
+  EXPECT_EQ(t.find("of peak"), std::string::npos) << t;
+  EXPECT_NE(t.find("of floor"), std::string::npos) << t;
+  EXPECT_NE(t.find(" memory "), std::string::npos) << t;
+  EXPECT_NE(t.find(" compute "), std::string::npos) << t;
+  EXPECT_NE(t.find(" 50.0%"), std::string::npos) << t;  // the matmuls at twice their floor
+  EXPECT_NE(t.find(" 25.0%"), std::string::npos) << t;  // attention at four times
+  EXPECT_NE(t.find("25.0 GB/s read bandwidth on 2 threads"), std::string::npos) << t;
+  // The total: the sum of the floors against the sum of the times.
+  char total[64];
+  std::snprintf(total, sizeof total, "%.1f%%",
+                100.0 * (f[0].floor_ms + f[1].floor_ms) / (f[0].actual_ms + f[1].actual_ms));
+  EXPECT_NE(t.find(std::string(total) + "  (peaks"), std::string::npos) << t;
 }
 
 }  // namespace

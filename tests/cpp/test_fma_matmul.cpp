@@ -49,13 +49,16 @@ std::vector<float> run(MatmulKernel k, const Case& c, int ldy) {
   return y;
 }
 
+// The bf16 kernels that add the products in their own order (pairs of k, tiles of 32 k), not the fp32 FMA chain.
+bool own_order(MatmulKernel k) { return k == MatmulKernel::Avx512Bf16 || k == MatmulKernel::AmxBf16; }
+
 // The kernels this process runs, for bf16 weights or (int8) for int8 ones; chain: only those computing the fp32
-// FMA chain (bitwise equal to portable_fma), i.e. not avx512_bf16.
+// FMA chain (bitwise equal to portable_fma), i.e. not avx512_bf16 or amx_bf16.
 std::vector<MatmulKernel> runnable(bool int8 = false, bool chain = false) {
   std::vector<MatmulKernel> r;
   for (MatmulKernel k : kMatmulKernels) {
     if (int8 ? !matmul_kernel_takes_int8(k) : !matmul_kernel_takes_bf16(k)) continue;
-    if (chain && k == MatmulKernel::Avx512Bf16) continue;
+    if (chain && own_order(k)) continue;
     if (matmul_kernel_runnable(k))
       r.push_back(k);
     else
@@ -98,7 +101,7 @@ TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
 }
 
 TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
-  const std::vector<MatmulKernel> ks = runnable();  // avx512_bf16: its slices against its own whole result
+  const std::vector<MatmulKernel> ks = runnable();  // avx512_bf16, amx_bf16: slices against their own whole result
   for (int M : {1, 17, 64, 130})
     for (int K : {7, 200, 1000, 2100}) {
       const int N = 300;
@@ -106,7 +109,7 @@ TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
       // The portable kernel is the oracle: the same fp32 FMA chain over k, in C++.
       const std::vector<float> chain_ref = run(MatmulKernel::Portable, c, N);
       for (MatmulKernel k : ks) {
-        const bool chain = k != MatmulKernel::Avx512Bf16;
+        const bool chain = !own_order(k);
         const std::vector<float> ref = chain ? chain_ref : run(k, c, N);
         if (chain) {
           EXPECT_EQ(run(k, c, N), ref) << matmul_kernel_name(k) << " vs portable_fma, M=" << M << " K=" << K;
@@ -191,7 +194,7 @@ TEST(FmaMatmul, StridedActivationsAndRowSubsets) {
     AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, c.M, c.K));
     std::vector<float> y(size_t(c.M) * c.N);
     run_matmul(w, xs.data(), c.M, ldx, y.data(), c.N, scratch.data());
-    EXPECT_EQ(y, run(k == MatmulKernel::Avx512Bf16 ? k : MatmulKernel::Portable, c, c.N)) << matmul_kernel_name(k);
+    EXPECT_EQ(y, run(own_order(k) ? k : MatmulKernel::Portable, c, c.N)) << matmul_kernel_name(k);
   }
 }
 
@@ -333,7 +336,7 @@ TEST(FmaMatmul, DotKernelsAcrossTwoSpans) {
   for (int M : {1, 7})
     for (int N : {33, 70}) {
       for (MatmulKernel k : runnable(false)) {
-        if (k != MatmulKernel::Avx512Bf16) continue;
+        if (!own_order(k)) continue;
         const Case c = make_case(M, K, N, uint32_t(M * 13 + N));
         const std::vector<float> y = run(k, c, N);
         for (int m = 0; m < M; ++m)
@@ -547,6 +550,9 @@ TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
   EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Avx512Vnni), "avx512_vnni");
   EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Avx512Bf16), "avx512_bf16");
   EXPECT_STREQ(matmul_kernel_name(MatmulKernel::Avx2Int8), "avx2_int8");
+  EXPECT_STREQ(matmul_kernel_name(MatmulKernel::AmxBf16), "amx_bf16");
+  EXPECT_STREQ(matmul_kernel_instruction(MatmulKernel::AmxBf16), "tdpbf16ps tmm");
+  EXPECT_EQ(matmul_kernel_runnable(MatmulKernel::AmxBf16), isa().has(kAvx512 | kAmxBf16));
   for (MatmulKernel k : kMatmulKernels) {  // names round-trip; every kernel but the portable one names its instruction
     MatmulKernel back = k == MatmulKernel::Portable ? MatmulKernel::Avx2 : MatmulKernel::Portable;
     EXPECT_TRUE(matmul_kernel_from_name(matmul_kernel_name(k), &back));

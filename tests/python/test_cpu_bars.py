@@ -34,11 +34,14 @@ def test_cpu_bars_runs_every_configuration(cli, tmp_path, monkeypatch):
     for x in rep["runs"]:
         assert x["step_s_mean"] > 0 and x["floor_s"] > 0
         assert x["ratio"] == pytest.approx(x["step_s_mean"] / x["floor_s"])
+        # The roofline's other side: the read bandwidth, and the matmul phases' weight bytes per second against it.
+        assert x["read_gbs"] > 0 and x["matmul_gbs"] > 0 and 0 < x["floor_best_s"] <= x["floor_s"] * (1 + 1e-6)
+        assert x["matmul_of_read"] == pytest.approx(x["matmul_gbs"] / x["read_gbs"])
         assert any(l.startswith("attention") for l in x["kernel_lines"]), x
     # Every matmul candidate forced in turn, and --kv int8: a result with the forced kernel in use, or the reason.
     forced = {x["kernels"]: x for x in rep["forced"] if x["kernels"]}
-    assert {k.split("=")[1] for k in forced if k.startswith("matmul_bf16")} == {"avx512_bf16", "onednn", "avx512_fma",
-                                                                                 "avx2_fma"}
+    assert {k.split("=")[1] for k in forced if k.startswith("matmul_bf16")} == {"amx_bf16", "avx512_bf16", "onednn",
+                                                                                 "avx512_fma", "avx2_fma"}
     assert {k.split("=")[1] for k in forced if k.startswith("matmul_int8")} == {"avx512_vnni", "avx2_int8", "onednn",
                                                                                  "avx512_fma", "avx2_fma"}
     for k, x in forced.items():
@@ -49,3 +52,4 @@ def test_cpu_bars_runs_every_configuration(cli, tmp_path, monkeypatch):
             assert any(l.split()[:2] == [op, name] for l in x["kernel_lines"]), x
     assert any(x["kernels"] is None and "--kv" in x["args"] for x in rep["forced"])
     assert "| weights | kernels |" in r.stdout and "AMX (oneDNN):" in r.stdout
+    assert "| matmul GB/s / read GB/s | bar 80% |" in r.stdout and "% of " in r.stdout

@@ -303,6 +303,12 @@ def test_profiles_are_data_and_the_cli_prints_them(cli, files, tmp_path, monkeyp
         assert [o["kernel"] for o in p["ops"]] == ["avx2_fma", "avx2_fma"]
         for o in p["ops"]:
             assert o["actual_ms"] > 0 and o["achieved"] == pytest.approx(o["gflop"] / (1e-3 * o["actual_ms"]))
+            # The roofline: bytes at the read bandwidth beside flops at the peak; the floor at least the larger.
+            assert o["gbytes"] > 0 and o["read_gbs"] > 0
+            assert o["memory_ms"] == pytest.approx(1e3 * o["gbytes"] / o["read_gbs"])
+            assert o["compute_ms"] == pytest.approx(1e3 * o["gflop"] / o["peak"])
+            assert o["floor_ms"] >= max(o["compute_ms"], o["memory_ms"]) * (1 - 1e-9)
+            assert o["floor_ms"] <= (o["compute_ms"] + o["memory_ms"]) * (1 + 1e-9)
         assert p["table"].startswith("cpu backend profile (bf16 weights, 2 threads, B=5 ")
         assert f"\n  pin these: ALPAMAYO_CPU_KERNELS={p['kernel_pin']}\n" in p["table"]
     assert [p["s_max"] for p in prof[:2]] == [p["s_max"] for p in prof[2:]] and prof[0]["s_max"] != prof[1]["s_max"]

@@ -343,13 +343,22 @@ void CpuSession::record_profile(double step_ms) {
     pr.kernels.push_back({c.op, c.kernel, c.why, c.gflops, c.unit, c.instruction, c.check});
   pr.kernel_pin = kernel_pin(m_.kernel_choices());
   std::vector<long long> keys(B_);
-  for (int b = 0; b < B_; ++b) keys[b] = kv_.attended(b) + T_;
-  const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys);
+  long long rows = 0;  // distinct cache rows: a prompt shared by samples read once
+  std::vector<bool> prompt_seen(kv_.valid_len.size(), false);
+  for (int b = 0; b < B_; ++b) {
+    keys[b] = kv_.attended(b) + T_;
+    const int g = kv_.prompt(b);
+    rows += kv_.suffix(b) + T_ + (prompt_seen[g] ? 0 : kv_.valid_len[g] - kv_.pad(g));
+    prompt_seen[g] = true;
+  }
+  const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys, m_.opts_.weights,
+                                  m_.kv_int8_, rows);
   std::vector<OpFloor> floors = step_floors(work, m_.kernel_choices(), m_.opts_.weights, nthreads_, m_.kv_int8_);
   floors[0].actual_ms = 1e3 * (phase_s_[kQkv] + phase_s_[kOproj] + phase_s_[kGateUp] + phase_s_[kDown]);
   floors[1].actual_ms = 1e3 * phase_s_[kAttn];
   for (const OpFloor& f : floors)
-    pr.ops.push_back({f.op, f.kernel, f.instruction, f.gflop, f.peak, f.floor_ms, f.actual_ms});
+    pr.ops.push_back({f.op, f.kernel, f.instruction, f.gflop, f.peak, f.floor_ms, f.actual_ms, f.gbytes, f.read_gbs,
+                      f.compute_ms, f.memory_ms});
   pr.peak_threads = nthreads_;
 }
 

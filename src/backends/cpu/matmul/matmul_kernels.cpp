@@ -32,12 +32,13 @@ const char* matmul_kernel_name(MatmulKernel k) {
     case MatmulKernel::Avx512Vnni: return "avx512_vnni";
     case MatmulKernel::Avx512Bf16: return "avx512_bf16";
     case MatmulKernel::Avx2Int8: return "avx2_int8";
+    case MatmulKernel::AmxBf16: return "amx_bf16";
   }
   return "?";
 }
 
 bool matmul_kernel_takes_bf16(MatmulKernel k) { return k != MatmulKernel::Avx512Vnni && k != MatmulKernel::Avx2Int8; }
-bool matmul_kernel_takes_int8(MatmulKernel k) { return k != MatmulKernel::Avx512Bf16; }
+bool matmul_kernel_takes_int8(MatmulKernel k) { return k != MatmulKernel::Avx512Bf16 && k != MatmulKernel::AmxBf16; }
 
 bool matmul_kernel_runnable(MatmulKernel k, const IsaInfo& i) {
   switch (k) {
@@ -47,6 +48,7 @@ bool matmul_kernel_runnable(MatmulKernel k, const IsaInfo& i) {
     case MatmulKernel::Portable: return true;
     case MatmulKernel::Avx512Vnni: return i.has(kAvx512) && i.has(kAvx512Vnni);
     case MatmulKernel::Avx512Bf16: return i.has(kAvx512) && i.has(kAvx512Bf16);
+    case MatmulKernel::AmxBf16: return i.has(kAvx512) && i.has(kAmxBf16);
   }
   return false;
 }
@@ -56,6 +58,7 @@ std::string matmul_kernel_unavailable(MatmulKernel k, const IsaInfo& i) {
   const char* needs = k == MatmulKernel::Avx512       ? "needs AVX-512"
                       : k == MatmulKernel::Avx2 || k == MatmulKernel::Avx2Int8 ? "needs AVX2 + FMA"
                       : k == MatmulKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
+                      : k == MatmulKernel::AmxBf16    ? "needs AVX-512 with AMX-BF16 (and the OS's permission for tiles)"
                                                    : "needs AVX-512 with AVX512-BF16";
   return std::string(needs) + " (usable here: " + i.describe() + ")";
 }
@@ -80,6 +83,7 @@ const char* matmul_kernel_instruction(MatmulKernel k) {
     case MatmulKernel::Avx512Vnni: return "vpdpbusd zmm";
     case MatmulKernel::Avx512Bf16: return "vdpbf16ps zmm";
     case MatmulKernel::Avx2Int8: return "vpmaddwd ymm";
+    case MatmulKernel::AmxBf16: return "tdpbf16ps tmm";
   }
   return "";
 }
@@ -94,7 +98,8 @@ bool matmul_kernel_from_name(const std::string& name, MatmulKernel* k) {
 }
 
 int matmul_k_span(MatmulKernel k) {
-  return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::Avx512Bf16 ? kDotKSpan : kFmaKSpan;
+  return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::Avx512Bf16 || k == MatmulKernel::AmxBf16 ? kDotKSpan
+                                                                                                      : kFmaKSpan;
 }
 
 int matmul_panel_width(MatmulKernel k) {
@@ -107,7 +112,9 @@ int matmul_packed_slot(MatmulKernel k, bool int8, int j) {
 }
 
 int matmul_k_group(MatmulKernel k) {
-  return k == MatmulKernel::Avx512Vnni ? 4 : k == MatmulKernel::Avx2Int8 || k == MatmulKernel::Avx512Bf16 ? 2 : 1;
+  return k == MatmulKernel::Avx512Vnni ? 4
+         : k == MatmulKernel::Avx2Int8 || k == MatmulKernel::Avx512Bf16 || k == MatmulKernel::AmxBf16 ? 2
+                                                                                                       : 1;
 }
 
 namespace {
@@ -234,6 +241,7 @@ void MatmulWeights::pack_int8(MatmulKernel k, const float* W, int K, int N, Matm
 }
 
 size_t matmul_scratch_bytes(MatmulKernel k, int M, int K) {
+  if (k == MatmulKernel::AmxBf16) return amx_matmul_scratch_bytes(M, K);
   if (const int g = matmul_k_group(k); g > 1) {  // the dot-product kernels: x in rows of K rounded up to the group
     const size_t rows = size_t(std::max(M, 0)) * ((std::max(K, 0) + g - 1) / g * g);
     if (k == MatmulKernel::Avx2Int8)  // q as int16, then one int16 weight block of 16 columns and a panel's int32 sums
@@ -310,7 +318,8 @@ void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y,
       case MatmulKernel::Avx2Int8:
         dot_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, static_cast<uint8_t*>(scratch), x_ready);
         break;
-      case MatmulKernel::Avx512Bf16: break;  // refused at packing
+      case MatmulKernel::Avx512Bf16:
+      case MatmulKernel::AmxBf16: break;  // refused at packing
     }
     return;
   }
@@ -320,6 +329,7 @@ void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y,
     case MatmulKernel::Avx2: fma_matmul_avx2(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
     case MatmulKernel::Portable: fma_matmul_portable(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, s, x_ready); break;
     case MatmulKernel::Avx512Bf16: dot_matmul_avx512bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch, x_ready); break;
+    case MatmulKernel::AmxBf16: amx_matmul_bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch, x_ready); break;
     case MatmulKernel::Avx512Vnni:
     case MatmulKernel::Avx2Int8: break;  // refused at packing
   }

@@ -25,6 +25,10 @@
 // by side, fp32 sums. Its products are exact too, but it adds them in its own order (and flushes denormals), so
 // it is not bitwise equal to the FMA chain; its results do not depend on M, N or the column slice either.
 //
+// bf16 weights also run on "amx_bf16" (bf16 only; amx_matmul_avx512.cpp), where AMX-BF16 is granted: tdpbf16ps on
+// tiles, reading avx512_bf16's layout, with the weights prefetched so that they stream at the read bandwidth. Its
+// own summation order (tile by tile of 32 k); its results do not depend on M, N or the column slice either.
+//
 // int8 weights also run on "avx2_int8" (dot_matmul_avx2.cpp), for CPUs without VNNI: q and w widened to int16 and
 // multiplied in pairs of k by vpmaddwd into int32; the exact int32 sum rounded once to fp32, so the same bits as
 // avx512_vnni.
@@ -45,12 +49,13 @@
 
 namespace alpamayo::cpu {
 
-enum class MatmulKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16, Avx2Int8 };
+enum class MatmulKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16, Avx2Int8, AmxBf16 };
 
-// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16", "avx2_int8": the names
+// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16", "avx2_int8", "amx_bf16": the names
 // ALPAMAYO_CPU_KERNELS uses for matmul_bf16 and matmul_int8.
 const char* matmul_kernel_name(MatmulKernel k);
-// Whether the kernel multiplies bf16 weights (all but avx512_vnni and avx2_int8) and int8 ones (all but avx512_bf16).
+// Whether the kernel multiplies bf16 weights (all but avx512_vnni and avx2_int8) and int8 ones (all but avx512_bf16
+// and amx_bf16).
 bool matmul_kernel_takes_bf16(MatmulKernel k);
 bool matmul_kernel_takes_int8(MatmulKernel k);
 // The largest K whose int32 sums cannot overflow on avx512_vnni (255 * 128 * K < 2^31: u8 x s8 before the
@@ -70,10 +75,11 @@ std::string matmul_kernel_refuses(MatmulKernel k, bool int8, int K);
 const char* matmul_kernel_instruction(MatmulKernel k);
 // The kernel named `name` (matmul_kernel_name); false for any other name.
 bool matmul_kernel_from_name(const std::string& name, MatmulKernel* k);
-// Every kernel, our dot-product kernels first (the order the cpu backend tries them in).
+// Every kernel, our dot-product kernels first (the order the cpu backend tries them in; oneDNN goes before amx_bf16).
 inline constexpr MatmulKernel kMatmulKernels[] = {MatmulKernel::Avx512Vnni, MatmulKernel::Avx512Bf16,
-                                                  MatmulKernel::Avx2Int8,   MatmulKernel::Avx512,
-                                                  MatmulKernel::Avx2,       MatmulKernel::Portable};
+                                                  MatmulKernel::Avx2Int8,   MatmulKernel::AmxBf16,
+                                                  MatmulKernel::Avx512,     MatmulKernel::Avx2,
+                                                  MatmulKernel::Portable};
 // Output columns per packed panel.
 int matmul_panel_width(MatmulKernel k);
 // Where column j (< matmul_panel_width(k)) of a panel sits within a packed row (a k-group's row for the dot-product
@@ -172,6 +178,10 @@ void dot_matmul_s8_avx2(const int8_t* w, int K, int N, const uint8_t* x, int M, 
                         uint8_t* scratch, bool x_ready);
 void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
                            void* scratch, bool x_ready);
+void amx_matmul_bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                     void* scratch, bool x_ready);
+// amx_bf16's scratch: x in rows of K rounded up to 32 for M rounded up to 32, and one panel's fp32 sums.
+size_t amx_matmul_scratch_bytes(int M, int K);
 
 // K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
 inline constexpr int kFmaKBlock = 128;

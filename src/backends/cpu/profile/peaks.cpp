@@ -7,6 +7,10 @@
 #include <mutex>
 #include <thread>
 #include <cstdio>
+#include <cstring>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backends/cpu/runtime/isa.h"
 
@@ -79,7 +83,7 @@ double Peaks::of(const std::string& instruction) const {
 
 double Peaks::best_bf16_unit(std::string* which) const {
   double best = 0;
-  for (const char* i : {"vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm"})
+  for (const char* i : {"tdpbf16ps tmm", "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm"})
     if (of(i) > best) {
       best = of(i);
       if (which) *which = i;
@@ -89,7 +93,7 @@ double Peaks::best_bf16_unit(std::string* which) const {
 
 double Peaks::best_int8_unit(std::string* which) const {
   double best = 0;
-  for (const char* i : {"vpdpbusd zmm", "vpdpbusd ymm", "vpmaddwd ymm"})
+  for (const char* i : {"tdpbusd tmm", "vpdpbusd zmm", "vpdpbusd ymm", "vpmaddwd ymm"})
     if (of(i) > best) {
       best = of(i);
       if (which) *which = i;
@@ -111,6 +115,8 @@ std::vector<Spec> specs() {
   // vpdpbusd ymm: the VEX form (AVX-VNNI) where offered, else the EVEX form (AVX512-VNNI + VL).
   const bool vex_vnni = i.has(kAvxVnni);
   return {
+      {"tdpbf16ps tmm", "GFLOP/s", kAvx512 | kAmxBf16, peak_loop_amx_bf16},
+      {"tdpbusd tmm", "GOP/s", kAvx512 | kAmxInt8, peak_loop_amx_int8},
       {"vdpbf16ps zmm", "GFLOP/s", kAvx512 | kAvx512Bf16, peak_loop_dpbf16_zmm},
       {"vfmadd231ps zmm", "GFLOP/s", kAvx512, peak_loop_fma_zmm},
       {"vfmadd231ps ymm", "GFLOP/s", kAvx2Fma, peak_loop_fma_ymm},
@@ -134,6 +140,24 @@ void measure_passes(const std::vector<Spec>& sp, int threads, Peaks& p) {
         p.entries[k].rate = std::max(p.entries[k].rate, measure_once(sp[k].loop, iters[k], threads) * 1e-9);
 }
 
+// Portable fallback of read_loop_avx512: 8 independent 64-bit streams (vectorised by the compiler).
+uint64_t read_loop_portable(const void* p, size_t bytes) {
+  const uint64_t* v = static_cast<const uint64_t*>(p);
+  uint64_t a[8] = {};
+  for (size_t i = 0; i + 8 <= bytes / 8; i += 8)
+    for (int j = 0; j < 8; ++j) a[j] ^= v[i + j];
+  return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+}
+
+size_t bandwidth_buffer_bytes() {
+  long l3 = 0;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+  l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+  const size_t gib = size_t(1) << 30;
+  return std::min(4 * gib, std::max(gib, 4 * static_cast<size_t>(std::max(0L, l3))));
+}
+
 std::mutex peaks_mu;
 std::map<int, Peaks>& peaks_cache() {
   static std::map<int, Peaks> cache;  // node-based: references to its values stay valid
@@ -145,6 +169,41 @@ int resolve_threads(int threads) {
 }
 
 }  // namespace
+
+double read_bandwidth_gbs(int threads) {
+  threads = std::max(1, threads);
+  const size_t bytes = bandwidth_buffer_bytes();
+  void* buf = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (buf == MAP_FAILED) return 0;
+#ifdef MADV_HUGEPAGE
+  madvise(buf, bytes, MADV_HUGEPAGE);  // fewer TLB misses, as the weights (huge_buf.h) have
+#endif
+  // Each thread first touches (non-zero: no shared zero page) and then reads its own contiguous part.
+  const size_t part = bytes / threads / 256 * 256;
+  const bool avx512 = isa().has(kAvx512);
+  std::vector<double> best(threads, 0.0);
+  std::vector<std::thread> pool;
+  std::atomic<int> ready{0};
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      char* p = static_cast<char*>(buf) + t * part;
+      std::memset(p, 0x5a + t, part);
+      ready.fetch_add(1);
+      while (ready.load() < threads) std::this_thread::yield();  // every part touched before any is timed
+      uint64_t r = 0;
+      for (int pass = 0; pass < 2; ++pass) {
+        const double c0 = thread_cpu_seconds();
+        r ^= avx512 ? read_loop_avx512(p, part) : read_loop_portable(p, part);
+        best[t] = std::max(best[t], part / std::max(thread_cpu_seconds() - c0, 1e-9));
+      }
+      sink.store(sink.load(std::memory_order_relaxed) + static_cast<float>(r & 1), std::memory_order_relaxed);
+    });
+  for (auto& th : pool) th.join();
+  munmap(buf, bytes);
+  double sum = 0;
+  for (double b : best) sum += b;  // per-thread CPU time, as the peaks: a neighbour's turn on a core is not counted
+  return sum * 1e-9;
+}
 
 const Peaks& measured_peaks(int threads) {
   threads = resolve_threads(threads);
@@ -160,6 +219,7 @@ const Peaks& measured_peaks(int threads) {
     p.entries.push_back(e);
   }
   measure_passes(sp, threads, p);
+  p.read_gbs = read_bandwidth_gbs(threads);
   return cache[threads] = p;
 }
 
@@ -169,6 +229,7 @@ const Peaks& remeasure_peaks(int threads) {
   std::lock_guard<std::mutex> lk(peaks_mu);
   Peaks& p = peaks_cache()[threads];
   measure_passes(specs(), threads, p);
+  p.read_gbs = std::max(p.read_gbs, read_bandwidth_gbs(threads));
   return p;
 }
 
@@ -176,20 +237,56 @@ const Peaks& remeasure_peaks(int threads) {
 
 namespace alpamayo::cpu {
 
-StepWork step_work(int L, int D, int Hq, int Hkv, int d, int I, int T, const std::vector<long long>& attended) {
+double weight_bytes_per_param(const std::string& weights) {
+  if (weights == "int8") return 1.0;
+  if (weights == "bfp8_b") return 1.0625;
+  if (weights == "bfp4_b") return 0.5625;
+  return 2.0;
+}
+
+StepWork step_work(int L, int D, int Hq, int Hkv, int d, int I, int T, const std::vector<long long>& attended,
+                   const std::string& weights, bool kv_int8, long long cache_rows) {
   StepWork w;
   const double M = double(T) * attended.size();
-  const double params = double(D) * (Hq + 2 * Hkv) * d + double(Hq) * d * D + 3.0 * D * I;  // qkv, o, gate+up, down
-  w.matmul_gflop = 2.0 * M * params * L * 1e-9;
+  const double wb = weight_bytes_per_param(weights);
+  const double xb = weights == "int8" ? 1.0 : 2.0;  // the matmuls' inputs: int8 or bf16 rows; outputs fp32
+  struct Shape {
+    const char* phase;
+    double K, N;
+  };
+  const Shape shapes[] = {{"qkv", double(D), double(Hq + 2 * Hkv) * d},
+                          {"o_proj", double(Hq) * d, double(D)},
+                          {"gate_up", double(D), 2.0 * I},
+                          {"down", double(I), double(D)}};
+  for (const Shape& s : shapes) {
+    PhaseWork ph{s.phase, 2.0 * M * s.K * s.N * L * 1e-9, (s.K * s.N * wb + M * s.K * xb + M * s.N * 4.0) * L * 1e-9};
+    w.matmul_gflop += ph.gflop;
+    w.matmul_gbytes += ph.gbytes;
+    w.matmul_weight_gbytes += s.K * s.N * wb * L * 1e-9;
+    w.matmul_phases.push_back(ph);
+  }
   double keys = 0;
   for (long long a : attended) keys += double(a);
   w.attention_gflop = 4.0 * T * Hq * d * keys * L * 1e-9;
+  const double rows = cache_rows >= 0 ? double(cache_rows) : keys;
+  w.attention_gbytes = rows * 2.0 * Hkv * d * (kv_int8 ? 1.0 : 2.0) * L * 1e-9;  // K and V
   return w;
 }
 
+namespace {
+
+// One phase's roofline into f: compute and memory times, and the larger of the two added to the floor.
+void add_phase(OpFloor& f, double gflop, double gbytes) {
+  const double c = f.peak > 0 ? 1e3 * gflop / f.peak : 0, m = f.read_gbs > 0 ? 1e3 * gbytes / f.read_gbs : 0;
+  f.compute_ms += c;
+  f.memory_ms += m;
+  f.floor_ms += std::max(c, m);
+}
+
+}  // namespace
+
 std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices, const std::string& weights,
-                                 int threads, bool kv_int8) {
-  const Peaks& p = measured_peaks(threads);
+                                 const Peaks& p, bool kv_int8) {
   auto chosen = [&](const std::string& op) {
     for (const KernelChoice& c : choices)
       if (c.op == op) return c;
@@ -208,30 +305,43 @@ std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices
       f.peak = i8 ? p.best_int8_unit(&which) : p.best_bf16_unit(&which);
       f.instruction = "best: " + which;
     }
+    f.gbytes = w.matmul_gbytes;
+    f.read_gbs = p.read_gbs;
+    for (const PhaseWork& ph : w.matmul_phases) add_phase(f, ph.gflop, ph.gbytes);
     out.push_back(f);
   }
   {
     const KernelChoice c = chosen(kv_int8 ? "attention_kv_int8" : "attention");
     OpFloor f{c.op, c.kernel, c.instruction, w.attention_gflop};
     f.peak = c.instruction.empty() ? 0 : p.of(c.instruction);
-    if (f.peak <= 0) {
-      std::string which;
+    if (f.peak <= 0) {  // the fastest unit (an int8 cache: int8 units too)
+      std::string which, which8;
       f.peak = p.best_bf16_unit(&which);
+      if (kv_int8 && p.best_int8_unit(&which8) > f.peak) f.peak = p.best_int8_unit(), which = which8;
       f.instruction = (c.instruction.empty() ? "" : c.instruction + ", held to ") + "best: " + which;
     }
+    f.gbytes = w.attention_gbytes;
+    f.read_gbs = p.read_gbs;
+    add_phase(f, w.attention_gflop, w.attention_gbytes);
     out.push_back(f);
   }
-  for (OpFloor& f : out) f.floor_ms = f.peak > 0 ? 1e3 * f.gflop / f.peak : 0;
   return out;
+}
+
+std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices, const std::string& weights,
+                                 int threads, bool kv_int8) {
+  return step_floors(w, choices, weights, measured_peaks(threads), kv_int8);
 }
 
 std::string format_floors(const std::vector<OpFloor>& f, int threads, const std::string& indent) {
   std::string s;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "%s%-14s %-12s %-28s %10s %12s %10s %10s %8s\n", indent.c_str(), "op", "kernel",
-                "instruction", "GFLOP/step", "peak GFLOP/s", "floor ms", "actual ms", "of peak");
+  // "of floor": floor time / measured time (100%: the step ran at the roofline).
+  std::snprintf(buf, sizeof buf, "%s%-14s %-12s %-24s %10s %12s %9s %8s %10s %10s %-7s %10s %10s %8s\n",
+                indent.c_str(), "op", "kernel", "instruction", "GFLOP/step", "peak GFLOP/s", "GB/step", "GB/s",
+                "compute ms", "memory ms", "bound", "floor ms", "actual ms", "of floor");
   s += buf;
-  double gf = 0, floor = 0, actual = 0;
+  double gf = 0, gb = 0, floor = 0, actual = 0, bw = 0;
   bool all_actual = true;
   for (const OpFloor& o : f) {
     char act[32] = "-", frac[32] = "-";
@@ -239,13 +349,16 @@ std::string format_floors(const std::vector<OpFloor>& f, int threads, const std:
       std::snprintf(act, sizeof act, "%.2f", o.actual_ms);
       std::snprintf(frac, sizeof frac, "%.1f%%", 100.0 * o.floor_ms / o.actual_ms);
     }
-    std::snprintf(buf, sizeof buf, "%s%-14s %-12s %-28s %10.2f %12.1f %10.2f %10s %8s\n", indent.c_str(), o.op.c_str(),
-                  o.kernel.empty() ? "-" : o.kernel.c_str(), o.instruction.c_str(), o.gflop, o.peak, o.floor_ms, act,
-                  frac);
+    std::snprintf(buf, sizeof buf,
+                  "%s%-14s %-12s %-24s %10.2f %12.1f %9.3f %8.1f %10.2f %10.2f %-7s %10.2f %10s %8s\n",
+                  indent.c_str(), o.op.c_str(), o.kernel.empty() ? "-" : o.kernel.c_str(), o.instruction.c_str(),
+                  o.gflop, o.peak, o.gbytes, o.read_gbs, o.compute_ms, o.memory_ms, o.bound(), o.floor_ms, act, frac);
     s += buf;
     gf += o.gflop;
+    gb += o.gbytes;
     floor += o.floor_ms;
     actual += o.actual_ms;
+    bw = std::max(bw, o.read_gbs);
     all_actual = all_actual && o.actual_ms > 0;
   }
   char act[32] = "-", frac[32] = "-";
@@ -253,8 +366,10 @@ std::string format_floors(const std::vector<OpFloor>& f, int threads, const std:
     std::snprintf(act, sizeof act, "%.2f", actual);
     std::snprintf(frac, sizeof frac, "%.1f%%", 100.0 * floor / actual);
   }
-  std::snprintf(buf, sizeof buf, "%s%-14s %-12s %-28s %10.2f %12s %10.2f %10s %8s  (peaks on %d threads)\n",
-                indent.c_str(), "floor", "", "", gf, "", floor, act, frac, threads);
+  std::snprintf(buf, sizeof buf,
+                "%s%-14s %-12s %-24s %10.2f %12s %9.3f %8s %10s %10s %-7s %10.2f %10s %8s  (peaks and %.1f GB/s read "
+                "bandwidth on %d threads)\n",
+                indent.c_str(), "floor", "", "", gf, "", gb, "", "", "", "", floor, act, frac, bw, threads);
   s += buf;
   return s;
 }

@@ -39,7 +39,8 @@ std::string format_profile(const StepProfile& p) {
   s += "  pin these: ALPAMAYO_CPU_KERNELS=" + p.kernel_pin + "\n";
   std::vector<OpFloor> floors;
   for (const ProfileOp& o : p.ops)
-    floors.push_back({o.op, o.kernel, o.instruction, o.gflop, o.peak, o.floor_ms, o.actual_ms});
+    floors.push_back({o.op, o.kernel, o.instruction, o.gflop, o.peak, o.floor_ms, o.actual_ms, o.gbytes, o.read_gbs,
+                      o.compute_ms, o.memory_ms});
   return s + format_floors(floors, p.peak_threads, "  ");
 }
 

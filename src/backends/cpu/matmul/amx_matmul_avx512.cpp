@@ -1,0 +1,187 @@
+// "amx_bf16" of matmul_kernels.h: bf16 weights on AMX tiles (tdpbf16ps), compiled with the AVX-512 flags
+// (CMakeLists.txt) and the AMX ones per function; called only where isa() grants AMX-BF16 (the OS permission
+// included, isa.cpp).
+//
+// Why: at the seed's 64 rows a step makes one pass over the weights and AMX multiplies them several times
+// faster than they arrive from memory, so the matmul phases are bound by the read bandwidth alone if the
+// weights stream without pause. oneDNN's AMX brgemm reached about half of it (docs/PERFORMANCE.md,
+// "Roofline"), leaving the streaming to the hardware prefetchers.
+//
+// Layout: avx512_bf16's (MatmulWeights::pack*): panels of 64 columns, K in spans of kDotKSpan, rows in pairs of
+// k, [ks/2][64][2] bf16 per span-panel: 256 bytes a packed row, so the B tile of 16 columns x 16 pairs is
+// 16 rows of 64 bytes at a stride of 256 bytes, read in place.
+// Loop: per panel, per chunk of kChunkPairs pairs (128 KB of weights: stays in L2 with x's chunk and the next
+// chunk), per half panel (32 columns) and per 32-row block, the 2 x 2 tiles of fp32 accumulators (tmm0-3) run
+// over the chunk with 2 A tiles (x, tmm4-5) and 2 B tiles (tmm6-7). Partial sums go to an fp32 buffer between
+// chunks (exactly: the sums are those of one unbroken chain of tdpbf16ps in k order, whatever M, N or the
+// slice). Meanwhile the next chunk is prefetched into L2, a few lines per k step, spread evenly over the
+// chunk's work: so DRAM streams during all of the compute, not only during the first row block's loads.
+// K beyond the last whole group of 16 pairs (K not a multiple of 32) is added after the tiles, in fp32.
+//
+// Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/matmul/matmul_kernels.h"
+
+namespace alpamayo::cpu {
+namespace {
+
+constexpr int kNR = 64;             // columns per panel
+constexpr int kChunkPairs = 512;    // k pairs per chunk: 512 x 256 bytes = 128 KB of one panel's weights
+constexpr int kRowBytes = kNR * 4;  // one packed row: 64 columns x a pair of bf16
+static_assert(kDotKSpan % (2 * kChunkPairs) == 0, "chunks must not straddle spans");
+
+__attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }
+
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+float bf16_value(uint16_t v) {
+  const uint32_t u = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The scratch: x as bf16 rows of Kp (K rounded up to 32) for M rounded up to 32 rows, zero-padded, then the
+// fp32 partial sums of one panel [M32][64].
+struct Scratch {
+  uint16_t* xs;
+  float* part;
+};
+Scratch carve(void* scratch, int M32, int Kp) {
+  char* p = static_cast<char*>(scratch);
+  const size_t xs_bytes = (size_t(M32) * Kp * 2 + 63) / 64 * 64;
+  return {reinterpret_cast<uint16_t*>(p), reinterpret_cast<float*>(p + xs_bytes)};
+}
+
+// One span-panel's chunk of `pairs` (a multiple of 16) k pairs starting at pair q0 of the span: every 32-row
+// block and both half panels, accumulating into part (first: start from zero). Prefetches [pf, pf_end) spread
+// over its k steps.
+__attribute__((target("amx-tile,amx-bf16"))) void chunk(const char* b, int pairs, const uint16_t* xs, int Kp, int M32,
+                                                        int kx0, float* part, bool first, const char* pf,
+                                                        const char* pf_end) {
+  const int steps = pairs / 16 * 2 * (M32 / 32);
+  const size_t pf_total = pf < pf_end ? size_t(pf_end - pf) : 0;
+  const size_t per_step = (pf_total / (steps > 0 ? steps : 1) + 63) / 64 * 64;
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < M32; r += 32) {
+      float* c = part + size_t(r) * kNR + h * 32;
+      if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      } else {
+        _tile_loadd(0, c, kNR * 4);
+        _tile_loadd(1, c + 16, kNR * 4);
+        _tile_loadd(2, c + 16 * kNR, kNR * 4);
+        _tile_loadd(3, c + 16 * kNR + 16, kNR * 4);
+      }
+      const uint16_t* a = xs + size_t(r) * Kp + kx0;
+      const char* bh = b + h * 128;
+      // Each operand tile is loaded again for the next step as soon as its last product of this step has been
+      // issued: the tiles are not renamed, so a load waits for the products reading the tile it overwrites.
+      _tile_loadd(4, a, Kp * 2);
+      _tile_loadd(6, bh, kRowBytes);
+      _tile_loadd(5, a + size_t(16) * Kp, Kp * 2);
+      _tile_loadd(7, bh + 64, kRowBytes);
+      for (int q = 0; q < pairs; q += 16) {
+        // The last step loads its own tiles again (in bounds, unused): fewer branches in the loop.
+        const int n = q + 16 < pairs ? q + 16 : q;
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(4, a + 2 * n, Kp * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_loadd(6, bh + size_t(n) * kRowBytes, kRowBytes);
+        _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(5, a + 2 * n + size_t(16) * Kp, Kp * 2);
+        _tile_loadd(7, bh + size_t(n) * kRowBytes + 64, kRowBytes);
+        for (size_t o = 0; o < per_step && pf < pf_end; o += 64, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+      }
+      _tile_stored(0, c, kNR * 4);
+      _tile_stored(1, c + 16, kNR * 4);
+      _tile_stored(2, c + 16 * kNR, kNR * 4);
+      _tile_stored(3, c + 16 * kNR + 16, kNR * 4);
+    }
+}
+
+// The pairs past the last group of 16 of a span-panel (pairs q0 .. q1), added to part in fp32, pair by pair.
+void tail(const uint16_t* b, int q0, int q1, const uint16_t* xs, int Kp, int M, int kx0, float* part) {
+  for (int m = 0; m < M; ++m)
+    for (int j = 0; j < kNR; ++j) {
+      float acc = part[size_t(m) * kNR + j];
+      for (int q = q0; q < q1; ++q) {
+        const uint16_t* w = b + size_t(q) * kNR * 2 + j * 2;
+        const uint16_t* xv = xs + size_t(m) * Kp + kx0 + 2 * (q - q0);
+        acc += bf16_value(xv[0]) * bf16_value(w[0]) + bf16_value(xv[1]) * bf16_value(w[1]);
+      }
+      part[size_t(m) * kNR + j] = acc;
+    }
+}
+
+}  // namespace
+
+size_t amx_matmul_scratch_bytes(int M, int K) {
+  const size_t M32 = (size_t(M > 0 ? M : 0) + 31) / 32 * 32, Kp = (size_t(K > 0 ? K : 0) + 31) / 32 * 32;
+  return (M32 * Kp * 2 + 63) / 64 * 64 + M32 * kNR * 4 + 64;
+}
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t* w, int K, int N, const uint16_t* x,
+                                                                  int M, int ldx, float* y, int ldy, void* scratch,
+                                                                  bool x_ready) {
+  if (M <= 0 || N <= 0) return;
+  const int M32 = (M + 31) / 32 * 32, Kp = (K + 31) / 32 * 32;
+  const Scratch s = carve(scratch, M32, Kp);
+  if (!x_ready) {
+    for (int m = 0; m < M32; ++m) {
+      uint16_t* row = s.xs + size_t(m) * Kp;
+      if (m < M) std::memcpy(row, x + size_t(m) * ldx, size_t(K) * 2);
+      std::memset(row + (m < M ? K : 0), 0, size_t(Kp - (m < M ? K : 0)) * 2);
+    }
+  }
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes only: without this the stores to the other
+  // 56 bytes of cfg may be dropped (a palette of zeros: every tile instruction then faults).
+  asm volatile("" : : "m"(cfg) : "memory");
+  _tile_loadconfig(&cfg);
+  const int panels = (N + kNR - 1) / kNR;
+  const char* end = reinterpret_cast<const char*>(w) + size_t(panels) * ((K + 1) / 2) * kRowBytes;
+  for (int p = 0; p < panels; ++p) {
+    bool first = true;
+    for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
+      const int ks = imin(kDotKSpan, K - k0), pairs = (ks + 1) / 2, whole = pairs / 16 * 16;
+      const char* panel = reinterpret_cast<const char*>(w) + size_t(k0) * panels * kNR * 2 + size_t(p) * pairs * kRowBytes;
+      for (int q = 0; q < whole; q += kChunkPairs) {
+        const int n = imin(kChunkPairs, whole - q);
+        // The next chunk in memory order (the rest of this span-panel, else what follows it).
+        const char* pf = panel + size_t(q + n) * kRowBytes;
+        const char* pf_end = pf + size_t(kChunkPairs) * kRowBytes < end ? pf + size_t(kChunkPairs) * kRowBytes : end;
+        chunk(panel + size_t(q) * kRowBytes, n, s.xs, Kp, M32, k0 + 2 * q, s.part, first, pf, pf_end);
+        first = false;
+      }
+      if (whole < pairs) {
+        if (first) std::memset(s.part, 0, size_t(M32) * kNR * 4);
+        first = false;
+        tail(reinterpret_cast<const uint16_t*>(panel), whole, pairs, s.xs, Kp, M, k0 + 2 * whole, s.part);
+      }
+    }
+    const int cols = imin(kNR, N - p * kNR);
+    for (int m = 0; m < M; ++m) std::memcpy(y + size_t(m) * ldy + size_t(p) * kNR, s.part + size_t(m) * kNR, cols * 4);
+  }
+  _tile_release();
+}
+
+}  // namespace alpamayo::cpu
