@@ -15,6 +15,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -51,6 +52,19 @@ inline std::mutex& mutex() {
 inline std::map<uintptr_t, size_t>& allocations() {
   static std::map<uintptr_t, size_t> a;
   return a;
+}
+
+// What the tests count: stream captures begun, graph launches, and kernels launched outside a capture.
+struct Counters {
+  std::atomic<long> captures{0}, graph_launches{0}, eager_kernels{0};
+};
+inline Counters& counters() {
+  static Counters c;
+  return c;
+}
+inline bool capturing(cudaStream_t s) {
+  const Stream* st = reinterpret_cast<const Stream*>(s);
+  return st && st->capture;
 }
 
 // Runs op now, or records it into the graph the stream is capturing.
@@ -139,6 +153,7 @@ inline cudaError_t StreamDestroy(cudaStream_t s) {
 }
 inline cudaError_t StreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t StreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  ++counters().captures;
   reinterpret_cast<Stream*>(s)->capture = new Graph;
   return cudaSuccess;
 }
@@ -153,6 +168,7 @@ inline cudaError_t GraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned 
   return cudaSuccess;
 }
 inline cudaError_t GraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+  ++counters().graph_launches;
   for (auto& op : reinterpret_cast<Graph*>(e)->ops) enqueue(s, op);
   return cudaSuccess;
 }

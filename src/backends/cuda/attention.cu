@@ -11,7 +11,7 @@ void preload_gemm_kernels();
 
 void attention_partial(cudaStream_t s, const AttnParams& p) {
   const float scale_log2 = 1.4426950408889634f / sqrtf(static_cast<float>(p.d));
-  const dim3 grid(p.n_items, p.Hkv, p.Rp / kAttnRowsPerCta);
+  const dim3 grid(p.n_items, p.Hkv, p.tiles);
   ALP_LAUNCH(kern::attention_partial_k, grid, kern::kAttnThreads, kern::kAttnSmemBytes, s)(p, scale_log2);
   ALP_LAUNCHED("attention_partial");
 }

@@ -1,6 +1,7 @@
 // The backend's registry entry, the availability probe and CudaModel (weight upload).
 #include "backends/cuda/cuda_model.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "alpamayo/error.h"
@@ -51,11 +52,18 @@ BackendInfo backend_info() {
   b.kernels_variable = "ALPAMAYO_CUDA_GEMM";
   b.kernels_variable_op = "gemm";
   // Weights live in device memory (the backend checks that memory itself); the host holds only the action
-  // projections, which every backend's estimate counts. Shared prompts, suffix rows, left padding and guidance
-  // are not implemented on this backend yet (docs/CUDA_BACKEND.md).
+  // projections, which every backend's estimate counts. Shared prompts run as a cascade (attention.cuh), guidance
+  // as a second pass of the layers in the same graph (docs/CUDA_BACKEND.md).
+  b.features.shared_prompts = true;
+  b.features.suffix_rows = true;
+  b.features.left_padding = true;
+  b.features.guidance = true;
   b.features.device_memory = true;
-  // Attention's grid puts B * Hkv in the y dimension, at most 65535 blocks.
-  b.features.max_batch = [](const ExpertConfig& c) { return int64_t(65535 / c.Hkv); };
+  // A prompt read by all B samples is one work item of B * group * T query rows, in 128-row tiles on the
+  // attention grid's z dimension (at most 65535).
+  b.features.max_batch = [](const ExpertConfig& c) {
+    return int64_t(65535) * kAttnRowsPerCta / std::max(1, c.Hq / std::max(1, c.Hkv) * c.T);
+  };
   return b;
 }
 
