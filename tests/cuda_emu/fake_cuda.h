@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -88,8 +89,27 @@ inline cudaError_t GetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
+// The pretended GPU: tests may set another compute capability (the fp8 refusal below sm_89).
+struct Device {
+  int major = 9, minor = 0;
+  const char* name = "fake GPU";
+};
+inline Device& device() {
+  static Device d;
+  return d;
+}
 inline cudaError_t DeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
-  *v = a == cudaDevAttrMultiProcessorCount ? 4 : a == cudaDevAttrComputeCapabilityMajor ? 9 : 0;
+  *v = a == cudaDevAttrMultiProcessorCount      ? 4
+       : a == cudaDevAttrComputeCapabilityMajor ? device().major
+       : a == cudaDevAttrComputeCapabilityMinor ? device().minor
+                                                : 0;
+  return cudaSuccess;
+}
+inline cudaError_t GetDeviceProperties(cudaDeviceProp* p, int) {
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "%s", device().name);
+  p->major = device().major;
+  p->minor = device().minor;
   return cudaSuccess;
 }
 inline cudaError_t DeviceSynchronize() { return cudaSuccess; }
@@ -318,6 +338,7 @@ inline cublasStatus_t LtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const v
 #define cudaSetDevice ::fake_cuda::SetDevice
 #define cudaGetDeviceCount ::fake_cuda::GetDeviceCount
 #define cudaDeviceGetAttribute ::fake_cuda::DeviceGetAttribute
+#define cudaGetDeviceProperties ::fake_cuda::GetDeviceProperties
 #define cudaDeviceSynchronize ::fake_cuda::DeviceSynchronize
 #define cudaMalloc ::fake_cuda::Malloc
 #define cudaFree ::fake_cuda::Free

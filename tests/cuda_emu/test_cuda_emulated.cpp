@@ -202,6 +202,25 @@ TEST(CudaEmulated, GuidedSharedPromptSampleIsOneGraph) {
   }
 }
 
+// fp8 weights need an sm_89+ GPU: on an older one (Orin, sm_87) loading them fails naming the GPU and the format,
+// the registry's entry says so for `backends`, and bf16 weights still load and run.
+TEST(CudaEmulated, Fp8RefusedBelowSm89) {
+  const fake_cuda::Device saved = fake_cuda::device();
+  const BackendInfo& info = find_backend("cuda_emu");
+  Problem p(shapes()[0]);
+  fake_cuda::device() = {8, 7, "NVIDIA Orin (fake)"};
+  const std::string why = info.format_unavailable("fp8");
+  test::expect_error([&] { p.model("cuda_emu", emu_options("fp8")); },
+                     {"fp8 weights (e4m3)", "sm_89", "NVIDIA Orin (fake)", "compute capability 8.7"});
+  EXPECT_NE(why.find("NVIDIA Orin (fake)"), std::string::npos) << why;
+  EXPECT_EQ(info.format_unavailable("bf16"), "");
+  EXPECT_NO_THROW(run(p.model("cuda_emu", emu_options("bf16")), p.context(), 0));
+  fake_cuda::device() = {8, 9, "NVIDIA L4 (fake)"};
+  EXPECT_EQ(info.format_unavailable("fp8"), "");
+  EXPECT_NO_THROW(p.model("cuda_emu", emu_options("fp8")));
+  fake_cuda::device() = saved;
+}
+
 // The seed's layer sizes (D 1536, 16/8 heads, d 128, I 6144) and a 4,700-row cache, two layers, one step:
 // the real kernel geometry (128 query rows per KV head, many key ranges, long split-K). Minutes in the
 // emulator, so not in the default run: --gtest_also_run_disabled_tests --gtest_filter='*FullWidth*'.
