@@ -17,8 +17,8 @@ void attention_partial(cudaStream_t s, const AttnParams& p) {
 }
 
 void attention_merge(cudaStream_t s, const AttnParams& p, Act mode, void* out) {
-  const int threads = p.B * p.Hkv * p.R * 32;
-  ALP_LAUNCH(kern::attention_merge_k, (threads + 255) / 256, 256, 0, s)(p, mode, out);
+  const int64_t threads = int64_t(p.B) * p.Hkv * p.R * 32;  // one warp per query row: past 2^31 at large B
+  ALP_LAUNCH(kern::attention_merge_k, static_cast<unsigned>((threads + 255) / 256), 256, 0, s)(p, mode, out);
   ALP_LAUNCHED("attention_merge");
 }
 
