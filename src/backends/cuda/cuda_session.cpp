@@ -26,6 +26,35 @@ CacheType cache_type(const TensorView& t) {
   return t.dtype == DType::F32 ? CacheType::F32 : t.dtype == DType::F16 ? CacheType::F16 : CacheType::BF16;
 }
 
+// One key sequence of the attention cascade (kernels.h, AttnItem) and the samples whose query rows read it.
+struct KeySeq {
+  int prompt, pad, np, sb, ns, nown;
+  std::vector<int> members;
+  int n() const { return np + ns + nown; }
+  int tiles(int R) const { return (int(members.size()) * R + kAttnRowsPerCta - 1) / kAttnRowsPerCta; }
+};
+
+// Key blocks of 64 per work item: the fewest waves of CTAs over the GPU's CTA slots, each wave as long as its
+// items (+1 block for the query load and the partial write); ties go to longer items (less merging).
+int blocks_per_item(const std::vector<KeySeq>& seqs, int R, int Hkv, int slots) {
+  const int KB = kAttnKeysPerBlock;
+  int max_blocks = 1;
+  for (const KeySeq& q : seqs) max_blocks = std::max(max_blocks, (q.n() + KB - 1) / KB);
+  int best = max_blocks;
+  double best_cost = 1e300;
+  for (int cb = max_blocks; cb >= 1; --cb) {
+    int64_t ctas = 0;
+    for (const KeySeq& q : seqs) ctas += int64_t((q.n() + KB - 1) / KB + cb - 1) / cb * q.tiles(R) * Hkv;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double cost = double(waves) * (cb + 1);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = cb;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 CudaSession::Run::~Run() {
@@ -231,19 +260,13 @@ const uint16_t* CudaSession::bind_tensor(Pass& ps, const TensorView& t, int plan
 // The cascade (kernels.h, attention): a prompt that k >= 2 samples read is one key sequence for all their query
 // rows; every sample has a sequence of its own (its suffix and own rows, after its prompt's rows when it reads the
 // prompt alone). Sequences are cut into work items of equal key blocks, as long as possible while the CTAs still
-// fill the GPU: the fewest waves of CTAs, each wave as long as its items (+1 block for the query load and the
-// partial write); ties go to longer items (less merging).
+// fill the GPU (blocks_per_item).
 void CudaSession::plan_attention(Pass& ps, const KVCache& kv) {
   const int Hkv = cfg_.Hkv, group = cfg_.Hq / cfg_.Hkv, KB = kAttnKeysPerBlock, R = group * T_;
-  const int slots_per_sm = std::max(1, m_.sm_count() * m_.attention_ctas_per_sm());
+  const int cta_slots = std::max(1, m_.sm_count() * m_.attention_ctas_per_sm());
   std::vector<std::vector<int>> readers(kv.G);
   for (int b = 0; b < kv.B; ++b) readers[kv.prompt(b)].push_back(b);
-  struct Seq {
-    int prompt, pad, np, sb, ns, nown;
-    std::vector<int> members;
-    int n() const { return np + ns + nown; }
-  };
-  std::vector<Seq> seqs;
+  std::vector<KeySeq> seqs;
   for (int g = 0; g < kv.G; ++g) {
     const int np = static_cast<int>(kv.valid_len[g] - kv.pad(g));
     if (readers[g].size() >= 2 && np > 0) seqs.push_back({g, int(kv.pad(g)), np, 0, 0, 0, readers[g]});
@@ -253,30 +276,15 @@ void CudaSession::plan_attention(Pass& ps, const KVCache& kv) {
     const int np = readers[g].size() >= 2 ? 0 : static_cast<int>(kv.valid_len[g] - kv.pad(g));
     seqs.push_back({g, int(kv.pad(g)), np, b, int(kv.suffix(b)), T_, {b}});
   }
-  auto tiles = [&](const Seq& q) { return (int(q.members.size()) * R + kAttnRowsPerCta - 1) / kAttnRowsPerCta; };
-  int max_blocks = 1, max_tiles = 1;
-  for (const Seq& q : seqs) {
-    max_blocks = std::max(max_blocks, (q.n() + KB - 1) / KB);
-    max_tiles = std::max(max_tiles, tiles(q));
-  }
-  int best = max_blocks;
-  double best_cost = 1e300;
-  for (int cb = max_blocks; cb >= 1; --cb) {
-    int64_t ctas = 0;
-    for (const Seq& q : seqs) ctas += int64_t((q.n() + KB - 1) / KB + cb - 1) / cb * tiles(q) * Hkv;
-    const int64_t waves = (ctas + slots_per_sm - 1) / slots_per_sm;
-    const double cost = double(waves) * (cb + 1);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = cb;
-    }
-  }
+  int max_tiles = 1;
+  for (const KeySeq& q : seqs) max_tiles = std::max(max_tiles, q.tiles(R));
+  const int len = blocks_per_item(seqs, R, Hkv, cta_slots) * KB;
   std::vector<AttnItem> items;
   std::vector<int> members;
   std::vector<std::vector<int>> sample_slots(kv.B);
   int slots = 0;
-  for (const Seq& q : seqs) {
-    const int n = q.n(), len = best * KB, q0 = static_cast<int>(members.size()), nq = int(q.members.size());
+  for (const KeySeq& q : seqs) {
+    const int n = q.n(), q0 = static_cast<int>(members.size()), nq = int(q.members.size());
     members.insert(members.end(), q.members.begin(), q.members.end());
     for (int j0 = 0; j0 < n; j0 += len) {
       items.push_back({j0, std::min(n, j0 + len), q.prompt, q.pad, q.np, q.sb, q.ns, q.nown, q0, nq, slots});

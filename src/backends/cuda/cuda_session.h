@@ -27,7 +27,7 @@ class CudaSession final : public BackendSession {
   size_t buffer_bytes() const override;
 
   // Samples with more steps than this run as eagerly launched kernels (still without host synchronization):
-  // a graph holds ~650 nodes per step.
+  // a graph holds ~650 nodes per step (twice that with guidance).
   static constexpr int kMaxGraphSteps = 64;
 
  private:
