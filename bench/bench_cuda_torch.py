@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch on the same GPU, for the cuda backend's benchmark (scripts/device-check.sh): one denoising step of
 the expert (all layers, final norm, Linear(D -> 2)) at full size with random bf16 weights and S random cache
-rows per sample, for 1 and for 6 samples:
+rows per sample (each sample its own copy, as the release holds them), for 1, 6 and 20 samples (--batches):
 
   transformers  Qwen3VLTextModel with a DynamicCache prefilled with the rows, appended to and cropped per step,
                 a 4D float mask and position_ids [3, B, T]: what the release's step_fn runs (eager).

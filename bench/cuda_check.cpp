@@ -4,8 +4,9 @@
 //             relative to the largest reference value), every v_k, x_N and the trajectory in metres, for bf16
 //             and fp8 weights, with the cache bound from GPU memory (no copy);
 //   bench     time per Euler step (device events inside the graph) and per 10-step sample (wall, the
-//             host's action decode included) for bf16 / fp8 and 1 / 6 samples sharing one prompt, the bytes a
-//             step reads (weights + valid cache rows) as GB/s against a measured device copy bandwidth.
+//             host's action decode included) for bf16 / fp8 and 1 / 6 / 20 samples sharing one prompt (stored
+//             once, read once per layer by the cascade), the bytes a step reads (weights + valid cache rows) as
+//             GB/s against a measured device copy bandwidth.
 // Prints tables and writes everything as JSON (--json). Needs nothing beyond the library and the CUDA runtime.
 #include <cuda_runtime_api.h>
 
@@ -42,7 +43,7 @@ struct Args {
   std::string json;
   int rows = 4700, layers = 64, ref_steps = 10, samples = 20, threads = 0;
   std::vector<std::string> formats = {"bf16", "fp8"};
-  std::vector<int> batches = {1, 6};  // samples sharing one prompt
+  std::vector<int> batches = {1, 6, 20};  // samples sharing one prompt
   bool accuracy = true, bench = true;
 };
 
@@ -63,7 +64,7 @@ std::vector<std::string> split_list(const std::string& s) {
 void usage() {
   std::fprintf(stderr,
                "usage: cuda_check [--work DIR] [--json FILE] [--rows S] [--layers L] [--ref-steps N] [--samples N]\n"
-               "                  [--formats bf16,fp8] [--batches 1,6] [--threads N] [--no-accuracy] [--no-bench]\n"
+               "                  [--formats bf16,fp8] [--batches 1,6,20] [--threads N] [--no-accuracy] [--no-bench]\n"
                "ALPAMAYO_CUDA_GEMM=cublaslt|own picks the weight matmuls (default: cublaslt for bf16, own for fp8)\n");
 }
 
@@ -106,8 +107,8 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// The context's cache tensors in GPU memory, replicated `copies` times along the batch (samples sharing
-// one prompt), as device views.
+// The context's cache tensors in GPU memory, stored once, with `copies` samples per prompt (the rollout's samples
+// sharing one prompt: sample c * B0 + b reads prompt b), as device views.
 class DeviceCache {
  public:
   DeviceCache(const Context& host, int copies) {
@@ -115,24 +116,21 @@ class DeviceCache {
     const int B0 = kv_.B;
     for (auto* list : {&kv_.key, &kv_.value})
       for (TensorView& t : *list) {
-        const size_t one = t.nbytes();
         void* p = nullptr;
-        cuda_check(cudaMalloc(&p, one * copies), "cudaMalloc (context)");
-        for (int c = 0; c < copies; ++c)
-          cuda_check(cudaMemcpy(static_cast<char*>(p) + c * one, t.data, one, cudaMemcpyHostToDevice), "upload");
+        cuda_check(cudaMalloc(&p, t.nbytes()), "cudaMalloc (context)");
+        cuda_check(cudaMemcpy(p, t.data, t.nbytes(), cudaMemcpyHostToDevice), "upload");
         bufs_.push_back(p);
         t.data = p;
-        t.shape[0] = int64_t(B0) * copies;
         t.device = {DeviceType::CUDA, 0};
         cuda_check(cudaGetDevice(&t.device.id), "cudaGetDevice");
       }
     kv_.B = B0 * copies;
-    std::vector<int64_t> vl, rd;
+    kv_.prompt_of.clear();
+    std::vector<int64_t> rd;
     for (int c = 0; c < copies; ++c) {
-      vl.insert(vl.end(), host.kv().valid_len.begin(), host.kv().valid_len.end());
+      for (int b = 0; b < B0; ++b) kv_.prompt_of.push_back(host.kv().prompt(b));
       rd.insert(rd.end(), host.rope_delta().begin(), host.rope_delta().end());
     }
-    kv_.valid_len = vl;
     rope_delta_ = rd;
     if (host.history()) {
       EgoHistory h = *host.history();
@@ -153,6 +151,7 @@ class DeviceCache {
     for (void* p : bufs_) cudaFree(p);
   }
   Context context() const { return Context::from_views(kv_, rope_delta_, history_, v0_, "device context"); }
+  // The cache rows a step reads: each prompt once (the cascade reads a shared prompt once for all its samples).
   size_t valid_cache_bytes() const {
     size_t n = 0;
     for (int64_t s : kv_.valid_len) n += size_t(s) * kv_.Hkv * kv_.d * 2 /* bf16 */ * 2 /* K, V */;

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The cuda backend's device check: one command on a machine with an NVIDIA GPU. It builds the cuda backend
-# (all four architectures), then runs
-#   1. the C++ conformance suite on `cuda` (bf16 and fp8 against the reference backend, determinism,
-#      rebinding, concurrent sessions, seam errors) and the cuda backend's own tests (caches bound from GPU
-#      memory, the device-side NaN scan, graph replay == eager launches);
+# (every default architecture, sm_80 to sm_121: CMakeLists.txt), then runs
+#   1. the C++ conformance suite on `cuda` (bf16 and fp8 against the reference backend, shared prompts as a
+#      cascade, suffix rows, left padding, guidance, determinism, rebinding, concurrent sessions, seam errors)
+#      and the cuda backend's own tests (caches bound from GPU memory, the device-side NaN scan, graph replay ==
+#      eager launches), listing every test it skipped and why;
 #   2. the full-size accuracy check (bench/cuda_check.cpp): the seed's model (64 layers, synthetic weights)
 #      and a 4,700-row context, cuda bf16 and fp8 against the fp32 reference backend: step 0's every layer,
 #      every v_k, x_N and the trajectory in metres (10 Euler steps, or 2 when the build ran long);
-#   3. the benchmark: ms per step and per 10-step sample, bf16 and fp8, 1 sample and 6 sharing one prompt,
+#   3. the benchmark: ms per step and per 10-step sample, bf16 and fp8, 1, 6 and 20 samples sharing one
+#      4,700-row prompt (stored once),
 #      GB/s against the measured copy bandwidth; then, while the time budget lasts, PyTorch on the same GPU
 #      (bench/bench_cuda_torch.py: transformers eager as the release runs it, plain torch eager and under a
 #      CUDA graph), the other matmul implementation of each format, and the rest of the C++ suite;
@@ -95,6 +97,15 @@ finish() {
   exit $rc
 }
 
+# skipped_tests LOG: every test a GoogleTest log reports skipped, with the reason it printed ("...: Skipped" and
+# the message on the lines after it).
+skipped_tests() {
+  awk '/: Skipped$/ {why = ""; grab = 1; next}
+       grab && /^\[/ {grab = 0}
+       grab {why = why (why == "" ? "" : " ") $0; next}
+       /^\[  SKIPPED \] .*\(/ {sub(/^\[  SKIPPED \] /, ""); sub(/ \([0-9]+ ms\)$/, ""); print "   skipped: " $0 ": " why; why = ""}' "$1"
+}
+
 echo "== device check: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 if [ ! -f deps/include/nlohmann/json.hpp ] && [ ! -f /usr/include/nlohmann/json.hpp ]; then
@@ -104,9 +115,10 @@ fi
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 
+# The default architectures (every target the toolkit has, CMakeLists.txt): the build that users get.
 run_stage configure true 120 cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_CUDA_BACKEND=ON -DALPAMAYO_DEPS_DIR="$ROOT/deps" \
-  -DALPAMAYO_CUDA_ARCHITECTURES="89;90a-real;100a-real;120a-real" || finish
+  -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_CUDA_BACKEND=ON -DALPAMAYO_DEPS_DIR="$ROOT/deps" || finish
+grep -o "cuda backend: nvcc.*" "$OUT_DIR/configure.log" | sed 's/^/   /'
 TARGETS=(alpamayo_tests cuda_check)
 grep -q "alpamayo-expert CLI is not built" "$OUT_DIR/configure.log" || TARGETS+=(alpamayo-expert)
 run_stage build true 420 cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" || finish
@@ -121,6 +133,7 @@ ALPAMAYO_CONFORMANCE_REPORT=1 run_stage tests-cuda true 240 "$BUILD/alpamayo_tes
   --gtest_filter="$CUDA_FILTER-$EMU_FILTER" \
   --gtest_output=json:"$OUT_DIR/gtest-cuda.json"
 grep -E "^\[  (PASSED|SKIPPED|FAILED)  \] [0-9]+ test|^\[  FAILED  \] " "$OUT_DIR/tests-cuda.log" | head -12 | sed 's/^/   /'
+skipped_tests "$OUT_DIR/tests-cuda.log"
 
 # 2 + 3. Full-size accuracy and the benchmark. The reference backend's 10 steps take about a minute on 16
 # cores; fall back to 2 when the build and tests already used most of the budget.
@@ -134,7 +147,7 @@ sed -n '/^device/p;/^synthetic/p;/^== /,$p' "$OUT_DIR/cuda-check.log" | sed 's/^
 BUDGET="${BUDGET:-345}"
 left() { echo $(( BUDGET - $(elapsed) )); }
 if [ "$(left)" -gt 45 ] && "$PY" -c "import torch, transformers; assert torch.cuda.is_available()" 2>/dev/null; then
-  run_stage torch false $(( $(left) - 5 )) "$PY" bench/bench_cuda_torch.py --json "$OUT_DIR/torch.json"
+  run_stage torch false $(( $(left) - 5 )) "$PY" bench/bench_cuda_torch.py --batches 1,6,20 --json "$OUT_DIR/torch.json"
   tail -n 4 "$OUT_DIR/torch.log" | sed 's/^/   /'
 else
   echo "== torch: skipped ($(left) s of the budget left, or no torch with CUDA for $PY)"
@@ -142,15 +155,20 @@ fi
 if [ "$(left)" -gt 30 ]; then
   ALPAMAYO_CUDA_GEMM=own run_stage gemm-own-bf16 false 60 "$BUILD/bench/cuda_check" --work "$WORK" --no-accuracy \
     --formats bf16 --batches 1 --samples 5 --json "$OUT_DIR/cuda_check_own_bf16.json"
+else
+  echo "== gemm-own-bf16: skipped ($(left) s of the budget left)"
 fi
 if [ "$(left)" -gt 30 ]; then
   ALPAMAYO_CUDA_GEMM=cublaslt run_stage gemm-cublaslt-fp8 false 60 "$BUILD/bench/cuda_check" --work "$WORK" \
     --no-accuracy --formats fp8 --batches 1 --samples 5 --json "$OUT_DIR/cuda_check_cublaslt_fp8.json"
+else
+  echo "== gemm-cublaslt-fp8: skipped ($(left) s of the budget left)"
 fi
 if [ "$(left)" -gt 20 ]; then
   run_stage tests-rest true $(( $(left) + 60 )) "$BUILD/alpamayo_tests" --gtest_filter="-$CUDA_FILTER:$EMU_FILTER" \
     --gtest_output=json:"$OUT_DIR/gtest-rest.json"
   grep -E "^\[  (PASSED|SKIPPED|FAILED)  \] [0-9]+ test|^\[  FAILED  \] " "$OUT_DIR/tests-rest.log" | head -6 | sed 's/^/   /'
+  skipped_tests "$OUT_DIR/tests-rest.log"
 else
   echo "== tests-rest: skipped (budget); CI runs the whole suite"
 fi

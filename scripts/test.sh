@@ -9,10 +9,11 @@ scripts/setup.sh --python
 VENV="${ALPAMAYO_VENV:-$HOME/.cache/alpamayo-expert/venv}"
 stage "ctest"
 # The emulated cuda backend's determinism test (several samples, rebinding, two concurrent sessions) runs in the
-# host SIMT emulator at about a minute per shape on its two largest shapes: it runs on the three smaller ones here,
-# which take the same orchestration paths; scripts/device-check.sh runs every shape on a GPU.
+# host SIMT emulator at one to two minutes per shape on its three largest shapes: it runs on the four smaller ones
+# here (shared prompts included), which take the same orchestration paths; scripts/device-check.sh runs every shape
+# on a GPU.
 ctest --test-dir build --output-on-failure -j"$(nproc)" \
-  -E 'DeterministicAcrossRunsRebindsAndSessions/cuda_emu_.*_(gqa4_d128_B2_f16_chunks|gqa2_d32_T64_B1_bf16)'
+  -E 'DeterministicAcrossRunsRebindsAndSessions/cuda_emu_.*_(gqa4_d128_B2_f16_chunks|gqa2_d32_T64_B1_bf16|shared_G1_B6_chunks_f16)'
 
 stage "reference-only build (no oneDNN, no CUDA): the whole C++ suite"
 # Proves the engine builds and passes without the cpu and cuda backends.

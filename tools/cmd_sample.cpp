@@ -228,7 +228,17 @@ Run add_backends(CLI::App&) {
                                      {f.device_memory, "device-memory"}, {f.strided_cache, "strided-cache"},
                                      {f.paged_cache, "paged-cache"}})
         if (on) std::printf(" %s", word);
-      if (const std::string why = b.unavailable(); !why.empty()) std::printf(" -- unavailable: %s", why.c_str());
+      if (const std::string why = b.unavailable(); !why.empty()) {
+        std::printf(" -- unavailable: %s", why.c_str());
+      } else {
+        // The formats this machine runs, where it cannot run them all (a GPU too old for fp8).
+        std::string runs, not_here;
+        for (const std::string& w : b.weight_formats) {
+          const std::string no = b.format_unavailable(w);
+          (no.empty() ? runs : not_here) += (no.empty() ? " " + w : "; not " + w + ": " + no);
+        }
+        if (!not_here.empty()) std::printf("; runs%s (%s)", runs.c_str(), not_here.substr(2).c_str());
+      }
       std::printf("\n");
     }
   };

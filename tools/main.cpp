@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   reg("make-checkpoint", "write a synthetic, seeded checkpoint in a release layout", alpamayo::cli::add_make_checkpoint);
   reg("make-context", "write a synthetic, seeded VLM context for a checkpoint", alpamayo::cli::add_make_context);
   reg("backends", "list the backends in this build, their weight formats and, after '; kv', their KV cache formats "
-                  "(the first of each is the default), after '; features' the context features they run",
+                  "(the first of each is the default), after '; features' the context features they run, and after '; runs' "
+                  "the weight formats this machine runs where it cannot run them all (fp8 on a GPU older than sm_89)",
       alpamayo::cli::add_backends);
   reg("demo", "synthetic full-size model + ~4,700-row context -> trajectories, timing, JSON and SVG",
       alpamayo::cli::add_demo);

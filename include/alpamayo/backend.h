@@ -310,6 +310,11 @@ struct BackendInfo {
   std::vector<std::string> kv_formats;
   std::function<std::unique_ptr<BackendModel>(const ExpertConfig&, const ModelWeights&, const BackendOptions&)> load;
   std::function<std::string()> unavailable = [] { return std::string(); };
+  // Where the machine decides which weight formats run (the cuda backend: fp8 needs an sm_89+ GPU): "" when
+  // `format` runs here, else why. Asked only where unavailable() is empty; `backends` lists what runs here.
+  std::function<std::string(const std::string& format)> format_unavailable = [](const std::string&) {
+    return std::string();
+  };
   bool kernel_choices = false;  // chooses kernels at load, and takes BackendOptions::kernels
   // The environment variable that pins its kernels at the programs' boundary (options_from_environment,
   // alpamayo/environment.h) and the op its value names: with kernels_variable_op "gemm", ALPAMAYO_CUDA_GEMM=own

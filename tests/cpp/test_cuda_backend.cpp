@@ -1,6 +1,7 @@
 // The cuda backend beyond the conformance suite (which compares it with the reference): caches bound
-// from GPU memory without a copy, the device-side NaN/Inf scan of such caches, graph replays against
-// eager launches, per-step timings and recapture when the step count changes. Every test that needs a
+// from GPU memory without a copy (shared prompts, padding and guidance included), the device-side NaN/Inf scan
+// of such caches, graph replays against eager launches, per-step timings and recapture when the step count
+// changes. Every test that needs a
 // GPU reports itself skipped, with the reason, on a machine without one.
 #include <cuda_runtime_api.h>
 
@@ -124,6 +125,53 @@ TEST(CudaBackend, NonFiniteDeviceCacheRowsAreNamed) {
   poke(c.L - 1, 1, 0, 16, 5, 0x7fc0);  // NaN in the last valid row of sample 1
   test::expect_error([&] { s.bind(dc.context()); }, {dc.kv.value[c.L - 1].name, "non-finite", "[1, 0, 16, 5]"});
   EXPECT_FALSE(s.bound());
+}
+
+// Five samples sharing the fixture's prompts (the cascade), left padding, and classifier-free guidance over another
+// sharing of the same prompts: the cache bound from GPU memory in place gives bitwise the host-bound result, graph
+// replays give bitwise the eager launches, and a NaN in a left-padding row of the GPU copy is never read.
+TEST(CudaBackend, SharedPromptsAndGuidanceOnDeviceCaches) {
+  SKIP_WITHOUT_GPU();
+  Fixture f;
+  const Context host = f.host();
+  DeviceContext dc(f.host());
+  auto shared = [](KVCache kv, std::vector<int64_t> prompts, std::vector<int64_t> pad) {
+    kv.B = static_cast<int>(prompts.size());
+    kv.prompt_of = std::move(prompts);
+    kv.prefix_pad = std::move(pad);
+    return kv;
+  };
+  auto ctx = [](const KVCache& kv, const char* name) {
+    return Context::from_views(kv, std::vector<int64_t>(kv.B, -3), std::nullopt, std::vector<float>(kv.B, 3.f), name);
+  };
+  const std::vector<int64_t> guided = {0, 0, 1, 0, 1}, unguided = {1, 1, 0, 1, 0};
+  const std::vector<int64_t> pad_g = {2, 0, 0}, pad_u = {2, 3, 0};  // prompt 0's rows 0-1 are padding in both
+  const uint16_t nan = 0x7fc0;
+  const int H = dc.kv.Hkv, P = dc.kv.P, d = dc.kv.d;
+  for (size_t l = 0; l < dc.kv.value.size(); ++l)
+    for (int h = 0; h < H; ++h)
+      cuda_ok(cudaMemcpy(static_cast<uint16_t*>(const_cast<void*>(dc.kv.value[l].data)) + (size_t(h) * P + 1) * d,
+                         &nan, 2, cudaMemcpyHostToDevice));
+  for (const char* format : {"bf16", "fp8"}) {
+    BackendOptions eager_opts = weights_opt(format);
+    eager_opts.graphs = false;
+    auto graph_model = Model::load(f.ck, "cuda", weights_opt(format));
+    auto eager_model = Model::load(f.ck, "cuda", eager_opts);
+    auto run = [&](const std::shared_ptr<const Model>& m, const KVCache& kv) {
+      Session s(m);
+      s.bind(ctx(shared(kv, guided, pad_g), "guided"),
+             {.guidance = Guidance{ctx(shared(kv, unguided, pad_u), "unguided"), 1.5}});
+      s.sample({.seed = 2, .all_steps = true});  // captures; the next one replays
+      return s.sample({.seed = 4, .all_steps = true});
+    };
+    const SampleResult on_host = run(graph_model, host.kv()), on_gpu = run(graph_model, dc.kv);
+    const SampleResult eager = run(eager_model, dc.kv);
+    EXPECT_EQ(on_host.action, on_gpu.action) << format;
+    EXPECT_EQ(on_host.v_steps, on_gpu.v_steps) << format;
+    EXPECT_EQ(eager.action, on_gpu.action) << format;
+    EXPECT_EQ(eager.v_steps, on_gpu.v_steps) << format;
+    for (float v : on_gpu.v_steps) ASSERT_TRUE(std::isfinite(v)) << format;
+  }
 }
 
 TEST(CudaBackend, GraphReplayEqualsEagerLaunches) {

@@ -15,7 +15,9 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -53,6 +55,19 @@ inline std::map<uintptr_t, size_t>& allocations() {
   return a;
 }
 
+// What the tests count: stream captures begun, graph launches, and kernels launched outside a capture.
+struct Counters {
+  std::atomic<long> captures{0}, graph_launches{0}, eager_kernels{0};
+};
+inline Counters& counters() {
+  static Counters c;
+  return c;
+}
+inline bool capturing(cudaStream_t s) {
+  const Stream* st = reinterpret_cast<const Stream*>(s);
+  return st && st->capture;
+}
+
 // Runs op now, or records it into the graph the stream is capturing.
 inline void enqueue(cudaStream_t s, std::function<void()> op) {
   Stream* st = reinterpret_cast<Stream*>(s);
@@ -74,8 +89,27 @@ inline cudaError_t GetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
+// The pretended GPU: tests may set another compute capability (the fp8 refusal below sm_89).
+struct Device {
+  int major = 9, minor = 0;
+  const char* name = "fake GPU";
+};
+inline Device& device() {
+  static Device d;
+  return d;
+}
 inline cudaError_t DeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
-  *v = a == cudaDevAttrMultiProcessorCount ? 4 : a == cudaDevAttrComputeCapabilityMajor ? 9 : 0;
+  *v = a == cudaDevAttrMultiProcessorCount      ? 4
+       : a == cudaDevAttrComputeCapabilityMajor ? device().major
+       : a == cudaDevAttrComputeCapabilityMinor ? device().minor
+                                                : 0;
+  return cudaSuccess;
+}
+inline cudaError_t GetDeviceProperties(cudaDeviceProp* p, int) {
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "%s", device().name);
+  p->major = device().major;
+  p->minor = device().minor;
   return cudaSuccess;
 }
 inline cudaError_t DeviceSynchronize() { return cudaSuccess; }
@@ -139,6 +173,7 @@ inline cudaError_t StreamDestroy(cudaStream_t s) {
 }
 inline cudaError_t StreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t StreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  ++counters().captures;
   reinterpret_cast<Stream*>(s)->capture = new Graph;
   return cudaSuccess;
 }
@@ -153,6 +188,7 @@ inline cudaError_t GraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned 
   return cudaSuccess;
 }
 inline cudaError_t GraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+  ++counters().graph_launches;
   for (auto& op : reinterpret_cast<Graph*>(e)->ops) enqueue(s, op);
   return cudaSuccess;
 }
@@ -302,6 +338,7 @@ inline cublasStatus_t LtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const v
 #define cudaSetDevice ::fake_cuda::SetDevice
 #define cudaGetDeviceCount ::fake_cuda::GetDeviceCount
 #define cudaDeviceGetAttribute ::fake_cuda::DeviceGetAttribute
+#define cudaGetDeviceProperties ::fake_cuda::GetDeviceProperties
 #define cudaDeviceSynchronize ::fake_cuda::DeviceSynchronize
 #define cudaMalloc ::fake_cuda::Malloc
 #define cudaFree ::fake_cuda::Free

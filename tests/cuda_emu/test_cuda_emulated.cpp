@@ -129,6 +129,98 @@ TEST(CudaEmulated, GraphReplayEqualsEagerLaunches) {
   EXPECT_EQ(eager.cap.layers, graph.cap.layers);
 }
 
+// Twenty samples reading one left-padded prompt, each with suffix rows of its own (0 to 6): the prompt's items
+// take 20 * R = 320 query rows (three 128-row tiles, each holding rows of several samples), every sample's own
+// item its suffix and own rows; both formats against the exact reference.
+TEST(CudaEmulated, TwentySamplesShareOnePrompt) {
+  CtxSpec c{40, {40}, std::vector<int64_t>(20, -12), std::vector<int64_t>(20, 0), {3}, 6, {}};
+  for (int b = 0; b < 20; ++b) c.suffix.push_back(b % 7);
+  const Shape sh{"shared_G1_B20", 2, 64, 4, 2, 32, 128, 8, c, DType::BF16, DType::BF16, 2};
+  compare_with_reference(sh, "bf16", "cublaslt");
+  compare_with_reference(sh, "fp8", "own");
+}
+
+// Shared prompts, left padding and suffixes in "device" memory are bound in place and give bitwise the host-bound
+// result; only the rows some sample reads are scanned (the padding rows hold NaN), and a non-finite value in a
+// suffix row that is read is named.
+TEST(CudaEmulated, SharedPromptDeviceCacheInPlaceAndScanned) {
+  const Shape& sh = shapes()[5];
+  Problem p(sh);
+  const auto m = p.model("cuda_emu", emu_options("bf16"));
+  Context host = p.context();
+  KVCache kv = host.kv();
+  std::vector<void*> bufs;
+  for (auto* list : {&kv.key, &kv.value, &kv.suffix_key, &kv.suffix_value})
+    for (TensorView& t : *list) {
+      void* d = nullptr;
+      ASSERT_EQ(fake_cuda::Malloc(&d, t.nbytes()), cudaSuccess);
+      std::memcpy(d, t.data, t.nbytes());
+      bufs.push_back(d);
+      t.data = d;
+      t.device = {DeviceType::CUDA, 0};
+    }
+  auto views = [&](const KVCache& c) {
+    return Context::from_views(c, host.rope_delta(), std::nullopt, *host.v0(), "dev");
+  };
+  Session a(m), b(m);
+  a.bind(host);
+  b.bind(views(kv));
+  EXPECT_EQ(a.sample({.steps = 2, .seed = 11}).action, b.sample({.steps = 2, .seed = 11}).action);
+  EXPECT_GT(a.buffer_bytes(), b.buffer_bytes());  // the host cache was uploaded, the device cache not
+
+  uint16_t* s1 = static_cast<uint16_t*>(const_cast<void*>(kv.suffix_value[1].data));
+  s1[((size_t(2) * sh.Hkv + 1) * sh.ctx.Q + 6) * sh.d + 3] = 0x7f80;  // +Inf in sample 2's last suffix row
+  Session bad(m);
+  test::expect_error([&] { bad.bind(views(kv)); }, {kv.suffix_value[1].name, "non-finite", "[2, 1, 6, 3]"});
+  for (void* d : bufs) fake_cuda::Free(d);
+}
+
+// The whole guided sample over shared prompts is one graph per bind: captured once, replayed by every later
+// sample, with no kernel launched outside it; without graphs the same launches run eagerly.
+TEST(CudaEmulated, GuidedSharedPromptSampleIsOneGraph) {
+  const Shape& sh = shapes()[5];
+  Problem p(sh);
+  CtxSpec u = sh.ctx;
+  u.S = {20, 22};
+  u.rope_delta = {-3, -3, 1, -3};
+  for (bool graphs : {true, false}) {
+    BackendOptions o = emu_options("bf16");
+    o.graphs = graphs;
+    Session s(p.model("cuda_emu", o));
+    s.bind(p.context(), {.guidance = Guidance{p.context(u), 1.5}});
+    fake_cuda::Counters& c = fake_cuda::counters();
+    const long captures = c.captures, launches = c.graph_launches, eager = c.eager_kernels;
+    const SampleResult r1 = s.sample({.steps = 2, .seed = 4});
+    const SampleResult r2 = s.sample({.steps = 2, .seed = 4});
+    EXPECT_EQ(r1.action, r2.action);
+    EXPECT_EQ(c.captures - captures, graphs ? 1 : 0) << graphs;
+    EXPECT_EQ(c.graph_launches - launches, graphs ? 2 : 0) << graphs;
+    if (graphs)
+      EXPECT_EQ(c.eager_kernels - eager, 0);
+    else
+      EXPECT_GT(c.eager_kernels - eager, 2 * 2 * 2 * sh.L) << "both passes' layers, both steps, both samples";
+  }
+}
+
+// fp8 weights need an sm_89+ GPU: on an older one (Orin, sm_87) loading them fails naming the GPU and the format,
+// the registry's entry says so for `backends`, and bf16 weights still load and run.
+TEST(CudaEmulated, Fp8RefusedBelowSm89) {
+  const fake_cuda::Device saved = fake_cuda::device();
+  const BackendInfo& info = find_backend("cuda_emu");
+  Problem p(shapes()[0]);
+  fake_cuda::device() = {8, 7, "NVIDIA Orin (fake)"};
+  const std::string why = info.format_unavailable("fp8");
+  test::expect_error([&] { p.model("cuda_emu", emu_options("fp8")); },
+                     {"fp8 weights (e4m3)", "sm_89", "NVIDIA Orin (fake)", "compute capability 8.7"});
+  EXPECT_NE(why.find("NVIDIA Orin (fake)"), std::string::npos) << why;
+  EXPECT_EQ(info.format_unavailable("bf16"), "");
+  EXPECT_NO_THROW(run(p.model("cuda_emu", emu_options("bf16")), p.context(), 0));
+  fake_cuda::device() = {8, 9, "NVIDIA L4 (fake)"};
+  EXPECT_EQ(info.format_unavailable("fp8"), "");
+  EXPECT_NO_THROW(p.model("cuda_emu", emu_options("fp8")));
+  fake_cuda::device() = saved;
+}
+
 // The seed's layer sizes (D 1536, 16/8 heads, d 128, I 6144) and a 4,700-row cache, two layers, one step:
 // the real kernel geometry (128 query rows per KV head, many key ranges, long split-K). Minutes in the
 // emulator, so not in the default run: --gtest_also_run_disabled_tests --gtest_filter='*FullWidth*'.

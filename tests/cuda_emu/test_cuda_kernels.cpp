@@ -112,11 +112,12 @@ TEST(CudaKernels, Fp8WeightRowsMapTheirLargestTo448) {
 
 TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
   const int B = 2, H = 3, P = 10, d = 8;
-  const std::vector<int> S = {10, 4};
+  const std::vector<int> lo = {0, 1}, S = {10, 4};  // rows read: [lo, S) (sample 1 has one row of left padding)
   for (CacheType t : {CacheType::F32, CacheType::F16, CacheType::BF16}) {
     std::vector<float> v = randn(size_t(B) * H * P * d);
     auto at = [&](int b, int h, int p, int i) -> float& { return v[((size_t(b) * H + h) * P + p) * d + i]; };
     at(1, 0, 5, 2) = NAN;        // padding of sample 1: ignored
+    at(1, 1, 0, 3) = NAN;        // its left padding: ignored
     at(1, 2, 3, 7) = INFINITY;   // valid: found
     at(1, 2, 2, 0) = -INFINITY;  // valid and earlier: this one
     std::vector<uint8_t> bytes(v.size() * 4);
@@ -127,17 +128,21 @@ TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
     }
     unsigned long long first = ~0ull;
     simt::launch(kern::scan_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
-                 S.data(), &first);
+                 lo.data(), S.data(), &first);
     EXPECT_EQ(first, ((size_t(1) * H + 2) * P + 2) * d + 0);
     std::vector<uint16_t> conv(v.size(), 0);
     at(1, 2, 3, 7) = at(1, 2, 2, 0) = 0.f;
     simt::launch(kern::convert_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
-                 S.data(), conv.data());
+                 lo.data(), S.data(), conv.data());
     for (int b = 0; b < B; ++b)
       for (int hh = 0; hh < H; ++hh)
-        for (int p = 0; p < S[b]; ++p)
+        for (int p = 0; p < P; ++p)
           for (int i = 0; i < d; ++i) {
             const size_t idx = ((size_t(b) * H + hh) * P + p) * d + i;
+            if (p < lo[b] || p >= S[b]) {
+              EXPECT_EQ(conv[idx], 0) << "a row not read was converted";
+              continue;
+            }
             if (!std::isfinite(bf16_to_f32(conv[idx]))) continue;
             const float src = t == CacheType::F32   ? v[idx]
                               : t == CacheType::F16 ? f16_to_f32(f32_to_f16(v[idx]))

@@ -70,6 +70,7 @@ def backend_listing() -> dict:
     out = {}
     for line in r.stdout.splitlines():
         spec, _, why = line.partition(" -- unavailable: ")
+        spec, _, _runs_here = spec.partition("; runs")  # the formats this machine runs, where not all
         spec, _, features = spec.partition("; features")
         spec, _, kv = spec.partition("; kv")
         name, *formats = spec.split()

@@ -30,11 +30,12 @@ void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float*
   ALP_LAUNCHED("layer_norm_f32");
 }
 
-void out_proj_euler(cudaStream_t s, const float* hidden, const float* W, const float* b, int M, int D, int A,
-                    const float* times, int k, float* x, float* v_out, float* x_out) {
+void out_proj_euler(cudaStream_t s, const float* hidden, const float* hidden_u, float wu, float wg, const float* W,
+                    const float* b, int M, int D, int A, const float* times, int k, float* x, float* v_out,
+                    float* x_out) {
   const int threads = M * A * 32;
   ALP_LAUNCH(kern::out_proj_euler_k, (threads + 255) / 256, 256, 0, s)
-  (hidden, W, b, M, D, A, times, k, x, v_out, x_out);
+  (hidden, hidden_u, wu, wg, W, b, M, D, A, times, k, x, v_out, x_out);
   ALP_LAUNCHED("out_proj_euler");
 }
 

@@ -68,18 +68,24 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // One warp per (row, action dim).
-__global__ void out_proj_euler_k(const float* hidden, const float* W, const float* b, int M, int D, int A,
-                                 const float* times, int k, float* x, float* v_out, float* x_out) {
+__global__ void out_proj_euler_k(const float* hidden, const float* hidden_u, float wu, float wg, const float* W,
+                                 const float* b, int M, int D, int A, const float* times, int k, float* x, float* v_out,
+                                 float* x_out) {
   const int unit = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (unit >= M * A) return;
   const int m = unit / A, a = unit % A;
-  const float* hr = hidden + size_t(m) * D;
   const float* wr = W + size_t(a) * D;
-  float acc = 0.f;
-  for (int i = lane; i < D; i += 32) acc += hr[i] * wr[i];
-  acc = warp_sum(acc);
+  auto project = [&](const float* h) {
+    const float* hr = h + size_t(m) * D;
+    float acc = 0.f;
+    for (int i = lane; i < D; i += 32) acc += hr[i] * wr[i];
+    return warp_sum(acc);
+  };
+  const float acc = project(hidden);
+  const float acc_u = hidden_u ? project(hidden_u) : 0.f;
   if (lane == 0) {
-    const float v = acc + b[a];
+    float v = acc + b[a];
+    if (hidden_u) v = __fadd_rn(__fmul_rn(wu, acc_u + b[a]), __fmul_rn(wg, v));  // FlowMatching._guided_v
     const float dt = __fsub_rn(times[k + 1], times[k]);
     const float xn = __fadd_rn(x[unit], __fmul_rn(dt, v));
     x[unit] = xn;

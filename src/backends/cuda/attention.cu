@@ -11,14 +11,14 @@ void preload_gemm_kernels();
 
 void attention_partial(cudaStream_t s, const AttnParams& p) {
   const float scale_log2 = 1.4426950408889634f / sqrtf(static_cast<float>(p.d));
-  const dim3 grid(p.n_items, p.Hkv, p.Rp / kAttnRowsPerCta);
+  const dim3 grid(p.n_items, p.Hkv, p.tiles);
   ALP_LAUNCH(kern::attention_partial_k, grid, kern::kAttnThreads, kern::kAttnSmemBytes, s)(p, scale_log2);
   ALP_LAUNCHED("attention_partial");
 }
 
 void attention_merge(cudaStream_t s, const AttnParams& p, Act mode, void* out) {
-  const int threads = p.B * p.Hkv * p.R * 32;
-  ALP_LAUNCH(kern::attention_merge_k, (threads + 255) / 256, 256, 0, s)(p, mode, out);
+  const int64_t threads = int64_t(p.B) * p.Hkv * p.R * 32;  // one warp per query row: past 2^31 at large B
+  ALP_LAUNCH(kern::attention_merge_k, static_cast<unsigned>((threads + 255) / 256), 256, 0, s)(p, mode, out);
   ALP_LAUNCHED("attention_merge");
 }
 

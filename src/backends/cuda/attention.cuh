@@ -2,9 +2,10 @@
 // cores (mma.sync m16n8k16, fp32 accumulation), and the log-sum-exp merge of the splits (device code;
 // attention.cu launches it).
 //
-// One CTA = one work item (a key range [j0, j1) of one sample) x one KV head g x one tile of 128 query
+// One CTA = one work item (a key range [j0, j1) of one key sequence) x one KV head g x one tile of 128 query
 // rows. The query rows of (b, g) are the group = Hq/Hkv heads sharing g times the T tokens (GQA heads
-// packed: R = group * T = 128 rows for the seed, one tile), so every key is read once per tile. 8 warps,
+// packed: R = group * T = 128 rows for the seed, one tile); an item over a shared prompt takes the rows of all
+// k samples reading it (k * R rows), so every key is read once per tile, not once per sample. 8 warps,
 // 16 query rows each; keys stream through shared memory in blocks of 64 with a two-stage cp.async
 // pipeline; scores, online softmax (base 2) and the output stay in registers (FlashAttention-2 layout).
 #pragma once
@@ -21,37 +22,45 @@ constexpr int kAttnStage = 2 * kAttnKB * kAttnLD;  // K block then V block
 constexpr size_t kAttnSmemBytes = size_t(2) * kAttnStage * sizeof(uint16_t);
 constexpr float kAttnMask = -1e30f;  // finite, so exp2 of differences never sees inf - inf
 
-// One kernel body on purpose (about 165 lines): the tensor-core fragments, the online-softmax state and the
+// One kernel body on purpose (about 180 lines): the tensor-core fragments, the online-softmax state and the
 // cp.async pipeline live in registers and shared memory for the whole key loop; device functions taking them by
 // reference would be inlined back into this shape anyway, and the pipeline's stages read best in order.
 __global__ void __launch_bounds__(kAttnThreads, 1) attention_partial_k(AttnParams p, float scale_log2) {
   ALP_DYNAMIC_SMEM(uint16_t, smem);
   const AttnItem it = p.items[blockIdx.x];
-  const int g = blockIdx.y;
+  const int g = blockIdx.y, rows = it.nq * p.R;  // query rows: member i's rows are [i R, (i + 1) R)
+  if (int(blockIdx.z) * kAttnRowsPerCta >= rows) return;  // the grid covers the widest item
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
   const int d = p.d, T = p.T;
-  const size_t bg = size_t(it.b) * p.Hkv + g;
   const int row0 = blockIdx.z * kAttnRowsPerCta + warp * 16;  // this warp's first query row
   const int nks = (d + 15) / 16;                              // k-steps of the score matmul
   const int d16 = nks * 16;                                   // head dim padded with zeros in shared memory
 
   // Query fragments (A operand, row-major 16 x 16 per k-step): a0 (row gr, col 2tq), a1 (row gr+8),
-  // a2 (col +8), a3 (row +8, col +8). Rows >= R and columns >= d are zero.
+  // a2 (col +8), a3 (row +8, col +8). Rows >= nq R and columns >= d are zero.
   uint32_t qf[kAttnDP / 16][4];
-  const uint16_t* qb = p.q + bg * p.R * d;
 #pragma unroll
-  for (int ks = 0; ks < kAttnDP / 16; ++ks)
+  for (int r = 0; r < 4; ++r) {
+    const int row = row0 + gr + (r & 1) * 8;
+    const uint16_t* qrow =
+        row < rows ? p.q + ((size_t(p.members[it.q0 + row / p.R]) * p.Hkv + g) * p.R + row % p.R) * d : nullptr;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int row = row0 + gr + (r & 1) * 8, col = ks * 16 + tq * 2 + (r >> 1) * 8;
-      qf[ks][r] = row < p.R && col < d ? *reinterpret_cast<const uint32_t*>(qb + size_t(row) * d + col) : 0u;
+    for (int ks = 0; ks < kAttnDP / 16; ++ks) {
+      const int col = ks * 16 + tq * 2 + (r >> 1) * 8;
+      qf[ks][r] = qrow && col < d ? *reinterpret_cast<const uint32_t*>(qrow + col) : 0u;
     }
+  }
 
-  const uint16_t* kc = p.k_cache + bg * p.P * d;
-  const uint16_t* vc = p.v_cache + bg * p.P * d;
-  const uint16_t* ko = p.k_own + bg * T * d;
-  const uint16_t* vo = p.v_own + bg * T * d;
-  // Keys [jb, jb + 64) of the virtual sequence cache[0, S) ++ own[0, T) into stage st; zero beyond j1 and d.
+  const size_t sg = size_t(it.sb) * p.Hkv + g;
+  const uint16_t* kc = p.k_cache + (size_t(it.prompt) * p.Hkv + g) * p.P * d + size_t(it.pad) * d;
+  const uint16_t* vc = p.v_cache + (size_t(it.prompt) * p.Hkv + g) * p.P * d + size_t(it.pad) * d;
+  const uint16_t* kx = it.ns > 0 ? p.k_suffix + sg * p.Q * d : nullptr;
+  const uint16_t* vx = it.ns > 0 ? p.v_suffix + sg * p.Q * d : nullptr;
+  const uint16_t* ko = p.k_own + sg * T * d;
+  const uint16_t* vo = p.v_own + sg * T * d;
+  const int sx = it.np + it.ns;  // first own row in the sequence
+  // Keys [jb, jb + 64) of the sequence prompt[pad, pad + np) ++ suffix[0, ns) ++ own[0, nown) into stage st;
+  // zero beyond j1 and d.
   auto load_block = [&](int jb, int st) {
     uint16_t* ks = smem + st * kAttnStage;
     uint16_t* vs = ks + kAttnKB * kAttnLD;
@@ -62,10 +71,14 @@ __global__ void __launch_bounds__(kAttnThreads, 1) attention_partial_k(AttnParam
       size_t off = 0;
       const uint16_t *ksrc = kc, *vsrc = vc;
       if (ok) {
-        if (j < it.S) {
+        if (j < it.np) {
           off = size_t(j) * d + col;
+        } else if (j < sx) {
+          off = size_t(j - it.np) * d + col;
+          ksrc = kx;
+          vsrc = vx;
         } else {
-          off = size_t(j - it.S) * d + col;
+          off = size_t(j - sx) * d + col;
           ksrc = ko;
           vsrc = vo;
         }
@@ -171,21 +184,20 @@ __global__ void __launch_bounds__(kAttnThreads, 1) attention_partial_k(AttnParam
     lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 1);
     lrow[i] += __shfl_xor_sync(0xffffffffu, lrow[i], 2);
   }
-  const size_t slot = size_t(blockIdx.x) * p.Hkv + g;
-  float* po = p.part_o + slot * p.Rp * d;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + gr + half * 8;
-    if (row >= p.R) continue;
+    if (row >= rows) continue;
+    const size_t at = (size_t(it.slot + row / p.R) * p.Hkv + g) * p.R + row % p.R;  // member's slot, its row
+    float* po = p.part_o + at * d;
 #pragma unroll
     for (int nd = 0; nd < kAttnDP / 8; ++nd) {
       const int col = nd * 8 + tq * 2;
-      if (col < d)
-        *reinterpret_cast<float2*>(po + size_t(row) * d + col) = make_float2(o[nd][half * 2], o[nd][half * 2 + 1]);
+      if (col < d) *reinterpret_cast<float2*>(po + col) = make_float2(o[nd][half * 2], o[nd][half * 2 + 1]);
     }
     if (tq == 0) {
-      p.part_m[slot * p.Rp + row] = mrow[half];
-      p.part_l[slot * p.Rp + row] = lrow[half];
+      p.part_m[at] = mrow[half];
+      p.part_l[at] = lrow[half];
     }
   }
 }
@@ -196,15 +208,16 @@ __global__ void attention_merge_k(AttnParams p, Act mode, void* out) {
   const int unit = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (unit >= p.B * p.Hkv * p.R) return;
   const int r = unit % p.R, bg = unit / p.R, g = bg % p.Hkv, b = bg / p.Hkv, d = p.d;
-  const int first = p.item_range[2 * b], count = p.item_range[2 * b + 1];
+  const int* slots = p.slot_list + p.slot_range[2 * b];
+  const int count = p.slot_range[2 * b + 1];
   float M = kAttnMask;
-  for (int c = 0; c < count; ++c) M = fmaxf(M, p.part_m[(size_t(first + c) * p.Hkv + g) * p.Rp + r]);
+  for (int c = 0; c < count; ++c) M = fmaxf(M, p.part_m[(size_t(slots[c]) * p.Hkv + g) * p.R + r]);
   float L = 0.f, acc[kAttnDP / 32] = {};
   for (int c = 0; c < count; ++c) {
-    const size_t slot = size_t(first + c) * p.Hkv + g;
-    const float w = exp2f(p.part_m[slot * p.Rp + r] - M);
-    L += p.part_l[slot * p.Rp + r] * w;
-    const float* po = p.part_o + (slot * p.Rp + r) * d;
+    const size_t at = (size_t(slots[c]) * p.Hkv + g) * p.R + r;
+    const float w = exp2f(p.part_m[at] - M);
+    L += p.part_l[at] * w;
+    const float* po = p.part_o + at * d;
 #pragma unroll
     for (int i = 0; i < kAttnDP / 32; ++i)
       if (lane + 32 * i < d) acc[i] += po[lane + 32 * i] * w;

@@ -20,10 +20,12 @@ __device__ __forceinline__ float load_f32(const void* p, CacheType t, size_t i) 
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }
 
-// grid.y = B * H (one (sample, head) plane each), grid.x strides over the plane's valid elements.
-__global__ void scan_k(const void* data, CacheType t, int H, int P, int d, const int* S, unsigned long long* first) {
+// grid.y = B * H (one (sample or prompt, head) plane each), grid.x strides over the elements of the plane's rows
+// [lo, hi).
+__global__ void scan_k(const void* data, CacheType t, int H, int P, int d, const int* lo, const int* hi,
+                       unsigned long long* first) {
   const int bh = blockIdx.y, b = bh / H;
-  const size_t base = size_t(bh) * P * d, n = size_t(S[b]) * d;
+  const size_t base = size_t(bh) * P * d + size_t(lo[b]) * d, n = size_t(hi[b] - lo[b]) * d;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     if (non_finite(data, t, base + i)) {
       atomicMin(first, static_cast<unsigned long long>(base + i));
@@ -31,9 +33,10 @@ __global__ void scan_k(const void* data, CacheType t, int H, int P, int d, const
     }
 }
 
-__global__ void convert_k(const void* src, CacheType t, int H, int P, int d, const int* S, uint16_t* dst) {
+__global__ void convert_k(const void* src, CacheType t, int H, int P, int d, const int* lo, const int* hi,
+                          uint16_t* dst) {
   const int bh = blockIdx.y, b = bh / H;
-  const size_t base = size_t(bh) * P * d, n = size_t(S[b]) * d;
+  const size_t base = size_t(bh) * P * d + size_t(lo[b]) * d, n = size_t(hi[b] - lo[b]) * d;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     dst[base + i] = to_bf16_bits(load_f32(src, t, base + i));
 }

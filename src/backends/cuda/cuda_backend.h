@@ -8,7 +8,7 @@
 namespace alpamayo::ALP_CUDA_NS {
 
 // The backend's entry in the registry (src/backends/registry.cpp): its name, formats, loader, and the probe that
-// says why it cannot run on this machine (no driver, no device, a device older than sm_89; probed once per
+// says why it cannot run on this machine (no driver, no device, a device older than sm_80; probed once per
 // process). The test-only cuda_emu backend registers a copy of it with its own name, loader and probe.
 BackendInfo backend_info();
 

@@ -1,6 +1,7 @@
 // The backend's registry entry, the availability probe and CudaModel (weight upload).
 #include "backends/cuda/cuda_model.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "alpamayo/error.h"
@@ -12,6 +13,47 @@
 
 namespace alpamayo::ALP_CUDA_NS {
 
+namespace {
+
+// The current device's compute capability (major * 10 + minor) and name, for the probes' messages.
+struct Gpu {
+  int dev = 0, cc = 0;
+  std::string name;
+};
+Gpu current_gpu() {
+  Gpu g;
+  int major = 0, minor = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&g.dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g.dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, g.dev) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, g.dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    g.cc = -1;
+    return g;
+  }
+  g.cc = major * 10 + minor;
+  g.name = prop.name;
+  return g;
+}
+std::string describe(const Gpu& g) {
+  return "cuda:" + std::to_string(g.dev) + " (" + g.name + ", compute capability " + std::to_string(g.cc / 10) + "." +
+         std::to_string(g.cc % 10) + ")";
+}
+
+}  // namespace
+
+// The kernels need sm_80 (bf16 mma.sync, cp.async); fp8 e4m3 weights sm_89 (the generation with fp8 hardware,
+// where e4m3 is a supported storage format).
+std::string format_unavailable(const std::string& format) {
+  if (format != "fp8") return std::string();
+  const Gpu g = current_gpu();
+  if (g.cc < 0) return std::string("cannot query the CUDA device's compute capability");
+  if (g.cc >= 89) return std::string();
+  return "fp8 weights (e4m3) need compute capability 8.9 or newer (sm_89+); " + describe(g) +
+         " runs bf16 weights";
+}
+
 std::string unavailable() {
   static const std::string why = [] {
     int n = 0;
@@ -22,15 +64,9 @@ std::string unavailable() {
              cudaGetErrorString(e) + ")";
     }
     if (n == 0) return std::string("no CUDA device");
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev)) {
-      (void)cudaGetLastError();
-      return std::string("cannot query the CUDA device's compute capability");
-    }
-    if (major * 10 + minor < 89)
-      return "CUDA device " + std::to_string(dev) + " has compute capability " + std::to_string(major) + "." +
-             std::to_string(minor) + "; the cuda backend needs 8.9 or newer (sm_89+)";
+    const Gpu g = current_gpu();
+    if (g.cc < 0) return std::string("cannot query the CUDA device's compute capability");
+    if (g.cc < 80) return "CUDA device " + describe(g) + ": the cuda backend needs compute capability 8.0 or newer (sm_80+)";
     return std::string();
   }();
   return why;
@@ -47,15 +83,23 @@ BackendInfo backend_info() {
   b.kv_formats = {"bf16"};
   b.load = load_backend;
   b.unavailable = unavailable;
+  b.format_unavailable = format_unavailable;
   b.kernel_choices = true;  // the weight matmuls: "gemm=cublaslt" or "gemm=own"
   b.kernels_variable = "ALPAMAYO_CUDA_GEMM";
   b.kernels_variable_op = "gemm";
   // Weights live in device memory (the backend checks that memory itself); the host holds only the action
-  // projections, which every backend's estimate counts. Shared prompts, suffix rows, left padding and guidance
-  // are not implemented on this backend yet (docs/CUDA_BACKEND.md).
+  // projections, which every backend's estimate counts. Shared prompts run as a cascade (attention.cuh), guidance
+  // as a second pass of the layers in the same graph (docs/CUDA_BACKEND.md).
+  b.features.shared_prompts = true;
+  b.features.suffix_rows = true;
+  b.features.left_padding = true;
+  b.features.guidance = true;
   b.features.device_memory = true;
-  // Attention's grid puts B * Hkv in the y dimension, at most 65535 blocks.
-  b.features.max_batch = [](const ExpertConfig& c) { return int64_t(65535 / c.Hkv); };
+  // A prompt read by all B samples is one work item of B * group * T query rows, in 128-row tiles on the
+  // attention grid's z dimension (at most 65535).
+  b.features.max_batch = [](const ExpertConfig& c) {
+    return int64_t(65535) * kAttnRowsPerCta / std::max(1, c.Hq / std::max(1, c.Hkv) * c.T);
+  };
   return b;
 }
 
@@ -98,6 +142,9 @@ CudaModel::CudaModel(const ExpertConfig& cfg, const ModelWeights& w, const Backe
   if (const std::string why = lt::load(opts.cublaslt_path); !why.empty()) throw Error("cuda backend: " + why);
 
   ALP_CUDA(cudaGetDevice(&device_));
+  if (fp8_)
+    if (const std::string why = format_unavailable("fp8"); !why.empty())
+      throw Error(ErrorCode::Unsupported, "cuda backend: " + why);
   ALP_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_));
   attn_ctas_per_sm_ = prepare_kernels();
 

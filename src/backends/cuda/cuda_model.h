@@ -37,9 +37,11 @@ struct DeviceActionProj {
   DeviceBuffer out_w, out_b;  // [A, D], [A]
 };
 
-// Why this backend cannot run here (empty: it can: a CUDA device of sm_89 or newer), and its loader; the
+// Why this backend cannot run here (empty: it can: a CUDA device of sm_80 or newer), and its loader; the
 // registry's entry (backend_info(), cuda_backend.h) names them.
 std::string unavailable();
+// "" when the current GPU runs weight format `format`, else why (fp8 below sm_89), naming the GPU.
+std::string format_unavailable(const std::string& format);
 std::unique_ptr<BackendModel> load_backend(const ExpertConfig& cfg, const ModelWeights& w, const BackendOptions& opts);
 
 class CudaModel final : public BackendModel {

@@ -26,6 +26,35 @@ CacheType cache_type(const TensorView& t) {
   return t.dtype == DType::F32 ? CacheType::F32 : t.dtype == DType::F16 ? CacheType::F16 : CacheType::BF16;
 }
 
+// One key sequence of the attention cascade (kernels.h, AttnItem) and the samples whose query rows read it.
+struct KeySeq {
+  int prompt, pad, np, sb, ns, nown;
+  std::vector<int> members;
+  int n() const { return np + ns + nown; }
+  int tiles(int R) const { return (int(members.size()) * R + kAttnRowsPerCta - 1) / kAttnRowsPerCta; }
+};
+
+// Key blocks of 64 per work item: the fewest waves of CTAs over the GPU's CTA slots, each wave as long as its
+// items (+1 block for the query load and the partial write); ties go to longer items (less merging).
+int blocks_per_item(const std::vector<KeySeq>& seqs, int R, int Hkv, int slots) {
+  const int KB = kAttnKeysPerBlock;
+  int max_blocks = 1;
+  for (const KeySeq& q : seqs) max_blocks = std::max(max_blocks, (q.n() + KB - 1) / KB);
+  int best = max_blocks;
+  double best_cost = 1e300;
+  for (int cb = max_blocks; cb >= 1; --cb) {
+    int64_t ctas = 0;
+    for (const KeySeq& q : seqs) ctas += int64_t((q.n() + KB - 1) / KB + cb - 1) / cb * q.tiles(R) * Hkv;
+    const int64_t waves = (ctas + slots - 1) / slots;
+    const double cost = double(waves) * (cb + 1);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = cb;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 CudaSession::Run::~Run() {
@@ -52,23 +81,26 @@ CudaSession::~CudaSession() {
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
+size_t CudaSession::Pass::bytes() const {
+  size_t n = 0;
+  for (const DeviceBuffer* b : {&cos, &sin, &items, &members, &slot_list, &slot_range, &part_o, &part_m, &part_l})
+    n += b->bytes();
+  for (const DeviceBuffer& b : owned) n += b.bytes();
+  return n;
+}
+
 void CudaSession::release() {
   bound_ = false;
   runs_.clear();
-  owned_cache_.clear();
-  k_cache_.clear();
-  v_cache_.clear();
-  for (DeviceBuffer* b :
-       {&S_dev_,      &cos_,    &sin_,    &h_,      &hidden_,  &act_,        &act_rs_,     &y_,
-        &attn_f32_,   &q_,      &k_own_,  &v_own_,  &x_,       &feat_a_,     &feat_b_,     &items_,
-        &item_range_, &part_o_, &part_m_, &part_l_, &cap_emb_, &cap_hidden_, &cap_layers_, &workspace_})
+  passes_.clear();
+  for (DeviceBuffer* b : {&h_, &hidden_, &hidden_u_, &emb_, &act_, &act_rs_, &y_, &attn_f32_, &q_, &k_own_, &v_own_,
+                          &x_, &feat_a_, &feat_b_, &cap_emb_, &cap_hidden_, &cap_layers_, &workspace_})
     *b = DeviceBuffer();
   cap_ = Captures{};
 }
 
 void CudaSession::bind(const Binding& b) {
-  // Session::bind has refused what this backend does not declare (cuda_registry.cpp): no shared prompts, suffix
-  // rows, left padding or guidance, and B * Hkv within the attention grid.
+  // Session::bind has refused what this backend does not declare (cuda::backend_info()): B within max_batch.
   DeviceGuard g(m_.device());
   ALP_CUDA(cudaStreamSynchronize(stream_));
   std::lock_guard<std::mutex> lock(capture_lock());
@@ -78,19 +110,22 @@ void CudaSession::bind(const Binding& b) {
   T_ = b.rope.T;
   M_ = B_ * T_;
   Mp_ = static_cast<int>(round_up(M_, 16));
-  P_ = b.kv.P;
-  S_.assign(b.kv.valid_len.begin(), b.kv.valid_len.end());
   req_ = b.capture;
   const bool f8 = m_.fp8();
 
-  bind_cache(b.kv);
+  // Activations first: each pass's attention plan points at q_ and the own K/V.
+  q_ = DeviceBuffer(size_t(M_) * Hq * d * sizeof(uint16_t));
+  k_own_ = DeviceBuffer(size_t(M_) * Hkv * d * sizeof(uint16_t));
+  v_own_ = DeviceBuffer(size_t(M_) * Hkv * d * sizeof(uint16_t));
+  passes_.resize(b.guided ? 2 : 1);
+  bind_pass(passes_[0], b.kv, b.rope);
+  if (b.guided) bind_pass(passes_[1], b.unguided_kv, b.unguided_rope);
+  // The host loop's rounding of the weights (host_loop.cpp): 1 - w in double, then both to fp32.
+  wu_ = static_cast<float>(1.0 - b.guidance_weight);
+  wg_ = static_cast<float>(b.guidance_weight);
 
-  cos_ = DeviceBuffer(b.rope.cos.size() * sizeof(float));
-  sin_ = DeviceBuffer(b.rope.sin.size() * sizeof(float));
-  ALP_CUDA(cudaMemcpy(cos_.get(), b.rope.cos.data(), cos_.bytes(), cudaMemcpyHostToDevice));
-  ALP_CUDA(cudaMemcpy(sin_.get(), b.rope.sin.data(), sin_.bytes(), cudaMemcpyHostToDevice));
-
-  // Matmul plans first: they size the matmul output buffer (split-K partials).
+  // Matmul plans first: they size the matmul output buffer (split-K partials). Both passes run the same M rows,
+  // so they share the plans (and a pass gives bitwise the result of its context bound alone).
   const int Nqkv = (Hq + 2 * Hkv) * d, Kmax = std::max({D, Hq * d, I});
   const GemmImpl gi = m_.gemm();
   const int sms = m_.sm_count();
@@ -101,28 +136,27 @@ void CudaSession::bind(const Binding& b) {
   const size_t y_floats =
       std::max({mm_qkv_.out_floats(), mm_o_.out_floats(), mm_gu_.out_floats(), mm_down_.out_floats()});
 
-  // Activations. act_ is the input of every weight matmul (bf16, or e4m3 with act_rs_ row scales for
-  // cuBLASLt's fp8 path); y_ receives every matmul output in fp32. Rows [M, Mp) only pad the matmuls.
+  // act_ is the input of every weight matmul (bf16, or e4m3 with act_rs_ row scales for cuBLASLt's fp8 path);
+  // y_ receives every matmul output in fp32. Rows [M, Mp) only pad the matmuls.
   const bool f8a = m_.fp8_activations();
   h_ = DeviceBuffer(size_t(Mp_) * D * sizeof(float));
   hidden_ = DeviceBuffer(size_t(Mp_) * D * sizeof(float));
+  if (b.guided) {  // the unguided pass's output, and action_in_proj's output kept for it
+    hidden_u_ = DeviceBuffer(size_t(Mp_) * D * sizeof(float));
+    emb_ = DeviceBuffer(size_t(M_) * D * sizeof(float));
+  }
   act_ = DeviceBuffer(size_t(Mp_) * Kmax * (f8a ? 1 : 2));
   act_rs_ = DeviceBuffer(size_t(Mp_) * sizeof(float));
   y_ = DeviceBuffer(y_floats * sizeof(float));
   if (f8a) attn_f32_ = DeviceBuffer(size_t(Mp_) * Hq * d * sizeof(float));
-  q_ = DeviceBuffer(size_t(M_) * Hq * d * sizeof(uint16_t));
-  k_own_ = DeviceBuffer(size_t(M_) * Hkv * d * sizeof(uint16_t));
-  v_own_ = DeviceBuffer(size_t(M_) * Hkv * d * sizeof(uint16_t));
   x_ = DeviceBuffer(size_t(M_) * A * sizeof(float));
   int feat = (A + 1) * cfg_.n_fourier;
   for (int o : m_.proj().trunk_out) feat = std::max(feat, o);
   feat_a_ = DeviceBuffer(size_t(Mp_) * feat * sizeof(float));
   feat_b_ = DeviceBuffer(size_t(Mp_) * feat * sizeof(float));
-  for (DeviceBuffer* z : {&h_, &hidden_, &act_, &act_rs_, &y_})
-    ALP_CUDA(cudaMemsetAsync(z->get(), 0, z->bytes(), stream_));
+  for (DeviceBuffer* z : {&h_, &hidden_, &hidden_u_, &act_, &act_rs_, &y_})
+    if (z->bytes()) ALP_CUDA(cudaMemsetAsync(z->get(), 0, z->bytes(), stream_));
   workspace_ = DeviceBuffer(gi == GemmImpl::Lt ? kWorkspaceBytes : 0);
-
-  plan_attention();
 
   if (req_.step >= 0) {
     const size_t n = size_t(M_) * D;
@@ -134,141 +168,170 @@ void CudaSession::bind(const Binding& b) {
   bound_ = true;
 }
 
-void CudaSession::bind_cache(const KVCache& kv) {
-  const int L = cfg_.L, H = kv.Hkv, P = kv.P, d = kv.d;
-  std::vector<int> S(S_);
-  S_dev_ = DeviceBuffer(S.size() * sizeof(int));
-  ALP_CUDA(cudaMemcpy(S_dev_.get(), S.data(), S_dev_.bytes(), cudaMemcpyHostToDevice));
-  const size_t plane = size_t(P) * d, total = size_t(B_) * H * plane;
-
-  // Device-resident tensors: check that the pointer really is memory of this GPU, then scan their valid
-  // rows for NaN/Inf (one result per tensor, read back once).
-  std::vector<const TensorView*> all;
-  for (int l = 0; l < L; ++l) all.insert(all.end(), {&kv.key[l], &kv.value[l]});
-  std::vector<const TensorView*> on_device;
-  for (const TensorView* t : all) {
-    if (t->device.type != DeviceType::CUDA) continue;
-    cudaPointerAttributes attr{};
-    ALP_CUDA(cudaPointerGetAttributes(&attr, t->data));
-    const bool dev_mem = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-    check(dev_mem && attr.device == m_.device(),
-          t->name + ": said to live in " + t->device.str() + " memory, but the cuda backend finds " +
-              (dev_mem ? "memory of cuda:" + std::to_string(attr.device) : std::string("host memory")) +
-              " at that address");
-    on_device.push_back(t);
+// One context: every layer's prompt and suffix caches (only the rows some sample reads: prompt rows after the
+// left padding of prompts that samples name, suffix rows below each sample's length), the rope tables and the
+// attention plan.
+void CudaSession::bind_pass(Pass& ps, const KVCache& kv, const RopeTables& rope) {
+  const int L = cfg_.L;
+  std::vector<int> plo(kv.G, 0), phi(kv.G, 0), slo(kv.B, 0), shi(kv.B, 0);
+  for (int b = 0; b < kv.B; ++b) {
+    const int g = kv.prompt(b);
+    plo[g] = static_cast<int>(kv.pad(g));
+    phi[g] = static_cast<int>(kv.valid_len[g]);
+    shi[b] = static_cast<int>(kv.suffix(b));
   }
-  if (!on_device.empty()) {
-    DeviceBuffer first(on_device.size() * sizeof(unsigned long long));
-    ALP_CUDA(cudaMemsetAsync(first.get(), 0xff, first.bytes(), stream_));
-    for (size_t i = 0; i < on_device.size(); ++i)
-      scan_nonfinite(stream_, on_device[i]->data, cache_type(*on_device[i]), B_, H, P, d, S_dev_.as<int>(),
-                     first.as<unsigned long long>() + i);
-    std::vector<unsigned long long> found(on_device.size());
-    ALP_CUDA(cudaMemcpyAsync(found.data(), first.get(), first.bytes(), cudaMemcpyDeviceToHost, stream_));
-    ALP_CUDA(cudaStreamSynchronize(stream_));
-    for (size_t i = 0; i < found.size(); ++i) {
-      if (found[i] == ~0ull) continue;
-      const unsigned long long f = found[i];
-      const unsigned long long bh = f / plane, row = (f % plane) / d, col = f % d;
-      throw Error(ErrorCode::NonFinite, on_device[i]->name + ": non-finite value at [" + std::to_string(bh / H) + ", " +
-                  std::to_string(bh % H) + ", " + std::to_string(row) + ", " + std::to_string(col) + "]");
+  const bool suffixes = !kv.suffix_key.empty();
+  ps.k.assign(L, nullptr);
+  ps.v.assign(L, nullptr);
+  ps.k_suffix.assign(L, nullptr);
+  ps.v_suffix.assign(L, nullptr);
+  for (int l = 0; l < L; ++l) {
+    ps.k[l] = bind_tensor(ps, kv.key[l], kv.G, kv.P, plo, phi);
+    ps.v[l] = bind_tensor(ps, kv.value[l], kv.G, kv.P, plo, phi);
+    if (suffixes) {
+      ps.k_suffix[l] = bind_tensor(ps, kv.suffix_key[l], kv.B, kv.Q, slo, shi);
+      ps.v_suffix[l] = bind_tensor(ps, kv.suffix_value[l], kv.B, kv.Q, slo, shi);
     }
   }
-
-  k_cache_.assign(L, nullptr);
-  v_cache_.assign(L, nullptr);
-  std::vector<uint16_t> host;
-  for (int l = 0; l < L; ++l)
-    for (int which = 0; which < 2; ++which) {
-      const TensorView& t = which == 0 ? kv.key[l] : kv.value[l];
-      const uint16_t*& dst = (which == 0 ? k_cache_ : v_cache_)[l];
-      const bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0;
-      if (t.device.type == DeviceType::CUDA && t.dtype == DType::BF16 && aligned) {
-        dst = static_cast<const uint16_t*>(t.data);  // bound in place: no copy
-        continue;
-      }
-      DeviceBuffer& own = owned_cache_.emplace_back(total * sizeof(uint16_t));
-      dst = own.as<uint16_t>();
-      if (t.device.type == DeviceType::CUDA) {
-        convert_cache_bf16(stream_, t.data, cache_type(t), B_, H, P, d, S_dev_.as<int>(), own.as<uint16_t>());
-        continue;
-      }
-      // Host memory: the valid rows of each (sample, head) plane, converted to bf16 on the host if needed.
-      const size_t es = dtype_size(t.dtype);
-      for (int b = 0; b < B_; ++b)
-        for (int h = 0; h < H; ++h) {
-          const size_t n = size_t(S_[b]) * d, off = (size_t(b) * H + h) * plane;
-          if (n == 0) continue;
-          const void* src = static_cast<const uint8_t*>(t.data) + off * es;
-          if (t.dtype != DType::BF16) {
-            host.resize(n);
-            convert_to_bf16(TensorView{t.dtype, {int64_t(n)}, src, t.name}, host.data());
-            src = host.data();
-          }
-          ALP_CUDA(cudaMemcpy(own.as<uint16_t>() + off, src, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
-        }
-    }
+  ps.cos = DeviceBuffer(rope.cos.size() * sizeof(float));
+  ps.sin = DeviceBuffer(rope.sin.size() * sizeof(float));
+  ALP_CUDA(cudaMemcpy(ps.cos.get(), rope.cos.data(), ps.cos.bytes(), cudaMemcpyHostToDevice));
+  ALP_CUDA(cudaMemcpy(ps.sin.get(), rope.sin.data(), ps.sin.bytes(), cudaMemcpyHostToDevice));
+  plan_attention(ps, kv);
 }
 
-void CudaSession::plan_attention() {
-  const int Hkv = cfg_.Hkv, group = cfg_.Hq / cfg_.Hkv, KB = kAttnKeysPerBlock;
-  const int R = group * T_, tiles = (R + kAttnRowsPerCta - 1) / kAttnRowsPerCta;
-  const int slots = std::max(1, m_.sm_count() * m_.attention_ctas_per_sm());
-  std::vector<int> blocks(B_);
-  int max_blocks = 1;
-  for (int b = 0; b < B_; ++b) {
-    blocks[b] = (S_[b] + T_ + KB - 1) / KB;
-    max_blocks = std::max(max_blocks, blocks[b]);
+// A [planes, Hkv, rows, d] cache tensor as bf16 in this GPU's memory, of which rows [lo[n], hi[n]) of each plane n
+// are read: in place when it already is (bf16, 16-byte aligned), else converted on the device or uploaded once.
+// Device-resident tensors are first checked to be this GPU's memory and scanned for NaN/Inf in those rows.
+const uint16_t* CudaSession::bind_tensor(Pass& ps, const TensorView& t, int planes, int rows,
+                                         const std::vector<int>& lo, const std::vector<int>& hi) {
+  const int H = cfg_.Hkv, d = cfg_.d;
+  const size_t plane = size_t(rows) * d, total = size_t(planes) * H * plane;
+  if (t.device.type == DeviceType::CUDA) {
+    cudaPointerAttributes attr{};
+    ALP_CUDA(cudaPointerGetAttributes(&attr, t.data));
+    const bool dev_mem = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+    check(dev_mem && attr.device == m_.device(),
+          t.name + ": said to live in " + t.device.str() + " memory, but the cuda backend finds " +
+              (dev_mem ? "memory of cuda:" + std::to_string(attr.device) : std::string("host memory")) +
+              " at that address");
+    DeviceBuffer range(2 * lo.size() * sizeof(int)), first(sizeof(unsigned long long));
+    ALP_CUDA(cudaMemcpy(range.get(), lo.data(), lo.size() * sizeof(int), cudaMemcpyHostToDevice));
+    ALP_CUDA(cudaMemcpy(range.as<int>() + lo.size(), hi.data(), hi.size() * sizeof(int), cudaMemcpyHostToDevice));
+    ALP_CUDA(cudaMemsetAsync(first.get(), 0xff, first.bytes(), stream_));
+    const int* dlo = range.as<int>();
+    const int* dhi = dlo + lo.size();
+    scan_nonfinite(stream_, t.data, cache_type(t), planes, H, rows, d, dlo, dhi, first.as<unsigned long long>());
+    unsigned long long f = 0;
+    ALP_CUDA(cudaMemcpyAsync(&f, first.get(), sizeof f, cudaMemcpyDeviceToHost, stream_));
+    ALP_CUDA(cudaStreamSynchronize(stream_));
+    if (f != ~0ull) {
+      const unsigned long long bh = f / plane, row = (f % plane) / d, col = f % d;
+      throw Error(ErrorCode::NonFinite, t.name + ": non-finite value at [" + std::to_string(bh / H) + ", " +
+                                            std::to_string(bh % H) + ", " + std::to_string(row) + ", " +
+                                            std::to_string(col) + "]");
+    }
+    if (t.dtype == DType::BF16 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0)
+      return static_cast<const uint16_t*>(t.data);  // bound in place: no copy
+    DeviceBuffer& own = ps.owned.emplace_back(total * sizeof(uint16_t));
+    convert_cache_bf16(stream_, t.data, cache_type(t), planes, H, rows, d, dlo, dhi, own.as<uint16_t>());
+    ALP_CUDA(cudaStreamSynchronize(stream_));  // `range` is freed on return
+    return own.as<uint16_t>();
   }
-  // Blocks of 64 keys per work item: the fewest waves of CTAs over the SMs, each wave as long as its items
-  // (+1 block for the query load and the partial write); ties go to longer items (less merging).
-  int best = max_blocks;
-  double best_cost = 1e300;
-  for (int cb = max_blocks; cb >= 1; --cb) {
-    int64_t items = 0;
-    for (int nb : blocks) items += (nb + cb - 1) / cb;
-    const int64_t ctas = items * Hkv * tiles, waves = (ctas + slots - 1) / slots;
-    const double cost = double(waves) * (cb + 1);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = cb;
+  // Host memory: the rows read of each (plane, head), converted to bf16 on the host if needed.
+  DeviceBuffer& own = ps.owned.emplace_back(total * sizeof(uint16_t));
+  const size_t es = dtype_size(t.dtype);
+  std::vector<uint16_t> host;
+  for (int n = 0; n < planes; ++n)
+    for (int h = 0; h < H; ++h) {
+      const size_t count = size_t(hi[n] - lo[n]) * d, off = (size_t(n) * H + h) * plane + size_t(lo[n]) * d;
+      if (count == 0) continue;
+      const void* src = static_cast<const uint8_t*>(t.data) + off * es;
+      if (t.dtype != DType::BF16) {
+        host.resize(count);
+        convert_to_bf16(TensorView{t.dtype, {int64_t(count)}, src, t.name}, host.data());
+        src = host.data();
+      }
+      ALP_CUDA(cudaMemcpy(own.as<uint16_t>() + off, src, count * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    }
+  return own.as<uint16_t>();
+}
+
+// The cascade (kernels.h, attention): a prompt that k >= 2 samples read is one key sequence for all their query
+// rows; every sample has a sequence of its own (its suffix and own rows, after its prompt's rows when it reads the
+// prompt alone). Sequences are cut into work items of equal key blocks, as long as possible while the CTAs still
+// fill the GPU (blocks_per_item).
+void CudaSession::plan_attention(Pass& ps, const KVCache& kv) {
+  const int Hkv = cfg_.Hkv, group = cfg_.Hq / cfg_.Hkv, KB = kAttnKeysPerBlock, R = group * T_;
+  const int cta_slots = std::max(1, m_.sm_count() * m_.attention_ctas_per_sm());
+  std::vector<std::vector<int>> readers(kv.G);
+  for (int b = 0; b < kv.B; ++b) readers[kv.prompt(b)].push_back(b);
+  std::vector<KeySeq> seqs;
+  for (int g = 0; g < kv.G; ++g) {
+    const int np = static_cast<int>(kv.valid_len[g] - kv.pad(g));
+    if (readers[g].size() >= 2 && np > 0) seqs.push_back({g, int(kv.pad(g)), np, 0, 0, 0, readers[g]});
+  }
+  for (int b = 0; b < kv.B; ++b) {
+    const int g = kv.prompt(b);
+    const int np = readers[g].size() >= 2 ? 0 : static_cast<int>(kv.valid_len[g] - kv.pad(g));
+    seqs.push_back({g, int(kv.pad(g)), np, b, int(kv.suffix(b)), T_, {b}});
+  }
+  int max_tiles = 1;
+  for (const KeySeq& q : seqs) max_tiles = std::max(max_tiles, q.tiles(R));
+  const int len = blocks_per_item(seqs, R, Hkv, cta_slots) * KB;
+  std::vector<AttnItem> items;
+  std::vector<int> members;
+  std::vector<std::vector<int>> sample_slots(kv.B);
+  int slots = 0;
+  for (const KeySeq& q : seqs) {
+    const int n = q.n(), q0 = static_cast<int>(members.size()), nq = int(q.members.size());
+    members.insert(members.end(), q.members.begin(), q.members.end());
+    for (int j0 = 0; j0 < n; j0 += len) {
+      items.push_back({j0, std::min(n, j0 + len), q.prompt, q.pad, q.np, q.sb, q.ns, q.nown, q0, nq, slots});
+      for (int i = 0; i < nq; ++i) sample_slots[q.members[i]].push_back(slots + i);
+      slots += nq;
     }
   }
-  std::vector<AttnItem> items;
-  std::vector<int> range(2 * B_);
-  for (int b = 0; b < B_; ++b) {
-    const int n = S_[b] + T_, len = best * KB;
-    range[2 * b] = static_cast<int>(items.size());
-    for (int j0 = 0; j0 < n; j0 += len) items.push_back({b, j0, std::min(n, j0 + len), S_[b]});
-    range[2 * b + 1] = static_cast<int>(items.size()) - range[2 * b];
+  std::vector<int> slot_list, slot_range(2 * kv.B);
+  for (int b = 0; b < kv.B; ++b) {
+    slot_range[2 * b] = static_cast<int>(slot_list.size());
+    slot_range[2 * b + 1] = static_cast<int>(sample_slots[b].size());
+    slot_list.insert(slot_list.end(), sample_slots[b].begin(), sample_slots[b].end());
   }
-  items_ = DeviceBuffer(items.size() * sizeof(AttnItem));
-  item_range_ = DeviceBuffer(range.size() * sizeof(int));
-  ALP_CUDA(cudaMemcpy(items_.get(), items.data(), items_.bytes(), cudaMemcpyHostToDevice));
-  ALP_CUDA(cudaMemcpy(item_range_.get(), range.data(), item_range_.bytes(), cudaMemcpyHostToDevice));
-  const int Rp = tiles * kAttnRowsPerCta;
-  part_o_ = DeviceBuffer(items.size() * Hkv * Rp * cfg_.d * sizeof(float));
-  part_m_ = DeviceBuffer(items.size() * Hkv * Rp * sizeof(float));
-  part_l_ = DeviceBuffer(items.size() * Hkv * Rp * sizeof(float));
+  auto upload = [](DeviceBuffer& dst, const void* src, size_t bytes) {
+    dst = DeviceBuffer(bytes);
+    ALP_CUDA(cudaMemcpy(dst.get(), src, bytes, cudaMemcpyHostToDevice));
+  };
+  upload(ps.items, items.data(), items.size() * sizeof(AttnItem));
+  upload(ps.members, members.data(), members.size() * sizeof(int));
+  upload(ps.slot_list, slot_list.data(), slot_list.size() * sizeof(int));
+  upload(ps.slot_range, slot_range.data(), slot_range.size() * sizeof(int));
+  ps.part_o = DeviceBuffer(size_t(slots) * Hkv * R * cfg_.d * sizeof(float));
+  ps.part_m = DeviceBuffer(size_t(slots) * Hkv * R * sizeof(float));
+  ps.part_l = DeviceBuffer(size_t(slots) * Hkv * R * sizeof(float));
 
-  attn_ = AttnParams{};
-  attn_.q = q_.as<uint16_t>();
-  attn_.k_own = k_own_.as<uint16_t>();
-  attn_.v_own = v_own_.as<uint16_t>();
-  attn_.items = items_.as<AttnItem>();
-  attn_.item_range = item_range_.as<int>();
-  attn_.part_o = part_o_.as<float>();
-  attn_.part_m = part_m_.as<float>();
-  attn_.part_l = part_l_.as<float>();
-  attn_.n_items = static_cast<int>(items.size());
-  attn_.B = B_;
-  attn_.Hkv = Hkv;
-  attn_.group = group;
-  attn_.T = T_;
-  attn_.P = P_;
-  attn_.d = cfg_.d;
-  attn_.R = R;
-  attn_.Rp = Rp;
+  AttnParams& a = ps.attn;
+  a = AttnParams{};
+  a.q = q_.as<uint16_t>();
+  a.k_own = k_own_.as<uint16_t>();
+  a.v_own = v_own_.as<uint16_t>();
+  a.items = ps.items.as<AttnItem>();
+  a.members = ps.members.as<int>();
+  a.slot_list = ps.slot_list.as<int>();
+  a.slot_range = ps.slot_range.as<int>();
+  a.part_o = ps.part_o.as<float>();
+  a.part_m = ps.part_m.as<float>();
+  a.part_l = ps.part_l.as<float>();
+  a.n_items = static_cast<int>(items.size());
+  a.B = kv.B;
+  a.Hkv = Hkv;
+  a.group = group;
+  a.T = T_;
+  a.P = kv.P;
+  a.Q = kv.Q;
+  a.d = cfg_.d;
+  a.R = R;
+  a.tiles = max_tiles;
 }
 
 CudaSession::Run& CudaSession::run_for(int steps) {
@@ -365,12 +428,10 @@ void CudaSession::denoise(const DenoiseArgs& a) {
 
 size_t CudaSession::buffer_bytes() const {
   size_t n = 0;
-  for (const DeviceBuffer* b :
-       {&S_dev_,      &cos_,    &sin_,    &h_,      &hidden_,  &act_,        &act_rs_,     &y_,
-        &attn_f32_,   &q_,      &k_own_,  &v_own_,  &x_,       &feat_a_,     &feat_b_,     &items_,
-        &item_range_, &part_o_, &part_m_, &part_l_, &cap_emb_, &cap_hidden_, &cap_layers_, &workspace_})
+  for (const DeviceBuffer* b : {&h_, &hidden_, &hidden_u_, &emb_, &act_, &act_rs_, &y_, &attn_f32_, &q_, &k_own_,
+                                &v_own_, &x_, &feat_a_, &feat_b_, &cap_emb_, &cap_hidden_, &cap_layers_, &workspace_})
     n += b->bytes();
-  for (const DeviceBuffer& b : owned_cache_) n += b.bytes();
+  for (const Pass& p : passes_) n += p.bytes();
   for (const auto& [steps, r] : runs_) n += r->times.bytes() + r->x_hist.bytes() + r->v_hist.bytes();
   return n;
 }

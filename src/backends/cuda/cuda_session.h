@@ -27,7 +27,7 @@ class CudaSession final : public BackendSession {
   size_t buffer_bytes() const override;
 
   // Samples with more steps than this run as eagerly launched kernels (still without host synchronization):
-  // a graph holds ~650 nodes per step.
+  // a graph holds ~650 nodes per step (twice that with guidance).
   static constexpr int kMaxGraphSteps = 64;
 
  private:
@@ -43,13 +43,26 @@ class CudaSession final : public BackendSession {
     ~Run();
   };
 
+  // One context's attention inputs: its cache (prompts, suffixes) as bound, its rope tables and its cascade plan.
+  // A guided binding has two, run one after the other each step (the guided one first).
+  struct Pass {
+    std::vector<const uint16_t*> k, v, k_suffix, v_suffix;  // per layer, bf16 on the device (suffix: null without)
+    std::vector<DeviceBuffer> owned;                         // uploads and conversions
+    DeviceBuffer cos, sin, items, members, slot_list, slot_range, part_o, part_m, part_l;
+    AttnParams attn;
+    size_t bytes() const;
+  };
+
   void release();
-  void bind_cache(const KVCache& kv);
-  void plan_attention();
+  void bind_pass(Pass& ps, const KVCache& kv, const RopeTables& rope);
+  const uint16_t* bind_tensor(Pass& ps, const TensorView& t, int planes, int rows, const std::vector<int>& lo,
+                              const std::vector<int>& hi);
+  void plan_attention(Pass& ps, const KVCache& kv);
   Run& run_for(int steps);
   void enqueue_sample(Run& r, bool capturing);
   void enqueue_step(Run& r, int k);
-  void enqueue_layer(int l, bool capture);
+  void enqueue_layers(const Pass& ps, bool capture, float* hidden);
+  void enqueue_layer(const Pass& ps, int l, bool capture, float* hidden);
 
   const CudaModel& m_;
   const ExpertConfig& cfg_;
@@ -58,19 +71,15 @@ class CudaSession final : public BackendSession {
 
   // The binding.
   bool bound_ = false;
-  int B_ = 0, T_ = 0, M_ = 0, Mp_ = 0, P_ = 0;
-  std::vector<int> S_;
+  int B_ = 0, T_ = 0, M_ = 0, Mp_ = 0;
   CaptureRequest req_;
   Captures cap_;
-  std::vector<const uint16_t*> k_cache_, v_cache_;  // per layer, bf16 [B, Hkv, P, d] on the device
-  std::vector<DeviceBuffer> owned_cache_;           // uploads and conversions
-  DeviceBuffer S_dev_, cos_, sin_;
-  DeviceBuffer h_, hidden_, act_, act_rs_, y_, attn_f32_, q_, k_own_, v_own_, x_;
+  std::vector<Pass> passes_;  // the context, then the unguided context when guided
+  float wu_ = 0.f, wg_ = 1.f;  // guidance weights 1 - w and w (fp32, as the host loop rounds them)
+  DeviceBuffer h_, hidden_, hidden_u_, emb_, act_, act_rs_, y_, attn_f32_, q_, k_own_, v_own_, x_;
   DeviceBuffer feat_a_, feat_b_;
-  DeviceBuffer items_, item_range_, part_o_, part_m_, part_l_;
   DeviceBuffer cap_emb_, cap_hidden_, cap_layers_;
   DeviceBuffer workspace_;
-  AttnParams attn_;
   Matmul mm_qkv_, mm_o_, mm_gu_, mm_down_;
   std::map<int, std::unique_ptr<Run>> runs_;  // by step count
 };

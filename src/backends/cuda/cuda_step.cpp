@@ -26,8 +26,7 @@ void CudaSession::enqueue_sample(Run& r, bool capturing) {
 }
 
 void CudaSession::enqueue_step(Run& r, int k) {
-  const int M = M_, D = cfg_.D, A = cfg_.A, F = cfg_.n_fourier, L = cfg_.L;
-  const float eps = static_cast<float>(cfg_.rms_eps);
+  const int M = M_, D = cfg_.D, A = cfg_.A, F = cfg_.n_fourier;
   const DeviceActionProj& p = m_.proj();
   const bool capture = k == req_.step;
   const size_t n = size_t(M) * A;
@@ -49,22 +48,35 @@ void CudaSession::enqueue_step(Run& r, int k) {
     ALP_CUDA(
         cudaMemcpyAsync(cap_emb_.get(), h_.get(), size_t(M) * D * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
 
-  const Act mode = m_.fp8_activations() ? Act::FP8 : Act::BF16;
-  residual_rmsnorm(stream_, h_.as<float>(), MatOut{}, m_.layers()[0].input_norm.as<float>(), M, D, eps, mode,
-                   act_.get(), act_rs_.as<float>());
-  for (int l = 0; l < L; ++l) enqueue_layer(l, capture);
-  if (capture)
-    ALP_CUDA(cudaMemcpyAsync(cap_hidden_.get(), hidden_.get(), size_t(M) * D * sizeof(float), cudaMemcpyDeviceToDevice,
-                             stream_));
+  // The layers over the context (captured), then with guidance over the unguided context from the same
+  // action_in_proj output (the layers update h_ in place, so it is kept in emb_ for the second pass).
+  const bool guided = passes_.size() > 1;
+  const size_t hd_bytes = size_t(M) * D * sizeof(float);
+  if (guided) ALP_CUDA(cudaMemcpyAsync(emb_.get(), h_.get(), hd_bytes, cudaMemcpyDeviceToDevice, stream_));
+  enqueue_layers(passes_[0], capture, hidden_.as<float>());
+  if (capture) ALP_CUDA(cudaMemcpyAsync(cap_hidden_.get(), hidden_.get(), hd_bytes, cudaMemcpyDeviceToDevice, stream_));
+  if (guided) {
+    ALP_CUDA(cudaMemcpyAsync(h_.get(), emb_.get(), hd_bytes, cudaMemcpyDeviceToDevice, stream_));
+    enqueue_layers(passes_[1], false, hidden_u_.as<float>());
+  }
 
-  // action_out_proj and x_{k+1} = x_k + dt_k v_k.
-  out_proj_euler(stream_, hidden_.as<float>(), p.out_w.as<float>(), p.out_b.as<float>(), M, D, A, r.times.as<float>(),
-                 k, x_.as<float>(), r.v_hist.as<float>() + k * n, r.x_hist.as<float>() + (k + 1) * n);
+  // action_out_proj (with guidance v = (1 - w) v_u + w v_g) and x_{k+1} = x_k + dt_k v_k.
+  out_proj_euler(stream_, hidden_.as<float>(), guided ? hidden_u_.as<float>() : nullptr, wu_, wg_,
+                 p.out_w.as<float>(), p.out_b.as<float>(), M, D, A, r.times.as<float>(), k, x_.as<float>(),
+                 r.v_hist.as<float>() + k * n, r.x_hist.as<float>() + (k + 1) * n);
+}
+
+// One pass of the expert's layers over one context: h_ (action_in_proj's output) in, `hidden` (final-normed) out.
+void CudaSession::enqueue_layers(const Pass& ps, bool capture, float* hidden) {
+  const Act mode = m_.fp8_activations() ? Act::FP8 : Act::BF16;
+  residual_rmsnorm(stream_, h_.as<float>(), MatOut{}, m_.layers()[0].input_norm.as<float>(), M_, cfg_.D,
+                   static_cast<float>(cfg_.rms_eps), mode, act_.get(), act_rs_.as<float>());
+  for (int l = 0; l < cfg_.L; ++l) enqueue_layer(ps, l, capture, hidden);
 }
 
 // One layer: h (fp32 residual stream) and act_ (its input_norm, ready for the qkv matmul) in; h updated and
-// act_ holding the next layer's normed input (or hidden_ the final-normed output after the last layer) out.
-void CudaSession::enqueue_layer(int l, bool capture) {
+// act_ holding the next layer's normed input (or `hidden` the final-normed output after the last layer) out.
+void CudaSession::enqueue_layer(const Pass& ps, int l, bool capture, float* hidden) {
   const int M = M_, D = cfg_.D, Hq = cfg_.Hq, Hkv = cfg_.Hkv, d = cfg_.d, I = cfg_.I, L = cfg_.L;
   const float eps = static_cast<float>(cfg_.rms_eps);
   const DeviceLayer& w = m_.layers()[l];
@@ -77,11 +89,13 @@ void CudaSession::enqueue_layer(int l, bool capture) {
 
   // Attention block.
   const MatOut qkv = mm_qkv_.run(lt_, w.qkv, act_.get(), rs, y, ws, wsb, stream_);
-  qk_norm_rope(stream_, qkv, w.q_norm.as<float>(), w.k_norm.as<float>(), cos_.as<float>(), sin_.as<float>(), B_, T_, Hq,
-               Hkv, d, eps, q_.as<uint16_t>(), k_own_.as<uint16_t>(), v_own_.as<uint16_t>());
-  AttnParams ap = attn_;
-  ap.k_cache = k_cache_[l];
-  ap.v_cache = v_cache_[l];
+  qk_norm_rope(stream_, qkv, w.q_norm.as<float>(), w.k_norm.as<float>(), ps.cos.as<float>(), ps.sin.as<float>(), B_,
+               T_, Hq, Hkv, d, eps, q_.as<uint16_t>(), k_own_.as<uint16_t>(), v_own_.as<uint16_t>());
+  AttnParams ap = ps.attn;
+  ap.k_cache = ps.k[l];
+  ap.v_cache = ps.v[l];
+  ap.k_suffix = ps.k_suffix[l];
+  ap.v_suffix = ps.v_suffix[l];
   attention_partial(stream_, ap);
   if (f8a) {
     attention_merge(stream_, ap, Act::F32, attn_f32_.get());
@@ -100,7 +114,7 @@ void CudaSession::enqueue_layer(int l, bool capture) {
   const bool last = l + 1 == L;
   const float* next_norm = last ? m_.final_norm().as<float>() : m_.layers()[l + 1].input_norm.as<float>();
   residual_rmsnorm(stream_, h_.as<float>(), down, next_norm, M, D, eps, last ? Act::F32 : mode,
-                   last ? hidden_.get() : act_.get(), act_rs_.as<float>());
+                   last ? static_cast<void*>(hidden) : act_.get(), act_rs_.as<float>());
   if (capture && cap_layers_)
     ALP_CUDA(cudaMemcpyAsync(cap_layers_.as<float>() + size_t(l) * M * D, h_.get(), size_t(M) * D * sizeof(float),
                              cudaMemcpyDeviceToDevice, stream_));

@@ -75,47 +75,64 @@ void linear_f32(cudaStream_t s, const float* x, int M, int K, const float* W, co
 void rms_norm_f32(cudaStream_t s, const float* x, const float* w, int M, int n, float eps, float* y);
 // LayerNorm per row with biased variance (two passes), eps as given.
 void layer_norm_f32(cudaStream_t s, const float* x, const float* w, const float* b, int M, int n, float eps, float* y);
-// v [M, A] = hidden [M, D] W^T + b (fp32); x += (times[k+1] - times[k]) v without FMA contraction, as the
-// host does; writes v to v_out and the new x to x_out.
-void out_proj_euler(cudaStream_t s, const float* hidden, const float* W, const float* b, int M, int D, int A,
-                    const float* times, int k, float* x, float* v_out, float* x_out);
+// v [M, A] = hidden [M, D] W^T + b (fp32); with classifier-free guidance (hidden_u non-null, the unguided
+// pass's output) v = wu (hidden_u W^T + b) + wg v, fp32 products as the host loop. x += (times[k+1] - times[k]) v;
+// no FMA contraction anywhere, as the host does; writes v to v_out and the new x to x_out.
+void out_proj_euler(cudaStream_t s, const float* hidden, const float* hidden_u, float wu, float wg, const float* W,
+                    const float* b, int M, int D, int A, const float* times, int k, float* x, float* v_out,
+                    float* x_out);
 
 // ---- KV caches (cache.cu) ---------------------------------------------------------------------
 enum class CacheType { F32, F16, BF16 };
-// Smallest flat index into [B, H, P, d] of a NaN/Inf among the valid rows [0, S[b]) (S on the device),
-// atomically min-ed into *first (initialize it to ~0ull).
-void scan_nonfinite(cudaStream_t s, const void* data, CacheType t, int B, int H, int P, int d, const int* S,
-                    unsigned long long* first);
-// Valid rows [0, S[b]) of a [B, H, P, d] cache -> bf16 (rows beyond S[b] are left as they are).
-void convert_cache_bf16(cudaStream_t s, const void* src, CacheType t, int B, int H, int P, int d, const int* S,
-                        uint16_t* dst);
+// Smallest flat index into [B, H, P, d] of a NaN/Inf among the rows read, [lo[b], hi[b]) of each plane (lo, hi
+// on the device), atomically min-ed into *first (initialize it to ~0ull).
+void scan_nonfinite(cudaStream_t s, const void* data, CacheType t, int B, int H, int P, int d, const int* lo,
+                    const int* hi, unsigned long long* first);
+// Rows [lo[b], hi[b]) of a [B, H, P, d] cache -> bf16 (other rows are left as they are).
+void convert_cache_bf16(cudaStream_t s, const void* src, CacheType t, int B, int H, int P, int d, const int* lo,
+                        const int* hi, uint16_t* dst);
 
 // ---- attention (attention.cu) -------------------------------------------------------------------------
-// Split-KV flash decoding for the expert: per sample b and KV head g, the group = Hq/Hkv query heads times
-// T tokens form R = group * T query rows sharing one pass over the keys [cache rows 0..S_b) ++ [the T own
-// rows]. A work item is a key range [j0, j1) of one sample; one CTA runs (item, g, 128-row tile) and
-// writes unnormalized partial outputs with their running max and sum (base 2), merged afterwards.
+// Split-KV flash decoding for the expert, as a cascade over shared prompts: per sample b and KV head g, the
+// group = Hq/Hkv query heads times T tokens form R = group * T query rows. A work item is a key range
+// [j0, j1) of one key sequence and the query rows of the samples that read it: a prompt shared by k samples
+// is one sequence (its rows after the left padding) read once for all k * R rows, and each sample's own
+// sequence is its suffix rows then its T own rows (preceded by its prompt's rows when no other sample reads
+// that prompt). One CTA runs (item, g, 128-row tile) and writes, per query sample, unnormalized partial
+// outputs with their running max and sum (base 2) into that sample's slot; the merge combines each sample's
+// slots by log-sum-exp.
 constexpr int kAttnRowsPerCta = 128;
 constexpr int kAttnKeysPerBlock = 64;
 constexpr int kAttnMaxHeadDim = 128;
 
+// Key rows [j0, j1) of the sequence: prompt rows [pad, pad + np) of prompt `prompt`, then suffix rows [0, ns)
+// of sample sb, then own rows [0, nown) of sample sb (a prompt pass has ns = nown = 0). Query samples:
+// members[q0 .. q0 + nq); the partials of member i go to slot `slot + i`.
 struct AttnItem {
-  int b, j0, j1, S;  // sample, key range, the sample's valid cache rows
+  int j0, j1;
+  int prompt, pad, np;
+  int sb, ns, nown;
+  int q0, nq, slot;
 };
 
 struct AttnParams {
   const uint16_t* q = nullptr;        // [B, Hkv, R, d] (= [B, Hq, T, d])
-  const uint16_t* k_cache = nullptr;  // [B, Hkv, P, d]
+  const uint16_t* k_cache = nullptr;  // [G, Hkv, P, d] prompts
   const uint16_t* v_cache = nullptr;
+  const uint16_t* k_suffix = nullptr;  // [B, Hkv, Q, d]; null without suffixes
+  const uint16_t* v_suffix = nullptr;
   const uint16_t* k_own = nullptr;  // [B, Hkv, T, d]
   const uint16_t* v_own = nullptr;
   const AttnItem* items = nullptr;  // device, n_items
-  const int* item_range = nullptr;  // device, [B, 2]: first item and item count of each sample
-  float* part_o = nullptr;          // [n_items, Hkv, Rp, d]
-  float* part_m = nullptr;          // [n_items, Hkv, Rp]
+  const int* members = nullptr;     // device: the query samples of the items
+  const int* slot_list = nullptr;   // device: each sample's slots, in merge order
+  const int* slot_range = nullptr;  // device, [B, 2]: first entry in slot_list and slot count of each sample
+  float* part_o = nullptr;          // [slots, Hkv, R, d]
+  float* part_m = nullptr;          // [slots, Hkv, R]
   float* part_l = nullptr;
-  int n_items = 0, B = 0, Hkv = 0, group = 0, T = 0, P = 0, d = 0;
-  int R = 0, Rp = 0;  // query rows per (b, g), padded to the CTA row tile
+  int n_items = 0, B = 0, Hkv = 0, group = 0, T = 0, P = 0, Q = 0, d = 0;
+  int R = 0;      // query rows per (b, g)
+  int tiles = 1;  // 128-row query tiles of the widest item (the grid's z)
 };
 
 void attention_partial(cudaStream_t s, const AttnParams& p);

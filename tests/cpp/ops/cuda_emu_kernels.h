@@ -136,9 +136,10 @@ inline std::vector<float> run_silu_mul(const OpShape& s, const OpData& d, Act mo
 }
 
 // attention: one sample, q [Hq, T, d], the cache [Hkv, P, d] (rows past S poisoned with NaN: reading one poisons the
-// output), own rows [Hkv, T, d]; the key sequence cut into s.chunks items (multiples of 64 keys), then merged.
+// output), the middle segment (S2 rows) as the sample's suffix, own rows [Hkv, T, d]; the key sequence cut into
+// s.chunks items (multiples of 64 keys, crossing the segments' boundaries), then merged.
 inline std::vector<float> run_attention(const OpShape& s, const OpData& d) {
-  const int group = s.Hq / s.Hkv, R = group * s.T, tiles = (R + 127) / 128, Rp = tiles * 128, n = s.S + s.T;
+  const int group = s.Hq / s.Hkv, R = group * s.T, tiles = (R + 127) / 128, n = s.S + s.S2 + s.T;
   std::vector<uint16_t> qb(d.q.size()), kob(d.k_own.size()), vob(d.v_own.size());
   for (int t = 0; t < s.T; ++t) {
     for (int h = 0; h < s.Hq; ++h)
@@ -154,17 +155,24 @@ inline std::vector<float> run_attention(const OpShape& s, const OpData& d) {
   for (int h = 0; h < s.Hkv; ++h)
     for (size_t i = (size_t(h) * s.P + s.S) * s.d; i < size_t(h + 1) * s.P * s.d; ++i) kc[i] = vc[i] = NAN;
   const std::vector<uint16_t> kcb = to_bf16(kc.data(), kc.size()), vcb = to_bf16(vc.data(), vc.size());
+  const std::vector<uint16_t> kmb = to_bf16(d.k_mid.data(), d.k_mid.size()), vmb = to_bf16(d.v_mid.data(), d.v_mid.size());
   const int chunk = ((n + s.chunks - 1) / s.chunks + 63) / 64 * 64;
   std::vector<AttnItem> items;
-  for (int j0 = 0; j0 < n; j0 += chunk) items.push_back({0, j0, std::min(n, j0 + chunk), s.S});
-  const std::vector<int> range = {0, int(items.size())};
-  std::vector<float> po(items.size() * s.Hkv * Rp * s.d, NAN), pm(items.size() * s.Hkv * Rp, NAN),
+  std::vector<int> slot_list;
+  for (int j0 = 0; j0 < n; j0 += chunk) {
+    slot_list.push_back(int(items.size()));
+    items.push_back({j0, std::min(n, j0 + chunk), 0, 0, s.S, 0, s.S2, s.T, 0, 1, int(items.size())});
+  }
+  const std::vector<int> members = {0}, range = {0, int(items.size())};
+  std::vector<float> po(items.size() * s.Hkv * R * s.d, NAN), pm(items.size() * s.Hkv * R, NAN),
       pl(pm.size(), NAN), out(d.q.size(), NAN);
   AttnParams p;
   p.q = qb.data(), p.k_cache = kcb.data(), p.v_cache = vcb.data(), p.k_own = kob.data(), p.v_own = vob.data();
-  p.items = items.data(), p.item_range = range.data(), p.part_o = po.data(), p.part_m = pm.data();
+  p.items = items.data(), p.members = members.data(), p.slot_list = slot_list.data(), p.slot_range = range.data();
+  p.part_o = po.data(), p.part_m = pm.data();
   p.part_l = pl.data(), p.n_items = int(items.size()), p.B = 1, p.Hkv = s.Hkv, p.group = group, p.T = s.T;
-  p.P = s.P, p.d = s.d, p.R = R, p.Rp = Rp;
+  p.P = s.P, p.d = s.d, p.R = R, p.tiles = tiles;
+  if (s.S2) p.k_suffix = kmb.data(), p.v_suffix = vmb.data(), p.Q = s.S2;  // the middle segment: a suffix
   simt::launch(kern::attention_partial_k, dim3(p.n_items, s.Hkv, tiles), dim3(kern::kAttnThreads), kern::kAttnSmemBytes,
                p, 1.4426950408889634f / std::sqrt(float(s.d)));
   const int threads = s.Hkv * R * 32;
@@ -215,7 +223,7 @@ inline std::vector<float> run_action_out(const OpShape& s, const OpData& d) {
   const float times[2] = {0.f, d.dt};
   std::vector<float> x = d.x, v(n), xo(n);
   simt::launch(kern::out_proj_euler_k, dim3((n * 32 + 255) / 256), dim3(256), 0, d.hidden.data(),
-               static_cast<const float*>(d.mw.action_out.w.data), static_cast<const float*>(d.mw.action_out.b.data), M,
+               static_cast<const float*>(nullptr), 0.f, 1.f, static_cast<const float*>(d.mw.action_out.w.data), static_cast<const float*>(d.mw.action_out.b.data), M,
                c.D, A, times, 0, x.data(), v.data(), xo.data());
   std::vector<float> r(v);
   r.insert(r.end(), x.begin(), x.end());
@@ -262,7 +270,6 @@ inline BackendOps backend_ops() {
   OpKernel at = op_kernel("cuda_emu", Op::Attention, "bf16", "split_kv", runs, run_attention);
   at.max_rel = 1e-2;
   at.refuses = [](const OpShape& s) -> std::string {
-    if (s.S2) return "it attends to one cache segment and the own rows";
     if (s.d % 8 || s.d > kAttnMaxHeadDim) return "its head dims are multiples of 8, at most " +
                                                    std::to_string(kAttnMaxHeadDim);
     return "";

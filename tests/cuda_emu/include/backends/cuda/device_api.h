@@ -21,7 +21,10 @@ namespace alpamayo::ALP_CUDA_NS::kern {
 
 template <class... P>
 auto emulated_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s) {
-  return [=](auto... args) { fake_cuda::enqueue(s, [=] { simt::launch(kernel, grid, block, smem, P(args)...); }); };
+  return [=](auto... args) {
+    if (!fake_cuda::capturing(s)) ++fake_cuda::counters().eager_kernels;
+    fake_cuda::enqueue(s, [=] { simt::launch(kernel, grid, block, smem, P(args)...); });
+  };
 }
 
 using ::simt::cp_async16;
