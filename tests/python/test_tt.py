@@ -133,12 +133,21 @@ def test_qk_rope_head_split(rt, d):
 @pytest.mark.parametrize("nsplit", [1, 3])
 def test_attention_split_and_merge(rt, nsplit):
     """(c) attention over the cache rows plus the own tokens, the key sequence split over nodes and merged by
-    log-sum-exp, GQA heads packed; left padding, unused rows and the own padding masked."""
+    log-sum-exp, GQA heads packed; left padding, unused rows and the own padding masked. Only the chunks up to
+    the run-time valid length and the own tail are read: the chunks between hold NaN, which any read (masked or
+    not) would carry into the result."""
     g = torch.Generator().manual_seed(4)
-    B, Tp, Tw, Hq, Hkv, d, Smax, kc = 2, 32, 20, 4, 2, 64, 256, 2
+    B, Tp, Tw, Hq, Hkv, d, Smax, kc = 2, 32, 20, 4, 2, 64, 512, 2
     G, S, pads = Hq // Hkv, [150, 97], [3, 0]
     q = bf(B, Hkv, G * Tp, d, g=g) * 1.5
     kcache, vcache = bf(B, Hkv, Smax, d, g=g) * 1.7, bf(B, Hkv, Smax, d, g=g)
+    chunk = kc * 32
+    n_ctx = [-(-S[b] // chunk) for b in range(B)]
+    tail0 = (Smax - Tp) // chunk * chunk  # the own tail's first chunk, read whole (its rows before Smax - Tp masked)
+    for b in range(B):
+        kcache[b, :, n_ctx[b] * chunk:tail0] = float("nan")
+        vcache[b, :, n_ctx[b] * chunk:tail0] = float("nan")
+    kv_chunks = torch.tensor(n_ctx, dtype=torch.float32).repeat_interleave(32)[:, None].expand(-1, 32)
     keep = torch.zeros(B, Smax, dtype=torch.bool)
     for b in range(B):
         keep[b, pads[b]:S[b]] = True
@@ -148,13 +157,14 @@ def test_attention_split_and_merge(rt, nsplit):
     U = B * Hkv * Rt * nsplit
     o_p, m_p, l_p = (up(rt, torch.zeros(U * 32, c), rt.ttnn.float32) for c in (d, 32, 32))
     out = up(rt, torch.zeros(B * Tp, Hq * d))
-    K.make_attention_partial(rt.ttl, GRID, B, Hkv, Rt, dt, Smax // 32, kc, nsplit)(
+    K.make_attention_partial(rt.ttl, GRID, B, Hkv, Rt, dt, Smax // 32, kc, nsplit, Tp // 32)(
         up(rt, q.reshape(-1, d)), up(rt, kcache.reshape(-1, d)), up(rt, vcache.reshape(-1, d)), up(rt, mask),
-        consts(rt, 64, 1e-6, d), o_p, m_p, l_p)
+        up(rt, kv_chunks, rt.ttnn.float32), consts(rt, 64, 1e-6, d), o_p, m_p, l_p)
     K.make_attention_merge(rt.ttl, GRID, B, Hkv, G, Tp // 32, dt, nsplit)(o_p, m_p, l_p, out)
     for b in range(B):
         qb = q[b].reshape(Hkv, G, Tp, d).permute(2, 0, 1, 3).reshape(Tp, Hq, d)
-        close(down(rt, out)[b * Tp:(b + 1) * Tp], R.attention(qb, kcache[b], vcache[b], keep[b], d ** -0.5))
+        close(down(rt, out)[b * Tp:(b + 1) * Tp], R.attention(qb, kcache[b].nan_to_num(), vcache[b].nan_to_num(), keep[b],
+                                                            d ** -0.5))
 
 
 @pytest.fixture(scope="module")
@@ -213,13 +223,22 @@ def test_graph_independent_of_S_and_scratch_rows(tiny, tmp_path):
     """The operations depend on (B, Smax) only: rebinding a context of other lengths keeps them; a context that
     reaches into the own tokens' scratch tail (S > Smax - Tp) is refused."""
     cks, ctx = tiny
-    e = TTExpert(cks["r1"], backend=BACKEND, grid=GRID, smax=128)
+    e = TTExpert(cks["r1"], backend=BACKEND, grid=GRID, smax=128, key_chunk=1, keep_host=True)
     e.bind(ctx)
-    ops = dict(e.ops)
+    ops, chunks = dict(e.ops), e.buf["kv_chunks"]
     other = synth.make_context(tmp_path / "short.safetensors", synth.TINY,
                                synth.CtxSpec(valid_len=(20, 30, 11), P=30, v0=(3.0, 1.0, 2.0), motion="v0"))
     e.bind(other)
-    assert all(e.ops[k] is ops[k] for k in ops)
+    assert all(e.ops[k] is ops[k] for k in ops) and e.buf["kv_chunks"] is chunks
+    # The attention's run-time bound follows the new lengths: the layer still gives the reference's result.
+    assert down(e.rt, chunks)[::32, 0].tolist() == [-(-s // 32) for s in e._bound.S]
+    B, Tp = e._bound.B, e.Tp
+    x = round_bf16(torch.randn(B, Tp, e.D, generator=torch.Generator().manual_seed(6)))
+    e._write(e.buf["x"], x.reshape(-1, e.D))
+    e.run_layer(0)
+    ref, _, _ = R.layer(x, e.host_layers[0], e.k_host[0], e.v_host[0], e.keep, e.cos_host, e.sin_host, e.Hq,
+                        e.Hkv, e.d, e.eps)
+    close(down(e.rt, e.buf["x"]).reshape(B, Tp, e.D), ref, rel=1e-4)
     with pytest.raises(InvalidArgumentError, match="S <= Smax - 32"):
         TTExpert(cks["r1"], backend=BACKEND, grid=GRID, key_chunk=1, smax=64).bind(ctx)
 

@@ -169,6 +169,9 @@ class TTExpert:
         # tensor must be as large as its blocks); the rows past B*32 are never read.
         rows = max(B, self.Hq // self.Hkv * self.Tp // T) * T
         mask = torch.cat([mask, torch.zeros(rows - mask.shape[0], smax)]) if rows > mask.shape[0] else mask
+        # The key chunks holding context rows, per sample: attention's run-time loop bound (kernels.py).
+        self.kv_chunks_host = torch.tensor([-(-S[b] // chunk) for b in range(B)], dtype=torch.float32)
+        kv_chunks = self.kv_chunks_host.repeat_interleave(T)[:, None].expand(-1, T).contiguous()
         offsets = [S[b] + int(ctx.rope_delta[b]) for b in range(B)]
         pos = torch.tensor(offsets)[:, None] + torch.arange(self.Tp)[None]  # padding rows: any position
         cos, sin = rope_tables(pos.reshape(-1), self.d, float(self.cfg["rope_theta"]))
@@ -183,7 +186,7 @@ class TTExpert:
                   for b in range(B)]
         if ctx.ego_history_xyz is not None:
             z = [float(ctx.ego_history_xyz[b, -1, 2]) for b in range(B)]
-        self._allocate(B, mask)
+        self._allocate(B, mask, kv_chunks)
         self._bound = Bound(B, S, [int(pads[g_of[b]]) for b in range(B)], offsets, ctx.rope_delta.tolist(), v0, z,
                             v0_source)
         self._smax_bound = self.Smax
@@ -214,11 +217,12 @@ class TTExpert:
                 if self.keep_host:
                     host.append(t)
 
-    def _allocate(self, B: int, mask: torch.Tensor) -> None:
+    def _allocate(self, B: int, mask: torch.Tensor, kv_chunks: torch.Tensor) -> None:
         """The layers' buffers and operations, for (B, Smax): kept while those stay (a new context of other
-        lengths only rewrites the mask, the rope tables and the caches in place)."""
+        lengths only rewrites the mask, the context chunk counts, the rope tables and the caches in place)."""
         if self._bound is not None and (self._bound.B, self._smax_bound) == (B, self.Smax):
-            for name, value in (("mask", mask), ("cos", self.cos_host), ("sin", self.sin_host)):
+            for name, value in (("mask", mask), ("kv_chunks", kv_chunks), ("cos", self.cos_host),
+                                ("sin", self.sin_host)):
                 self._write(self.buf[name], value)
             return
         ttnn, ttl, grid = self.ttnn, self.ttl, self.grid
@@ -235,7 +239,7 @@ class TTExpert:
             "x": zeros(M, self.D), "x1": zeros(M, self.D), "qkv": zeros(M, Nqkv), "q": zeros(items * T, self.d),
             "o_part": zeros(U * T, self.d, ttnn.float32), "m_part": zeros(U * T, T, ttnn.float32),
             "l_part": zeros(U * T, T, ttnn.float32), "attn": zeros(M, self.Hq * self.d), "act": zeros(M, self.I),
-            "hidden": zeros(M, self.D), "mask": self._up(mask), "cos": self._up(self.cos_host, l1=True),
+            "hidden": zeros(M, self.D), "mask": self._up(mask), "kv_chunks": self._up(kv_chunks, ttnn.float32), "cos": self._up(self.cos_host, l1=True),
             "sin": self._up(self.sin_host, l1=True), "none": zeros(T, T),
         }
         Dt, It, Nt = self.D // T, self.I // T, Nqkv // T
@@ -244,7 +248,8 @@ class TTExpert:
         self.ops = {
             "qkv": lin(Dt, Nt, norm=True, gated=False, residual=False),
             "qk_rope": K.make_qk_rope(ttl, grid, B, Tpt, self.Hq, self.Hkv, dt, Smaxt),
-            "attn": K.make_attention_partial(ttl, grid, B, self.Hkv, G * Tpt, dt, Smaxt, self.key_chunk, self.nsplit),
+            "attn": K.make_attention_partial(ttl, grid, B, self.Hkv, G * Tpt, dt, Smaxt, self.key_chunk, self.nsplit,
+                                             Tpt),
             "merge": K.make_attention_merge(ttl, grid, B, self.Hkv, G, Tpt, dt, self.nsplit),
             "o": lin(self.Hq * dt, Dt, norm=False, gated=False, residual=True),
             "mlp": lin(Dt, It, norm=True, gated=True, residual=False),
@@ -268,8 +273,8 @@ class TTExpert:
         ops["qkv"](b["x"], dev["wqkv"], none, dev["input_norm"], none, self.consts, b["qkv"])          # (a)
         ops["qk_rope"](b["qkv"], dev["q_norm"], dev["k_norm"], b["cos"], b["sin"], self.rot, self.consts,
                        b["q"], self.k_cache[l], self.v_cache[l])                                      # (b)
-        ops["attn"](b["q"], self.k_cache[l], self.v_cache[l], b["mask"], self.consts, b["o_part"], b["m_part"],
-                    b["l_part"])                                                                      # (c)
+        ops["attn"](b["q"], self.k_cache[l], self.v_cache[l], b["mask"], b["kv_chunks"], self.consts, b["o_part"],
+                    b["m_part"], b["l_part"])                                                                      # (c)
         ops["merge"](b["o_part"], b["m_part"], b["l_part"], b["attn"])
         ops["o"](b["attn"], dev["wo"], none, none, b["x"], self.consts, b["x1"])                      # (d)
         ops["mlp"](b["x1"], dev["wgate"], dev["wup"], dev["post_norm"], none, self.consts, b["act"])  # (e)
