@@ -293,6 +293,8 @@ def test_cli_sample_result_file(tiny, tmp_path):
 def test_performance_model_against_the_seed():
     """The model's formulas on the seed's own ops land within 30% of its measured op table; its fused layer's
     weight traffic is the seed's 40.5 MB; the fused layer is estimated faster than the seed's 521 us."""
+    from dataclasses import replace
+
     from alpamayo_expert.tt import perf_model as P
     s = P.Shape()
     for op in P.seed_ops(s):
@@ -302,6 +304,12 @@ def test_performance_model_against_the_seed():
     assert abs(weights / 40.5e6 - 1) < 0.02
     assert sum(op.us() for op in fused) < 521
     assert P.step_ms(s) < P.SEED_STEP_MS
+    # Attention reads the chunks holding the S context rows and the own tail's chunk, whatever Smax is.
+    attn = lambda v: next(op for op in P.fused_ops(v) if op.name.startswith("(c) attention, partials"))  # noqa: E731
+    rows = (-(-s.S // (s.key_chunk * 32)) + 1) * s.key_chunk * 32
+    per_row = 2 * s.B * s.Hkv * s.d * s.kv_bytes + s.B * s.Hkv * 32 * s.act_bytes
+    assert attn(s).dram == rows * per_row == attn(replace(s, smax=5120)).dram
+    assert attn(replace(s, S=None)).dram == s.smax * per_row
 
 
 def test_action_in_proj_is_the_engines(tiny):
