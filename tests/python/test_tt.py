@@ -193,6 +193,35 @@ def test_layer(tiny, fmt):
     close(tail, k)
 
 
+def test_layer_bfp8_cache(tiny):
+    """cache="bfp8_b": the context rows on the device are the engine's bfp8_b quantiser's values of the bf16 rows,
+    the own rows are rounded as the packer writes them, and the layer matches the reference layer on those."""
+    cks, ctx = tiny
+    e = TTExpert(cks["r1"], backend=BACKEND, weights="bfp8_b", grid=GRID, key_chunk=1, keep_host=True,
+                 cache="bfp8_b")
+    e.bind(ctx)
+    B, Tp, Smax = e._bound.B, e.Tp, e.Smax
+    k0 = down(e.rt, e.k_cache[0]).reshape(B, e.Hkv, Smax, e.d)
+    assert torch.equal(k0, e.k_host[0])
+    x = round_bf16(torch.randn(B, Tp, e.D, generator=torch.Generator().manual_seed(5)))
+    e._write(e.buf["x"], x.reshape(-1, e.D))
+    e.run_layer(0)
+    ref, k, _ = R.layer(x, e.host_layers[0], e.k_host[0], e.v_host[0], e.keep, e.cos_host, e.sin_host, e.Hq,
+                        e.Hkv, e.d, e.eps, cache_round=e._cache_values)
+    close(down(e.rt, e.buf["x"]).reshape(B, Tp, e.D), ref, rel=1e-4)
+    tail = down(e.rt, e.k_cache[0]).reshape(B, e.Hkv, Smax, e.d)[:, :, Smax - Tp:]
+    assert torch.equal(e._cache_values(tail), tail)  # on the format's grid
+    # Float32 summation order can put a value on the other side of a rounding boundary: one step of its block
+    # (2^-6 of the block's largest magnitude) in a few values, no more.
+    diff = (tail - k).abs()
+    assert diff.max() <= 2 ** -6 * k.abs().max() and (diff > 0).float().mean() < 0.01
+    e.cache = "bf16"  # the same context's bf16 rows, for the quantiser's check
+    e.bind(ctx)
+    bf = e.k_host[0]
+    assert torch.equal(quantize_weight(bf.reshape(-1, e.d), "bfp8_b").reshape(bf.shape), k0)
+    assert not torch.equal(k0, bf)  # the format rounded something
+
+
 @pytest.mark.parametrize("layout,fmt", [("r1", "bfp8_b"), ("a2", "bfp8_b"), ("r1", "bf16")])
 def test_sample_teacher_forced(tiny, layout, fmt):
     """Every v_k of a whole sample from the engine's x_k, against the engine's reference backend with the same
