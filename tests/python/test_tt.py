@@ -32,6 +32,9 @@ OP_REL = 1e-5
 # Teacher-forced v_k against the engine's reference backend: the device rounds the embedding, the caches and the
 # rope tables to bf16 (the engine keeps them float32); derived in docs/ACCURACY.md.
 V_ABS, V_PCC = 0.05, 0.9995
+# With cache="bfp8_b" the cache's rounding grows from u to 4u (half a step of 2^-6 of a block's largest
+# magnitude): the error in v by up to 4x, 1 - PCC by up to 16x (docs/ACCURACY.md section 5).
+V_ABS_CACHE8, V_PCC_CACHE8 = 4 * V_ABS, 1 - 16 * (1 - V_PCC)
 
 
 def pcc(a, b) -> float:
@@ -222,12 +225,14 @@ def test_layer_bfp8_cache(tiny):
     assert not torch.equal(k0, bf)  # the format rounded something
 
 
-@pytest.mark.parametrize("layout,fmt", [("r1", "bfp8_b"), ("a2", "bfp8_b"), ("r1", "bf16")])
-def test_sample_teacher_forced(tiny, layout, fmt):
+@pytest.mark.parametrize("layout,fmt,cache", [("r1", "bfp8_b", "bf16"), ("a2", "bfp8_b", "bf16"),
+                                              ("r1", "bf16", "bf16"), ("a2", "bfp8_b", "bfp8_b")])
+def test_sample_teacher_forced(tiny, layout, fmt, cache):
     """Every v_k of a whole sample from the engine's x_k, against the engine's reference backend with the same
     weights (bfp8_b quantised by the same code; bf16 against float32), and the decoded trajectory."""
     cks, ctx = tiny
-    e = TTExpert(cks[layout], backend=BACKEND, weights=fmt, grid=GRID, key_chunk=1)
+    e = TTExpert(cks[layout], backend=BACKEND, weights=fmt, grid=GRID, key_chunk=1, cache=cache)
+    v_abs, v_pcc = (V_ABS, V_PCC) if cache == "bf16" else (V_ABS_CACHE8, V_PCC_CACHE8)
     e.bind(ctx)
     m = Model(str(cks[layout]), backend="reference", weights="bfp8_b" if fmt == "bfp8_b" else "f32")
     s = m.session()
@@ -238,8 +243,8 @@ def test_sample_teacher_forced(tiny, layout, fmt):
     times = torch.linspace(0, 1, vs.shape[0] + 1)
     for k in range(vs.shape[0]):
         v = e.step(torch.from_numpy(xs[k]), float(times[k])).numpy()
-        assert np.abs(v - vs[k]).max() < V_ABS, (k, np.abs(v - vs[k]).max())
-        assert pcc(v, vs[k]) > V_PCC
+        assert np.abs(v - vs[k]).max() < v_abs, (k, np.abs(v - vs[k]).max())
+        assert pcc(v, vs[k]) > v_pcc
     if (layout, fmt) != ("r1", "bfp8_b"):
         return  # the free-running sample and its decode once (each sample costs seconds in the simulator)
     out = e.sample(noise)
@@ -279,6 +284,8 @@ def test_refusals(tiny):
         TTExpert(cks["r1"], backend="tt")
     with pytest.raises(InvalidArgumentError, match="weights"):
         TTExpert(cks["r1"], weights="bfp4_b")
+    with pytest.raises(InvalidArgumentError, match="cache"):
+        TTExpert(cks["r1"], cache="bfp4_b")
 
 
 def test_module_weights_are_the_loaders(tiny):
@@ -294,14 +301,15 @@ def test_module_weights_are_the_loaders(tiny):
 
 
 def test_cli_sample_result_file(tiny, tmp_path):
-    """python -m alpamayo_expert.tt sample writes the CLI's result file; --seed draws the engine's noise."""
+    """python -m alpamayo_expert.tt sample writes the CLI's result file; --seed draws the engine's noise; --kv
+    picks the device cache's format."""
     from safetensors import safe_open
 
     from alpamayo_expert.tt.__main__ import main
     cks, ctx = tiny
     out, js = tmp_path / "r.safetensors", tmp_path / "r.json"
     assert main(["sample", "--checkpoint", str(cks["r1"]), "--context", str(ctx), "--out", str(out), "--seed", "7",
-                 "--steps", "1", "--all-steps", "--grid", "4x2", "--json", str(js), "--backend", BACKEND]) == 0
+                 "--steps", "1", "--all-steps", "--grid", "4x2", "--json", str(js), "--backend", BACKEND, "--kv", "bfp8_b"]) == 0
     s = Model(str(cks["r1"]), backend="reference", weights="bfp8_b").session()
     s.bind(Context.open(str(ctx)))
     r = s.sample(seed=7, steps=1, all_steps=True)
@@ -310,9 +318,10 @@ def test_cli_sample_result_file(tiny, tmp_path):
         meta = f.metadata()
         assert np.array_equal(f.get_tensor("x_steps")[0], np.asarray(r.x_steps)[0])
         assert np.array_equal(f.get_tensor("v0"), np.asarray(r.v0, dtype=np.float32))
-        assert np.abs(f.get_tensor("v_steps") - np.asarray(r.v_steps)).max() < V_ABS
+        assert np.abs(f.get_tensor("v_steps") - np.asarray(r.v_steps)).max() < V_ABS_CACHE8
         assert f.get_tensor("rot").shape == np.asarray(r.rot).shape
     assert meta["backend"] == BACKEND and meta["weights"] == "bfp8_b" and meta["steps"] == "1"
+    assert meta["kv"] == "bfp8_b"
     assert meta["v0_source"] == r.v0_source
     if BACKEND == "tt-sim":  # no Blackhole here: refused with a message, exit status 2
         assert main(["sample", "--checkpoint", str(cks["r1"]), "--context", str(ctx), "--out", str(tmp_path / "x"),
