@@ -49,7 +49,8 @@ def main() -> int:
                     pccs.append(np.corrcoef(v.ravel(), vs[k].ravel())[0, 1])
                 out = e.sample(noise)
                 traj = np.linalg.norm(out["xyz"] - np.asarray(r.xyz), axis=-1).max()
-                print(f"| {layout} | {fmt} | {cache} | {ref_w} | {max(errs):.2g} | {np.abs(vs).max():.2f} | {min(pccs):.6f} | "
+                print(f"| {layout} | {fmt} | {cache} | {ref_w} | {max(errs):.2g} | "
+                      f"{np.abs(vs).max():.2f} | {min(pccs):.6f} | "
                       f"{traj:.3g} |")
     return 0
 

@@ -53,7 +53,8 @@ def main() -> int:
                         e.d, e.eps, cache_round=e._cache_values if args.kv == "bfp8_b" else None)
     err = (out - ref).abs().max().item()
     pcc = torch.corrcoef(torch.stack([out.flatten().double(), ref.flatten().double()]))[0, 1].item()
-    print(f"full-size layer on {args.backend}, {args.weights} weights, {args.kv} cache, S {args.S}, Smax {e.Smax}, grid {e.grid}, "
+    print(f"full-size layer on {args.backend}, {args.weights} weights, {args.kv} cache, S {args.S}, "
+          f"Smax {e.Smax}, grid {e.grid}, "
           f"{e.nsplit} key splits: PCC {pcc:.7f}, max error {err:.3g} (|ref| max {ref.abs().max().item():.3g}); "
           f"load + bind {t_load:.1f} s, simulated layer {t_layer:.1f} s wall")
     return 0 if pcc > 0.9999 else 1

@@ -166,8 +166,8 @@ def test_attention_split_and_merge(rt, nsplit):
     K.make_attention_merge(rt.ttl, GRID, B, Hkv, G, Tp // 32, dt, nsplit)(o_p, m_p, l_p, out)
     for b in range(B):
         qb = q[b].reshape(Hkv, G, Tp, d).permute(2, 0, 1, 3).reshape(Tp, Hq, d)
-        close(down(rt, out)[b * Tp:(b + 1) * Tp], R.attention(qb, kcache[b].nan_to_num(), vcache[b].nan_to_num(), keep[b],
-                                                            d ** -0.5))
+        ref = R.attention(qb, kcache[b].nan_to_num(), vcache[b].nan_to_num(), keep[b], d ** -0.5)
+        close(down(rt, out)[b * Tp:(b + 1) * Tp], ref)
 
 
 @pytest.fixture(scope="module")
@@ -309,7 +309,8 @@ def test_cli_sample_result_file(tiny, tmp_path):
     cks, ctx = tiny
     out, js = tmp_path / "r.safetensors", tmp_path / "r.json"
     assert main(["sample", "--checkpoint", str(cks["r1"]), "--context", str(ctx), "--out", str(out), "--seed", "7",
-                 "--steps", "1", "--all-steps", "--grid", "4x2", "--json", str(js), "--backend", BACKEND, "--kv", "bfp8_b"]) == 0
+                 "--steps", "1", "--all-steps", "--grid", "4x2", "--json", str(js), "--backend", BACKEND,
+                 "--kv", "bfp8_b"]) == 0
     s = Model(str(cks["r1"]), backend="reference", weights="bfp8_b").session()
     s.bind(Context.open(str(ctx)))
     r = s.sample(seed=7, steps=1, all_steps=True)

@@ -265,7 +265,8 @@ class TTExpert:
             "x": zeros(M, self.D), "x1": zeros(M, self.D), "qkv": zeros(M, Nqkv), "q": zeros(items * T, self.d),
             "o_part": zeros(U * T, self.d, ttnn.float32), "m_part": zeros(U * T, T, ttnn.float32),
             "l_part": zeros(U * T, T, ttnn.float32), "attn": zeros(M, self.Hq * self.d), "act": zeros(M, self.I),
-            "hidden": zeros(M, self.D), "mask": self._up(mask), "kv_chunks": self._up(kv_chunks, ttnn.float32), "cos": self._up(self.cos_host, l1=True),
+            "hidden": zeros(M, self.D), "mask": self._up(mask), "kv_chunks": self._up(kv_chunks, ttnn.float32),
+            "cos": self._up(self.cos_host, l1=True),
             "sin": self._up(self.sin_host, l1=True), "none": zeros(T, T),
         }
         Dt, It, Nt = self.D // T, self.I // T, Nqkv // T
