@@ -24,15 +24,17 @@ from alpamayo_expert.tt import TTExpert  # noqa: E402
 
 
 def main() -> int:
-    print("| layout | TT weights | reference weights | worst v_k max abs error | max abs v | worst v_k PCC | "
-          "trajectory max error (m) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| layout | TT weights | TT cache | reference weights | worst v_k max abs error | max abs v | "
+          "worst v_k PCC | trajectory max error (m) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as d:
         ctx = synth.make_context(Path(d) / "ctx.safetensors", synth.TINY, synth.CtxSpec())
         for layout in ("r1", "a2"):
             ck = synth.make_checkpoint(Path(d) / layout, synth.TINY, layout=layout)
-            for fmt, ref_w in (("bfp8_b", "bfp8_b"), ("bf16", "f32"), ("bfp8_b", "f32")):
-                e = TTExpert(ck, weights=fmt, grid=(4, 2), key_chunk=1)
+            for fmt, cache, ref_w in (("bfp8_b", "bf16", "bfp8_b"), ("bf16", "bf16", "f32"),
+                                      ("bfp8_b", "bf16", "f32"), ("bfp8_b", "bfp8_b", "bfp8_b"),
+                                      ("bfp8_b", "bfp8_b", "f32")):
+                e = TTExpert(ck, weights=fmt, grid=(4, 2), key_chunk=1, cache=cache)
                 e.bind(ctx)
                 s = Model(str(ck), backend="reference", weights=ref_w).session()
                 s.bind(Context.open(str(ctx)))
@@ -47,7 +49,8 @@ def main() -> int:
                     pccs.append(np.corrcoef(v.ravel(), vs[k].ravel())[0, 1])
                 out = e.sample(noise)
                 traj = np.linalg.norm(out["xyz"] - np.asarray(r.xyz), axis=-1).max()
-                print(f"| {layout} | {fmt} | {ref_w} | {max(errs):.2g} | {np.abs(vs).max():.2f} | {min(pccs):.6f} | "
+                print(f"| {layout} | {fmt} | {cache} | {ref_w} | {max(errs):.2g} | "
+                      f"{np.abs(vs).max():.2f} | {min(pccs):.6f} | "
                       f"{traj:.3g} |")
     return 0
 

@@ -4,7 +4,8 @@ Backends: "tt-sim" runs the operations in tt-lang-sim, Tenstorrent's functional 
 'alpamayo-expert[tt-sim]'); "tt" on a Blackhole through tt-lang (pip install 'alpamayo-expert[tt]'), refused
 with a clear message where there is none. Nothing of this package has run on a chip.
 """
-from .expert import BLACKHOLE_GRID, WEIGHT_FORMATS, TTExpert, quantize_weight, round_bf16
+from .expert import BLACKHOLE_GRID, CACHE_FORMATS, WEIGHT_FORMATS, TTExpert, quantize_weight, round_bf16
 from ._runtime import BACKENDS
 
-__all__ = ["BACKENDS", "BLACKHOLE_GRID", "WEIGHT_FORMATS", "TTExpert", "quantize_weight", "round_bf16"]
+__all__ = ["BACKENDS", "BLACKHOLE_GRID", "CACHE_FORMATS", "WEIGHT_FORMATS", "TTExpert", "quantize_weight",
+           "round_bf16"]

@@ -2,7 +2,8 @@
 
     python -m alpamayo_expert.tt sample --checkpoint DIR --context ctx.safetensors --out result.safetensors
         [--noise noise.safetensors | --seed N] [--steps N] [--backend tt-sim|tt] [--weights bfp8_b|bf16]
-        [--vlm-config VLM_CONFIG.json] [--all-steps] [--json out.json] [--grid COLSxROWS] [--smax N]
+        [--kv bf16|bfp8_b] [--vlm-config VLM_CONFIG.json] [--all-steps] [--json out.json] [--grid COLSxROWS]
+        [--smax N]
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .._atomic import save_safetensors_atomic, write_text_atomic
 from ..errors import Error
 from ..noise import read_noise
 from ._runtime import BACKENDS
-from .expert import BLACKHOLE_GRID, WEIGHT_FORMATS, TTExpert
+from .expert import BLACKHOLE_GRID, CACHE_FORMATS, WEIGHT_FORMATS, TTExpert
 
 
 def _grid(s: str) -> tuple[int, int]:
@@ -43,6 +44,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     s.add_argument("--steps", type=int, default=None)
     s.add_argument("--backend", default="tt-sim", choices=BACKENDS)
     s.add_argument("--weights", default="bfp8_b", choices=WEIGHT_FORMATS)
+    s.add_argument("--kv", default="bf16", choices=CACHE_FORMATS, help="the device's K/V cache format")
     s.add_argument("--vlm-config", default="")
     s.add_argument("--all-steps", action="store_true", help="also write x_steps and v_steps")
     s.add_argument("--json", help="also write a JSON summary")
@@ -53,7 +55,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def sample(a: argparse.Namespace) -> int:
     e = TTExpert(a.checkpoint, backend=a.backend, weights=a.weights, vlm_config=a.vlm_config, grid=a.grid,
-                 smax=a.smax)
+                 smax=a.smax, cache=a.kv)
     e.bind(a.context)
     B = e._require_bound().B
     if a.noise:
@@ -67,12 +69,12 @@ def sample(a: argparse.Namespace) -> int:
     steps = r["v_steps"].shape[0]
     names = ["action", "xyz", "yaw", "rot", "v0"] + (["x_steps", "v_steps"] if a.all_steps else [])
     meta = {"v0_source": r["v0_source"], "steps": str(steps), "backend": a.backend, "weights": a.weights,
-            "kv": "bf16", "kernels": ""}
+            "kv": a.kv, "kernels": ""}
     inputs = [a.context] + ([a.noise] if a.noise else [])
     save_safetensors_atomic({n: torch.from_numpy(np.ascontiguousarray(r[n])) for n in names}, a.out, metadata=meta,
                             inputs=inputs)
     if a.json:
-        doc = {"backend": a.backend, "weights": a.weights, "kv": "bf16", "kernels": "", "steps": steps,
+        doc = {"backend": a.backend, "weights": a.weights, "kv": a.kv, "kernels": "", "steps": steps,
                "step_seconds": seconds / steps, "v0_source": r["v0_source"],
                "samples": [{"v0": float(r["v0"][b]), "xyz": r["xyz"][b].tolist(), "yaw": r["yaw"][b].tolist(),
                             "action": r["action"][b].tolist()} for b in range(B)]}

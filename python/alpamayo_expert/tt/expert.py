@@ -23,6 +23,7 @@ from ._runtime import open_runtime
 from .reference import rope_tables
 
 WEIGHT_FORMATS = ("bfp8_b", "bf16")
+CACHE_FORMATS = ("bf16", "bfp8_b")
 BLACKHOLE_GRID = (11, 10)   # the p150's Tensix grid the seed used
 MASKED = -1.0e9             # additive mask of a hidden cache row: exp() of it is 0, and never inf - inf
 T = K.TILE
@@ -73,13 +74,18 @@ class TTExpert:
     grid: the node grid the operations run on (Blackhole's 11 x 10 by default); key_chunk: key tiles per attention
     chunk; smax: the cache rows per (sample, KV head) on the device, scratch tail included (default: the least
     multiple of the chunk that holds the longest context plus the own tokens); keep_host: keep host copies of what
-    the device holds (host_layers, k_host, v_host) for checks against the reference ops."""
+    the device holds (host_layers, k_host, v_host) for checks against the reference ops; cache: the K/V cache's
+    format on the device, bf16 or bfp8_b (the context's rows quantised once at bind, the own rows by the packer
+    as qk_rope writes them; docs/ACCURACY.md section 5)."""
 
     def __init__(self, checkpoint: str | Path, backend: str = "tt-sim", weights: str = "bfp8_b",
                  vlm_config: str = "", release: str = "", grid: tuple[int, int] = BLACKHOLE_GRID,
-                 key_chunk: int = 4, smax: int | None = None, keep_host: bool = False):
+                 key_chunk: int = 4, smax: int | None = None, keep_host: bool = False, cache: str = "bf16"):
         if weights not in WEIGHT_FORMATS:
             raise InvalidArgumentError(f"weights: {weights!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+        if cache not in CACHE_FORMATS:
+            raise InvalidArgumentError(f"cache: {cache!r} is not one of {', '.join(CACHE_FORMATS)}")
+        self.cache = cache
         self.rt = open_runtime(backend)
         self.ttl, self.ttnn = self.rt.ttl, self.rt.ttnn
         self.backend, self.weights, self.grid, self.key_chunk, self.smax_arg = backend, weights, grid, key_chunk, smax
@@ -169,6 +175,9 @@ class TTExpert:
         # tensor must be as large as its blocks); the rows past B*32 are never read.
         rows = max(B, self.Hq // self.Hkv * self.Tp // T) * T
         mask = torch.cat([mask, torch.zeros(rows - mask.shape[0], smax)]) if rows > mask.shape[0] else mask
+        # The key chunks holding context rows, per sample: attention's run-time loop bound (kernels.py).
+        self.kv_chunks_host = torch.tensor([-(-S[b] // chunk) for b in range(B)], dtype=torch.float32)
+        kv_chunks = self.kv_chunks_host.repeat_interleave(T)[:, None].expand(-1, T).contiguous()
         offsets = [S[b] + int(ctx.rope_delta[b]) for b in range(B)]
         pos = torch.tensor(offsets)[:, None] + torch.arange(self.Tp)[None]  # padding rows: any position
         cos, sin = rope_tables(pos.reshape(-1), self.d, float(self.cfg["rope_theta"]))
@@ -183,14 +192,16 @@ class TTExpert:
                   for b in range(B)]
         if ctx.ego_history_xyz is not None:
             z = [float(ctx.ego_history_xyz[b, -1, 2]) for b in range(B)]
-        self._allocate(B, mask)
+        self._allocate(B, mask, kv_chunks)
         self._bound = Bound(B, S, [int(pads[g_of[b]]) for b in range(B)], offsets, ctx.rope_delta.tolist(), v0, z,
                             v0_source)
         self._smax_bound = self.Smax
 
     def _upload_caches(self, ctx: ContextFile, g_of, S: list[int], pads: list[int]) -> None:
-        """Per layer K and V [B*Hkv*Smax, d] bf16: sample b's prompt rows [pad, valid_len) then its suffix rows, zero
-        elsewhere (rows outside use never reach the device, so their contents cannot matter)."""
+        """Per layer K and V [B*Hkv*Smax, d] in the cache format: sample b's prompt rows [pad, valid_len) then its
+        suffix rows, zero elsewhere (rows outside use never reach the device, so their contents cannot matter).
+        bfp8_b: the bf16 rows quantised by the engine's code, blocks of 16 consecutive values of a row as for the
+        weights (the simulator would hold them unrounded)."""
         B = len(S)
         reuse = self._bound is not None and (self._bound.B, self._smax_bound) == (B, self.Smax)
         if not reuse:
@@ -206,19 +217,38 @@ class TTExpert:
                     t[b, :, pads[b]:n] = src[g, :, pads[b]:n].float()
                     if sfx is not None and int(sl[b]):
                         t[b, :, n:S[b]] = sfx[l][b, :, :int(sl[b])].float()
-                t = round_bf16(t)
+                t = self._cache_values(round_bf16(t))
                 if reuse:  # same sizes: the same device buffers, rewritten
                     self._write(dev[l], t.reshape(-1, self.d))
                 else:
-                    dev.append(self._up(t.reshape(-1, self.d)))
+                    dev.append(self._up(t.reshape(-1, self.d), self._cache_dtype()))
                 if self.keep_host:
                     host.append(t)
 
-    def _allocate(self, B: int, mask: torch.Tensor) -> None:
+    def _cache_dtype(self):
+        return self.ttnn.bfloat8_b if self.cache == "bfp8_b" else self.ttnn.bfloat16
+
+    def _cache_values(self, t: torch.Tensor) -> torch.Tensor:
+        """Cache rows [..., d] (bf16 values) as the cache format holds them."""
+        if self.cache == "bf16":
+            return t
+        return quantize_weight(t.reshape(-1, self.d), "bfp8_b").reshape(t.shape)
+
+    def _pack_own_rows(self, l: int) -> None:
+        """bfp8_b cache in the simulator: qk_rope's own K/V rows rounded to bfp8_b as the chip's packer writes
+        them into a bfp8_b tensor (the simulator stores them unrounded). The packer rounds ties up where this
+        quantiser rounds them to even (docs/BFP.md), which differs only at exact ties."""
+        B, Tp = len(self.kv_chunks_host), self.Tp
+        for buf in (self.k_cache[l], self.v_cache[l]):
+            t = self.ttnn.to_torch(buf).view(B * self.Hkv, self.Smax, self.d)
+            t[:, self.Smax - Tp:] = self._cache_values(t[:, self.Smax - Tp:].float().clone())
+
+    def _allocate(self, B: int, mask: torch.Tensor, kv_chunks: torch.Tensor) -> None:
         """The layers' buffers and operations, for (B, Smax): kept while those stay (a new context of other
-        lengths only rewrites the mask, the rope tables and the caches in place)."""
+        lengths only rewrites the mask, the context chunk counts, the rope tables and the caches in place)."""
         if self._bound is not None and (self._bound.B, self._smax_bound) == (B, self.Smax):
-            for name, value in (("mask", mask), ("cos", self.cos_host), ("sin", self.sin_host)):
+            for name, value in (("mask", mask), ("kv_chunks", kv_chunks), ("cos", self.cos_host),
+                                ("sin", self.sin_host)):
                 self._write(self.buf[name], value)
             return
         ttnn, ttl, grid = self.ttnn, self.ttl, self.grid
@@ -235,7 +265,8 @@ class TTExpert:
             "x": zeros(M, self.D), "x1": zeros(M, self.D), "qkv": zeros(M, Nqkv), "q": zeros(items * T, self.d),
             "o_part": zeros(U * T, self.d, ttnn.float32), "m_part": zeros(U * T, T, ttnn.float32),
             "l_part": zeros(U * T, T, ttnn.float32), "attn": zeros(M, self.Hq * self.d), "act": zeros(M, self.I),
-            "hidden": zeros(M, self.D), "mask": self._up(mask), "cos": self._up(self.cos_host, l1=True),
+            "hidden": zeros(M, self.D), "mask": self._up(mask), "kv_chunks": self._up(kv_chunks, ttnn.float32),
+            "cos": self._up(self.cos_host, l1=True),
             "sin": self._up(self.sin_host, l1=True), "none": zeros(T, T),
         }
         Dt, It, Nt = self.D // T, self.I // T, Nqkv // T
@@ -244,7 +275,8 @@ class TTExpert:
         self.ops = {
             "qkv": lin(Dt, Nt, norm=True, gated=False, residual=False),
             "qk_rope": K.make_qk_rope(ttl, grid, B, Tpt, self.Hq, self.Hkv, dt, Smaxt),
-            "attn": K.make_attention_partial(ttl, grid, B, self.Hkv, G * Tpt, dt, Smaxt, self.key_chunk, self.nsplit),
+            "attn": K.make_attention_partial(ttl, grid, B, self.Hkv, G * Tpt, dt, Smaxt, self.key_chunk, self.nsplit,
+                                             Tpt),
             "merge": K.make_attention_merge(ttl, grid, B, self.Hkv, G, Tpt, dt, self.nsplit),
             "o": lin(self.Hq * dt, Dt, norm=False, gated=False, residual=True),
             "mlp": lin(Dt, It, norm=True, gated=True, residual=False),
@@ -268,8 +300,10 @@ class TTExpert:
         ops["qkv"](b["x"], dev["wqkv"], none, dev["input_norm"], none, self.consts, b["qkv"])          # (a)
         ops["qk_rope"](b["qkv"], dev["q_norm"], dev["k_norm"], b["cos"], b["sin"], self.rot, self.consts,
                        b["q"], self.k_cache[l], self.v_cache[l])                                      # (b)
-        ops["attn"](b["q"], self.k_cache[l], self.v_cache[l], b["mask"], self.consts, b["o_part"], b["m_part"],
-                    b["l_part"])                                                                      # (c)
+        if self.cache == "bfp8_b" and self.backend == "tt-sim":
+            self._pack_own_rows(l)
+        ops["attn"](b["q"], self.k_cache[l], self.v_cache[l], b["mask"], b["kv_chunks"], self.consts, b["o_part"],
+                    b["m_part"], b["l_part"])                                                                      # (c)
         ops["merge"](b["o_part"], b["m_part"], b["l_part"], b["attn"])
         ops["o"](b["attn"], dev["wo"], none, none, b["x"], self.consts, b["x1"])                      # (d)
         ops["mlp"](b["x1"], dev["wgate"], dev["wup"], dev["post_norm"], none, self.consts, b["act"])  # (e)

@@ -17,6 +17,8 @@ output) go round through their own dataflow buffers rather than living in Python
 """
 from __future__ import annotations
 
+import contextlib
+
 TILE = 32
 # Tiles of the constants tensor (constants()).
 C_INV_D, C_EPS, C_INV_HEAD, C_SCALE = range(4)
@@ -308,22 +310,31 @@ def attention_split(Smaxt: int, kc: int, nsplit: int) -> list[tuple[int, int]]:
     return [(s * n_chunks // nsplit, (s + 1) * n_chunks // nsplit) for s in range(nsplit)]
 
 
-def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt: int, kc: int, nsplit: int):
+def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt: int, kc: int, nsplit: int,
+                           Tpt: int):
     """Flash attention of the GQA-packed queries of one (b, kh) over one range of key chunks of its cache block.
 
     Work unit: (b*Hkv + kh, split s). All Rt = G*Tp/32 query row tiles of the KV head go through together, so
     each key chunk is read from DRAM once per layer (the seed's decode kernel likewise viewed the G heads x Tp
     tokens as one user's 128 rows). The node keeps a running max m, sum l and output o per query row over its
     chunks (scores = q k^T * scale + mask, the mask additive per cache row) and writes them for attention_merge.
-    The cache is read whole (rows [0, Smax)): the mask hides rows outside [pad, S) and the padding of the own
-    tail, so the operation is the same for every S."""
+
+    Valid length at run time: the key range [0, Smax) is split over the nodes as for any S, and a node attends
+    only its chunks that hold context rows (chunk < kv_chunks[b], read from the device at run time) or the own
+    tail (the chunks from Smax - Tp on); the mask hides the rest of a partly used chunk (left padding, rows
+    from S on, the own padding). So the operation depends on (B, Smax) only and reads S rows, not Smax. A split
+    with no chunk to attend writes m = NEG_INIT, l = 0, o = 0, which the merge weighs by exp(NEG_INIT - M) = 0."""
     if Smaxt % kc:
         raise ValueError(f"attention: cache tiles {Smaxt} not a multiple of the key chunk {kc}")
     splits = attention_split(Smaxt, kc, nsplit)
     units = [(bk, s) for bk in range(B * Hkv) for s in range(nsplit)]
+    tail0 = (Smaxt - Tpt) // kc  # the first chunk holding own-token rows
+
+    def attended(c0: int, c1: int, n_ctx: int) -> list[int]:
+        return [ch for ch in range(c0, c1) if ch < n_ctx or ch >= tail0]
 
     @ttl.operation(grid=grid)
-    def attention_partial(q_packed, k_cache, v_cache, mask, c, o_part, m_part, l_part):
+    def attention_partial(q_packed, k_cache, v_cache, mask, kv_chunks, c, o_part, m_part, l_part):
         q_dfb = ttl.make_dataflow_buffer_like(q_packed, shape=(Rt, dt), block_count=1)
         sc_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
         k_dfb = ttl.make_dataflow_buffer_like(k_cache, shape=(kc, dt), block_count=2)
@@ -333,6 +344,7 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
         m_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(Rt, 1), block_count=2)
         l_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(Rt, 1), block_count=2)
         o_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(Rt, dt), block_count=2)
+        n_dfb = ttl.make_dataflow_buffer_like(kv_chunks, shape=(1, 1), block_count=1)
         mo_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(Rt, 1), block_count=1)  # the results, to the writer
         lo_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(Rt, 1), block_count=1)
         oo_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(Rt, dt), block_count=1)
@@ -342,12 +354,18 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
             nid, nodes = _nid(ttl)
             for _bk, s in units[nid::nodes]:
                 c0, c1 = splits[s]
-                with m_dfb.reserve() as mb:
-                    mb.store(ttl.block.fill(NEG_INIT, shape=(Rt, 1)))
+                # The count reaches the compute thread as a tile; a waited block must feed a store, so it seeds
+                # the running max: NEG_INIT + (count - count) is NEG_INIT exactly (the count is finite).
+                with n_dfb.wait() as nb_, m_dfb.reserve() as mb:
+                    n_ctx = run_time_count(nb_)
+                    mb.store(ttl.block.broadcast(ttl.block.fill(NEG_INIT, shape=(1, 1)) + (nb_ - nb_), dims=[0],
+                                                 shape=(Rt, 1)))
                 _zero(ttl, l_dfb, (Rt, 1))
                 _zero(ttl, o_dfb, (Rt, dt))
-                with q_dfb.wait() as qb, sc_dfb.wait() as scale:
-                    for _c in range(c0, c1):
+                chunks = attended(c0, c1, n_ctx)
+                with q_dfb.wait() if chunks else contextlib.nullcontext() as qb, \
+                        sc_dfb.wait() if chunks else contextlib.nullcontext() as scale:
+                    for _c in chunks:
                         with k_dfb.wait() as kb_, mask_dfb.wait() as mk, s_dfb.reserve() as sb:
                             sb.store(qb @ ttl.block.transpose(kb_)
                                      * ttl.block.broadcast(scale, dims=[0, 1], shape=(Rt, kc))
@@ -365,11 +383,16 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
             for bk, s in units[nid::nodes]:
                 c0, c1 = splits[s]
                 b = bk // Hkv
-                with q_dfb.reserve() as qb:
-                    ttl.copy(q_packed[bk * Rt:(bk + 1) * Rt, 0:dt], qb).wait()
-                with sc_dfb.reserve() as blk:
-                    ttl.copy(c[0:1, C_SCALE:C_SCALE + 1], blk).wait()
-                for ch in range(c0, c1):
+                with n_dfb.reserve() as nb_:
+                    ttl.copy(kv_chunks[b:b + 1, 0:1], nb_).wait()
+                    n_ctx = run_time_count(nb_)
+                chunks = attended(c0, c1, n_ctx)
+                if chunks:  # a split past the valid length reads nothing
+                    with q_dfb.reserve() as qb:
+                        ttl.copy(q_packed[bk * Rt:(bk + 1) * Rt, 0:dt], qb).wait()
+                    with sc_dfb.reserve() as blk:
+                        ttl.copy(c[0:1, C_SCALE:C_SCALE + 1], blk).wait()
+                for ch in chunks:
                     keys = slice(bk * Smaxt + ch * kc, bk * Smaxt + (ch + 1) * kc)
                     with k_dfb.reserve() as kb_, mask_dfb.reserve() as mk:
                         tk = ttl.copy(k_cache[keys, 0:dt], kb_)
@@ -393,6 +416,17 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
                     tl.wait()
 
     return attention_partial
+
+
+def run_time_count(blk) -> int:
+    """A loop bound read at run time: element (0, 0) of a one-tile block that a node copied from the device.
+
+    TT-Lang's documented block operations are whole-tile arithmetic; reading one value of L1 into a loop bound
+    is what a tt-metal kernel does with a pointer, and the simulator backs a block with a torch tensor, which
+    this reads. Whether the TT-Lang compiler accepts it is unknown here (docs/TT_BACKEND.md)."""
+    t = blk.get_item(0)
+    t = t.to_torch() if hasattr(t, "to_torch") else t
+    return int(round(float(t.reshape(-1)[0])))
 
 
 def _online_softmax_step(ttl, s_dfb, v_dfb, m_dfb, l_dfb, o_dfb, Rt: int, kc: int, dt: int) -> None:

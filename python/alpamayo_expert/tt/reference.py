@@ -44,14 +44,17 @@ def attention(q, keys, values, keep, scale: float) -> torch.Tensor:
 
 
 def layer(x: torch.Tensor, w: dict, k_cache: torch.Tensor, v_cache: torch.Tensor, keep: torch.Tensor, cos, sin,
-          Hq: int, Hkv: int, d: int, eps: float):
+          Hq: int, Hkv: int, d: int, eps: float, cache_round=None):
     """One decoder layer over x [B, Tp, D] as the fused operations compute it, own K/V at the caches' tail
-    ([B, Hkv, Smax, d], rows [Smax - Tp, Smax)); keep [B, Smax] the rows attended. Returns (x_out, k_own, v_own)."""
+    ([B, Hkv, Smax, d], rows [Smax - Tp, Smax)); keep [B, Smax] the rows attended; cache_round: how the cache's
+    format stores the own rows (None: exactly). Returns (x_out, k_own, v_own)."""
     B, Tp, D = x.shape
     xf = x.reshape(B * Tp, D)
     q, k, v = qk_rope(rms(xf, w["input_norm"], eps) @ w["wqkv"], w["q_norm"], w["k_norm"], cos, sin, Hq, Hkv, d,
                       eps)
     k, v = k.reshape(B, Tp, Hkv, d).transpose(1, 2), v.reshape(B, Tp, Hkv, d).transpose(1, 2)
+    if cache_round is not None:
+        k, v = cache_round(k), cache_round(v)
     q = q.reshape(B, Tp, Hq, d)
     Smax = k_cache.shape[2]
     out = []
