@@ -243,6 +243,19 @@ KernelOp fake_op(const std::vector<FakeKernel>& kernels, const std::string& key,
   return op;
 }
 
+// bf16 weights: amx_bf16 is timed before oneDNN (a rule: it streams the weights faster, which the warm slice does
+// not show), so oneDNN is taken over it only where more than kChoiceMargin times faster on that slice.
+TEST(KernelRegistry, AmxBf16MatmulIsTimedBeforeOnednn) {
+  const KernelChoice c = select_matmul_kernel(WeightType::BF16, kRepModelDim, scope());
+  std::printf("%s\n", format_kernel_choice(c).c_str());
+  const size_t amx = c.why.find(" amx_bf16 "), dnn = c.why.find(" onednn ");
+  if (amx == std::string::npos || dnn == std::string::npos) GTEST_SKIP() << "not both timed here: " << c.why;
+  EXPECT_LT(amx, dnn) << c.why;
+  const double amx_rate = std::stod(c.why.substr(amx + 10)), dnn_rate = std::stod(c.why.substr(dnn + 8));
+  if (c.kernel == "onednn") EXPECT_GT(dnn_rate, kChoiceMargin * amx_rate) << c.why;
+  if (c.kernel == "amx_bf16") EXPECT_LE(dnn_rate, kChoiceMargin * amx_rate) << c.why;
+}
+
 TEST(KernelRegistry, OneProcedureChecksTimesPicksAndForces) {
   const std::vector<FakeKernel> k = {{"wrong", 3.0, 900, ""},    // fastest, but beyond its bound
                                      {"first", 0.1, 100, ""},    // preferred

@@ -242,13 +242,12 @@ KernelOp matmul_op(WeightType t, OnednnPrimitives& kernels, int M, int K, int N,
   // Our dot-product kernels (avx512_vnni and avx2_int8 for int8, avx512_bf16 for bf16) before oneDNN. Inside a
   // full-size step they ran 2-3% (int8) and 2-7% (bf16) faster, with less peak memory (bench_step, AMD EPYC Zen 5),
   // which the warm timing shape barely shows; oneDNN must be 25% faster there to be taken instead, as with AMX.
-  // amx_bf16 after oneDNN: on the warm timing slice both run AMX at about the same rate (oneDNN's brgemm is
-  // often a little faster there), so amx_bf16, whose sums differ from oneDNN's beyond K = 1536, is taken only where
-  // it is 25% faster; a closer race would let two processes choose differently. Its gain is in streaming the
-  // weights from memory (docs/CPU_BACKEND.md, "AMX bf16 matmul"), which this slice does not show: pin it with
-  // ALPAMAYO_CPU_KERNELS=matmul_bf16=amx_bf16.
+  // amx_bf16 before oneDNN, by a rule this slice cannot show: with the weights streamed from memory, as a
+  // full-size step streams them, amx_bf16 ran the bf16 matmuls faster than oneDNN's AMX brgemm, while on this warm
+  // slice oneDNN is up to 1.2x faster; so oneDNN is taken only where it is 25% faster here (docs/CPU_BACKEND.md,
+  // "AMX bf16 matmul"). The order matters only where AMX-BF16 is granted: elsewhere amx_bf16 cannot run.
   for (MatmulKernel k : kMatmulKernels) {
-    if (k == MatmulKernel::AmxBf16)  // after the dot-product kernels, before amx_bf16 and the FMA ones
+    if (k == MatmulKernel::Avx512)  // after the dot-product kernels and amx_bf16, before the FMA ones
       op.candidates.push_back({kOnednn, "", matmul_unrunnable(kOnednn, t, kernels, M, K, N, k_model, isa)});
     const std::string name = matmul_kernel_name(k);
     op.candidates.push_back(
