@@ -326,8 +326,8 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
     __m512 acc = _mm512_setzero_ps();
     int k = 0;
     for (; k + 2 <= full; k += 2) {
-      __m512 p0 = exp2_ps<3>(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * k), scale, mb));
-      __m512 p1 = exp2_ps<3>(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * k + 16), scale, mb));
+      __m512 p0 = exp2_p3_ps(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * k), scale, mb));
+      __m512 p1 = exp2_p3_ps(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * k + 16), scale, mb));
       acc = _mm512_add_ps(_mm512_add_ps(acc, p0), p1);
       if constexpr (Int8) {
         p0 = _mm512_mul_ps(p0, _mm512_loadu_ps(vs + 16 * k));
@@ -340,7 +340,7 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
       for (int h = 0; h < 2; ++h) {
         const int kk = k + h;
         const __mmask16 valid = kk < full ? __mmask16(0xffff) : kk == full ? tail : __mmask16(0);
-        p2[h] = valid ? _mm512_maskz_mov_ps(valid, exp2_ps<3>(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * kk), scale, mb)))
+        p2[h] = valid ? _mm512_maskz_mov_ps(valid, exp2_p3_ps(_mm512_fmsub_ps(_mm512_load_ps(s + 16 * kk), scale, mb)))
                       : _mm512_setzero_ps();
         acc = _mm512_add_ps(acc, p2[h]);
         if constexpr (Int8) p2[h] = _mm512_mul_ps(p2[h], _mm512_maskz_loadu_ps(valid, vs + 16 * kk));
