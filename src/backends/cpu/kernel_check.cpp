@@ -265,7 +265,8 @@ struct AttnRounding {
 };
 
 AttnRounding attention_rounding(AttnKernel k, int n) {
-  // The blocked kernels: a first block of 16 keys, then blocks of kKeyBlock, one rescale at most per block.
+  // The blocked kernels: a first block of 16 keys, then blocks of kKeyBlock, one rescale at most per block
+  // (amx_bf16's blocks of kAmxKeyBlock rescale less often: this count bounds it too).
   const double blocks = n <= 16 ? 1 : 1 + std::ceil(double(n - 16) / kKeyBlock);
   AttnRounding a;
   switch (k) {
@@ -284,7 +285,8 @@ AttnRounding attention_rounding(AttnKernel k, int n) {
     case AttnKernel::Avx512Vnni:  // int8 queries, 15-bit p * vs (absolute, below), degree 3 fused, 4 exact
       a = {0, poly_exp2_error(3), poly_exp2_error(6), blocks, true, true};
       break;
-    case AttnKernel::AmxBf16:  // bf16 probabilities (times an int8 cache's value scales), degree 3
+    case AttnKernel::AmxBf16:  // bf16 probabilities (times an int8 cache's value scales); its fitted cubic
+                               // (exp2_p3_ps, 7.5e-5 plus rounding) is within degree 3's bound
       a = {0x1p-8, poly_exp2_error(3), poly_exp2_error(6), blocks};
       break;
   }

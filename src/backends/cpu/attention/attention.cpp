@@ -33,25 +33,26 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8, bool amx) 
   qf.resize(fp32 ? size_t(g.dp) * (g.Rp + kFmaPad) : 0);
   kf.resize(fp32 ? size_t(kKeyBlock) * g.d : 0);
   vf.resize(fp32 ? size_t(kKeyBlock) * (g.dp + kFmaPad) : 0);
-  kptr.resize(kKeyBlock);
-  vptr.resize(kKeyBlock);
+  const int keys = amx ? kAmxKeyBlock : kKeyBlock;  // per block
+  kptr.resize(keys);
+  vptr.resize(keys);
   // amx_bf16 double-buffers the scores and probabilities of 32 rows.
-  s.resize(size_t(kKeyBlock) * std::max(g.Rp + (fp32 ? kFmaPad : 0), amx ? 64 : 0));
-  p.resize(size_t(kKeyBlock / 2) * std::max(g.Rp, amx ? 64 : 0));
-  v.resize(size_t(kKeyBlock / 2) * g.dp);
+  s.resize(std::max(size_t(kKeyBlock) * (g.Rp + (fp32 ? kFmaPad : 0)), amx ? size_t(keys) * 64 : 0));
+  p.resize(std::max(size_t(kKeyBlock / 2) * g.Rp, amx ? size_t(keys / 2) * 64 : 0));
+  v.resize(size_t(keys / 2) * g.dp);
   alpha.resize(g.Rp);
   lblk.resize(g.Rp);
   zero.resize(g.dp);
-  k8ptr.resize(int8 ? kKeyBlock : 0);
-  v8ptr.resize(int8 ? kKeyBlock : 0);
-  kscale.resize(int8 ? kKeyBlock : 0);
-  vscale.resize(int8 ? kKeyBlock : 0);
+  k8ptr.resize(int8 ? keys : 0);
+  v8ptr.resize(int8 ? keys : 0);
+  kscale.resize(int8 ? keys : 0);
+  vscale.resize(int8 ? keys : 0);
   q8.resize(int8 ? size_t(g.dp / 4) * g.Rp : 0);
   qscale.resize(int8 ? g.Rp : 0);
   qcorr.resize(int8 ? g.Rp : 0);
   pmax.resize(int8 ? g.Rp : 0);
   qa.resize(amx ? size_t(g.Rp) * g.dp : 0);
-  kb.resize(amx ? size_t(g.dp / 2) * kKeyBlock : 0);
+  kb.resize(amx ? size_t(g.dp / 2) * keys : 0);
 }
 
 float store_int8_key_row(const float* x, int d, uint8_t* k8) {

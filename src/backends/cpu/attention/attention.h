@@ -29,6 +29,9 @@
 namespace alpamayo::cpu {
 
 constexpr int kKeyBlock = 128;  // keys per online-softmax block (scratch stays in L1/L2)
+// amx_bf16's block: twice as many keys halve its per-block round trips of O through the tiles and its per-row
+// reductions (its scores and probabilities are per 32-row group, so they grow with the block, not with R).
+constexpr int kAmxKeyBlock = 2 * kKeyBlock;
 // Floats added to the row strides of the fp32 kernels' queries, scores and values (AttnScratch qf, s, vf). With
 // Rp = 128 or dp = 128 the rows lie 512 B apart, so a column of 128 rows fell into 8 of the 64 L1 sets and was
 // evicted while the tiles walked it (docs/PERFORMANCE.md, "Measurements behind design choices").
@@ -104,8 +107,9 @@ struct AttnScratch {
   AlignedBuf<float> kscale, vscale, qscale, pmax;
   AlignedBuf<uint32_t> q8;
   AlignedBuf<int32_t> qcorr;
-  // amx_bf16's queries row-major [Rp][dp] (bf16) and a block's keys as pairs [dp/2][kKeyBlock]; it uses s as two
-  // row groups' scores [2][32][kKeyBlock] and p as their probabilities (bf16) [2][32][kKeyBlock]. Empty unless
+  // amx_bf16's queries row-major [Rp][dp] (bf16) and a block's keys as pairs [dp/2][kAmxKeyBlock]; it uses s as
+  // two row groups' scores [2][32][kAmxKeyBlock], p as their probabilities (bf16) [2][32][kAmxKeyBlock], and v, kptr,
+  // vptr (and the int8 arrays) for kAmxKeyBlock keys. Empty unless
   // resize(g, ..., ..., true).
   AlignedBuf<uint16_t> qa;
   AlignedBuf<uint32_t> kb;
