@@ -1,8 +1,7 @@
-// The cuda backend beyond the conformance suite (which compares it with the reference): caches bound
-// from GPU memory without a copy (shared prompts, padding and guidance included), the device-side NaN/Inf scan
+// The cuda backend beyond the conformance suite (which compares it with the reference): caches bound from GPU
+// memory without a copy (shared prompts, padding, guidance and paged pools included), the device-side NaN/Inf scan
 // of such caches, graph replays against eager launches, per-step timings and recapture when the step count
-// changes. Every test that needs a
-// GPU reports itself skipped, with the reason, on a machine without one.
+// changes. Every test that needs a GPU reports itself skipped, with the reason, on a machine without one.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
