@@ -120,9 +120,9 @@ TEST(CudaEmulated, DeviceCacheInPlaceAndScanned) {
 }
 
 // A paged cache in "device" memory (token-major pages of 8 rows, one pool per layer and K / V, pages in reverse
-// order, an unused NaN page): read in place through the page table (the session holds the dense device binding's
-// buffers plus the table), bitwise the host-bound dense cache; a non-finite value in a page some sample reads is
-// found by the scan and named by its sequence, head, row and column.
+// order, an unused NaN page): read in place through the page table (less memory than the host-bound run), bitwise
+// the host-bound dense cache; a non-finite value in a page some sample reads is found by the scan and named by its
+// sequence, head, row and column. Then token-major dense views in "device" memory, in place and bitwise the same.
 TEST(CudaEmulated, PagedDeviceCacheInPlaceAndScanned) {
   const Shape& sh = shapes()[1];  // bf16 cache, no padding, a sample without cache rows
   Problem p(sh);
@@ -172,6 +172,30 @@ TEST(CudaEmulated, PagedDeviceCacheInPlaceAndScanned) {
   test::expect_error(
       [&] { bad.bind(Context::from_paged(kp, vp, bt, kv.valid_len, host.rope_delta(), "NHD", std::nullopt, v0)); },
       {"v_pages.1", "non-finite", "[2, 1, 20, 5]"});
+
+  // Token-major dense views [B, P, H, d] (strides P H d, d, H d, 1) in "device" memory: read in place as well.
+  KVCache tm = kv;
+  const int64_t P = kv.P;
+  for (auto* list : {&tm.key, &tm.value})
+    for (TensorView& t : *list) {
+      std::vector<uint16_t> buf(size_t(B * P * H * d), 0x7fc0);
+      for (int bb = 0; bb < B; ++bb)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < kv.valid_len[bb]; ++i)
+            std::memcpy(&buf[size_t(((bb * P + i) * H + h) * d)], kv_row_view(kv, t, false, bb, int(h), i).data,
+                        size_t(d) * 2);
+      void* dev = nullptr;
+      ASSERT_EQ(fake_cuda::Malloc(&dev, buf.size() * 2), cudaSuccess);
+      std::memcpy(dev, buf.data(), buf.size() * 2);
+      bufs.push_back(dev);
+      t.data = dev;
+      t.strides = {P * H * d, d, H * d, 1};
+      t.device = {DeviceType::CUDA, 0};
+    }
+  Session c(m);
+  c.bind(Context::from_views(tm, host.rope_delta(), std::nullopt, v0, "token-major"));
+  EXPECT_EQ(c.sample({.steps = 2, .seed = 5}).action, a.sample({.steps = 2, .seed = 5}).action);
+  EXPECT_LT(c.buffer_bytes(), a.buffer_bytes());
   for (void* dv : bufs) fake_cuda::Free(dv);
 }
 
