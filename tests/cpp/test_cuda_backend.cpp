@@ -1,10 +1,10 @@
-// The cuda backend beyond the conformance suite (which compares it with the reference): caches bound
-// from GPU memory without a copy (shared prompts, padding and guidance included), the device-side NaN/Inf scan
+// The cuda backend beyond the conformance suite (which compares it with the reference): caches bound from GPU
+// memory without a copy (shared prompts, padding, guidance and paged pools included), the device-side NaN/Inf scan
 // of such caches, graph replays against eager launches, per-step timings and recapture when the step count
-// changes. Every test that needs a
-// GPU reports itself skipped, with the reason, on a machine without one.
+// changes. Every test that needs a GPU reports itself skipped, with the reason, on a machine without one.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -125,6 +125,77 @@ TEST(CudaBackend, NonFiniteDeviceCacheRowsAreNamed) {
   poke(c.L - 1, 1, 0, 16, 5, 0x7fc0);  // NaN in the last valid row of sample 1
   test::expect_error([&] { s.bind(dc.context()); }, {dc.kv.value[c.L - 1].name, "non-finite", "[1, 0, 16, 5]"});
   EXPECT_FALSE(s.bound());
+}
+
+// The fixture's cache as paged pools in GPU memory: per layer and K / V a token-major pool [N, 8, Hkv, d] of the
+// cache's dtype, each sample's pages in reverse order after one unused page of NaN, and a context over them.
+struct DevicePagedContext {
+  static constexpr int64_t kPage = 8;
+  std::vector<void*> buffers;
+  std::vector<TensorView> keys, values;
+  std::vector<int64_t> table;
+  int64_t W = 1;
+  Context file;
+  explicit DevicePagedContext(Context f) : file(std::move(f)) {
+    const KVCache& kv = file.kv();
+    const int64_t B = kv.B, H = kv.Hkv, d = kv.d;
+    std::vector<int64_t> first(B), pages(B);
+    int64_t N = 1;
+    for (int b = 0; b < B; ++b) pages[b] = (kv.valid_len[b] + kPage - 1) / kPage, first[b] = N, N += pages[b];
+    for (int64_t n : pages) W = std::max(W, n);
+    table.assign(size_t(B * W), -1);
+    for (int b = 0; b < B; ++b)
+      for (int64_t i = 0; i < pages[b]; ++i) table[size_t(b * W + i)] = first[b] + pages[b] - 1 - i;
+    for (int k = 0; k < 2; ++k)
+      for (size_t l = 0; l < kv.key.size(); ++l) {
+        const TensorView& t = (k ? kv.value : kv.key)[l];
+        const size_t es = dtype_size(t.dtype);
+        std::vector<uint8_t> pool(size_t(N * kPage * H * d) * es, 0xff);  // all ones: NaN in every dtype
+        for (int b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = 0; i < kv.valid_len[b]; ++i)
+              std::memcpy(&pool[size_t(((table[size_t(b * W + i / kPage)] * kPage + i % kPage) * H + h) * d) * es],
+                          kv_row_view(kv, t, false, b, int(h), i).data, size_t(d) * es);
+        void* p = nullptr;
+        cuda_ok(cudaMalloc(&p, pool.size()));
+        cuda_ok(cudaMemcpy(p, pool.data(), pool.size(), cudaMemcpyHostToDevice));
+        buffers.push_back(p);
+        TensorView v{t.dtype, {N, kPage, H, d}, p, (k ? "v_pages." : "k_pages.") + std::to_string(l)};
+        v.device = {DeviceType::CUDA, 0};
+        (k ? values : keys).push_back(v);
+      }
+  }
+  ~DevicePagedContext() {
+    for (void* p : buffers) cudaFree(p);
+  }
+  Context context() const {
+    const TensorView bt{DType::I64, {file.kv().B, W}, table.data(), "block_table"};
+    return Context::from_paged(keys, values, bt, file.kv().valid_len, file.rope_delta(), "NHD", file.history(),
+                               file.v0(), "paged device ctx");
+  }
+};
+
+// Paged pools in GPU memory are read through their page table: bitwise the host-bound dense cache, graph replays
+// and eager launches alike; a bf16 pool is not copied.
+TEST(CudaBackend, PagedDeviceCacheIsReadInPlace) {
+  SKIP_WITHOUT_GPU();
+  for (DType cache : {DType::BF16, DType::F32}) {
+    Fixture f(cache);
+    DevicePagedContext dc(f.host());
+    for (bool graphs : {true, false}) {
+      BackendOptions o = weights_opt("bf16");
+      o.graphs = graphs;
+      auto m = Model::load(f.ck, "cuda", o);
+      Session on_host(m), on_gpu(m);
+      on_host.bind(f.host());
+      on_gpu.bind(dc.context());
+      const SampleResult a = on_host.sample({.seed = 3, .all_steps = true});
+      const SampleResult b = on_gpu.sample({.seed = 3, .all_steps = true});
+      EXPECT_EQ(a.action, b.action) << dtype_name(cache) << " graphs " << graphs;
+      EXPECT_EQ(a.v_steps, b.v_steps) << dtype_name(cache) << " graphs " << graphs;
+      if (cache == DType::BF16) EXPECT_LT(on_gpu.buffer_bytes(), on_host.buffer_bytes());
+    }
+  }
 }
 
 // Five samples sharing the fixture's prompts (the cascade), left padding, and classifier-free guidance over another

@@ -1,7 +1,7 @@
 // Serving engines' caches bound in place: strided dense views (token-major, K and V interleaved in one buffer) and
 // paged pools (NHD and HND, K and V split or combined, page sizes 1 to 256, one pool for all layers), against the
-// dense binding of the same rows: bitwise on the reference and cpu backends (every attention kernel this CPU runs,
-// bf16 and int8 KV). Pages samples share become a shared prompt (the cascade), bitwise equal to the dense binding
+// dense binding of the same rows: bitwise on every backend that declares both (reference, cpu under every attention
+// kernel this CPU runs with bf16 and int8 KV, cuda, and the emulated cuda_emu at page size 16 only). Pages samples share become a shared prompt (the cascade), bitwise equal to the dense binding
 // that expresses the same sharing through prompt_of and suffix rows. Unused pages, the tails of partial pages and
 // the block table past each sample's pages hold NaN or garbage, so a read of any of them fails the comparison.
 #include <gtest/gtest.h>
@@ -300,6 +300,12 @@ TEST_P(Paged, EqualsTheDenseBindingOfTheSameRows) {
       std::vector<BitwiseRun> runs = bitwise_runs();
       if (S != 16 || dt != DType::BF16)
         runs.erase(std::remove_if(runs.begin(), runs.end(), [](const BitwiseRun& x) { return !x.kernels.empty(); }),
+                   runs.end());
+      // The emulated cuda backend (a SIMT emulator, most of this suite's time) at one page size: these pools are
+      // host memory, which it gathers by kv_row_offset at bind whatever the page size; its kernels' own page-table
+      // reads are tested on "device" pools (tests/cuda_emu) and in the op suite.
+      if (S != 16)
+        runs.erase(std::remove_if(runs.begin(), runs.end(), [](const BitwiseRun& x) { return x.backend == "cuda_emu"; }),
                    runs.end());
       expect_bitwise(p, paged, dense, at, runs);
     }

@@ -7,6 +7,7 @@
 // checked by the conformance suite on `cuda`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "alpamayo/engine.h"
@@ -116,6 +117,86 @@ TEST(CudaEmulated, DeviceCacheInPlaceAndScanned) {
   Session lying(m);
   test::expect_error([&] { lying.bind(views(lie, "lie")); }, {lie.key[0].name, "cuda:0", "host memory"});
   for (void* d : bufs) fake_cuda::Free(d);
+}
+
+// A paged cache in "device" memory (token-major pages of 8 rows, one pool per layer and K / V, pages in reverse
+// order, an unused NaN page): read in place through the page table (less memory than the host-bound run), bitwise
+// the host-bound dense cache; a non-finite value in a page some sample reads is found by the scan and named by its
+// sequence, head, row and column. Then token-major dense views in "device" memory, in place and bitwise the same.
+TEST(CudaEmulated, PagedDeviceCacheInPlaceAndScanned) {
+  const Shape& sh = shapes()[1];  // bf16 cache, no padding, a sample without cache rows
+  Problem p(sh);
+  const auto m = p.model("cuda_emu", emu_options("bf16"));
+  const Context host = p.context();
+  const KVCache& kv = host.kv();
+  const int64_t S = 8, H = sh.Hkv, d = sh.d, B = kv.B;
+  std::vector<int64_t> first(B), pages(B);
+  int64_t N = 1;  // page 0 unused
+  for (int b = 0; b < B; ++b) pages[b] = (kv.valid_len[b] + S - 1) / S, first[b] = N, N += pages[b];
+  const int64_t W = std::max<int64_t>(1, *std::max_element(pages.begin(), pages.end()));
+  std::vector<int64_t> table(size_t(B * W), -1);
+  for (int b = 0; b < B; ++b)
+    for (int64_t i = 0; i < pages[b]; ++i) table[size_t(b * W + i)] = first[b] + pages[b] - 1 - i;
+  std::vector<void*> bufs;
+  std::vector<TensorView> kp, vp;
+  for (int k = 0; k < 2; ++k)
+    for (int l = 0; l < sh.L; ++l) {
+      const TensorView& t = (k ? kv.value : kv.key)[l];
+      std::vector<uint16_t> pool(size_t(N * S * H * d), 0x7fc0);  // NaN
+      for (int b = 0; b < B; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < kv.valid_len[b]; ++i)
+            std::memcpy(&pool[size_t(((table[size_t(b * W + i / S)] * S + i % S) * H + h) * d)],
+                        kv_row_view(kv, t, false, b, int(h), i).data, size_t(d) * 2);
+      void* dev = nullptr;
+      ASSERT_EQ(fake_cuda::Malloc(&dev, pool.size() * 2), cudaSuccess);
+      std::memcpy(dev, pool.data(), pool.size() * 2);
+      bufs.push_back(dev);
+      (k ? vp : kp).push_back({DType::BF16, {N, S, H, d}, dev, (k ? "v_pages." : "k_pages.") + std::to_string(l)});
+      (k ? vp : kp).back().device = {DeviceType::CUDA, 0};
+    }
+  const TensorView bt{DType::I64, {B, W}, table.data(), "block_table"};
+  const std::vector<float> v0(B, 3.f);
+  const Context paged = Context::from_paged(kp, vp, bt, kv.valid_len, host.rope_delta(), "NHD", std::nullopt, v0);
+  const Context dense = Context::from_views(kv, host.rope_delta(), std::nullopt, v0, "dense");
+  Session a(m), b(m);
+  a.bind(dense);
+  b.bind(paged);
+  EXPECT_EQ(a.sample({.steps = 2, .seed = 5}).action, b.sample({.steps = 2, .seed = 5}).action);
+  EXPECT_LT(b.buffer_bytes(), a.buffer_bytes());  // the host cache was uploaded, the paged pool not
+
+  // +Inf in sample 2's row 20 (its page 2, the pool's first page of sample 2's), head 1, column 5.
+  uint16_t* v1 = static_cast<uint16_t*>(const_cast<void*>(vp[1].data));
+  v1[size_t(((table[size_t(2 * W + 2)] * S + 4) * H + 1) * d + 5)] = 0x7f80;
+  Session bad(m);
+  test::expect_error(
+      [&] { bad.bind(Context::from_paged(kp, vp, bt, kv.valid_len, host.rope_delta(), "NHD", std::nullopt, v0)); },
+      {"v_pages.1", "non-finite", "[2, 1, 20, 5]"});
+
+  // Token-major dense views [B, P, H, d] (strides P H d, d, H d, 1) in "device" memory: read in place as well.
+  KVCache tm = kv;
+  const int64_t P = kv.P;
+  for (auto* list : {&tm.key, &tm.value})
+    for (TensorView& t : *list) {
+      std::vector<uint16_t> buf(size_t(B * P * H * d), 0x7fc0);
+      for (int bb = 0; bb < B; ++bb)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < kv.valid_len[bb]; ++i)
+            std::memcpy(&buf[size_t(((bb * P + i) * H + h) * d)], kv_row_view(kv, t, false, bb, int(h), i).data,
+                        size_t(d) * 2);
+      void* dev = nullptr;
+      ASSERT_EQ(fake_cuda::Malloc(&dev, buf.size() * 2), cudaSuccess);
+      std::memcpy(dev, buf.data(), buf.size() * 2);
+      bufs.push_back(dev);
+      t.data = dev;
+      t.strides = {P * H * d, d, H * d, 1};
+      t.device = {DeviceType::CUDA, 0};
+    }
+  Session c(m);
+  c.bind(Context::from_views(tm, host.rope_delta(), std::nullopt, v0, "token-major"));
+  EXPECT_EQ(c.sample({.steps = 2, .seed = 5}).action, a.sample({.steps = 2, .seed = 5}).action);
+  EXPECT_LT(c.buffer_bytes(), a.buffer_bytes());
+  for (void* dv : bufs) fake_cuda::Free(dv);
 }
 
 TEST(CudaEmulated, GraphReplayEqualsEagerLaunches) {

@@ -126,14 +126,13 @@ TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
       const uint16_t h16 = t == CacheType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
       if (t != CacheType::F32) std::memcpy(&bytes[2 * i], &h16, 2);
     }
+    const KVView view{bytes.data(), int64_t(H) * P * d, int64_t(P) * d, d};  // dense [B, H, P, d]
     unsigned long long first = ~0ull;
-    simt::launch(kern::scan_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
-                 lo.data(), S.data(), &first);
+    simt::launch(kern::scan_k, dim3(2, B * H), dim3(256), 0, view, t, H, P, d, lo.data(), S.data(), &first);
     EXPECT_EQ(first, ((size_t(1) * H + 2) * P + 2) * d + 0);
     std::vector<uint16_t> conv(v.size(), 0);
     at(1, 2, 3, 7) = at(1, 2, 2, 0) = 0.f;
-    simt::launch(kern::convert_k, dim3(2, B * H), dim3(256), 0, static_cast<const void*>(bytes.data()), t, H, P, d,
-                 lo.data(), S.data(), conv.data());
+    simt::launch(kern::convert_k, dim3(2, B * H), dim3(256), 0, view, t, H, P, d, lo.data(), S.data(), conv.data());
     for (int b = 0; b < B; ++b)
       for (int hh = 0; hh < H; ++hh)
         for (int p = 0; p < P; ++p)
@@ -150,6 +149,44 @@ TEST(CudaKernels, CacheScanFindsTheFirstNonFiniteValidValue) {
             EXPECT_EQ(conv[idx], f32_to_bf16(src));
           }
   }
+}
+
+// The same kernels over a paged pool (token-major pages [pages, S, H, d], a page table per sequence): they read
+// each row where the table puts it, report the first non-finite value by its logical [n, h, row, col] index and
+// write the dense [B, H, P, d] rows. The pool's unused page and the rows past each sequence's end are NaN.
+TEST(CudaKernels, CacheScanAndConversionReadThroughThePageTable) {
+  const int B = 2, H = 2, P = 8, d = 8, S = 4, width = P / S, pool_pages = 5;
+  const std::vector<int> lo = {1, 0}, hi = {8, 6};
+  const std::vector<int64_t> table = {3, 0, 4, 1};  // page 2 is unused
+  const std::vector<float> v = randn(size_t(B) * H * P * d);  // logical values
+  std::vector<uint16_t> pool(size_t(pool_pages) * S * H * d, f32_to_bf16(NAN));
+  auto pool_at = [&](int n, int h, int i, int c) -> uint16_t& {
+    return pool[((size_t(table[n * width + i / S]) * S + i % S) * H + h) * d + c];
+  };
+  for (int n = 0; n < B; ++n)
+    for (int h = 0; h < H; ++h)
+      for (int i = lo[n]; i < hi[n]; ++i)
+        for (int c = 0; c < d; ++c) pool_at(n, h, i, c) = f32_to_bf16(v[((size_t(n) * H + h) * P + i) * d + c]);
+  const KVView view{pool.data(), int64_t(S) * H * d, d, int64_t(H) * d, table.data(), width, 2};
+  unsigned long long first = ~0ull;
+  simt::launch(kern::scan_k, dim3(2, B * H), dim3(256), 0, view, CacheType::BF16, H, P, d, lo.data(), hi.data(),
+               &first);
+  EXPECT_EQ(first, ~0ull) << "only unread rows hold NaN";
+  std::vector<uint16_t> conv(v.size(), 0);
+  simt::launch(kern::convert_k, dim3(2, B * H), dim3(256), 0, view, CacheType::BF16, H, P, d, lo.data(), hi.data(),
+               conv.data());
+  for (int n = 0; n < B; ++n)
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < P; ++i)
+        for (int c = 0; c < d; ++c) {
+          const size_t idx = ((size_t(n) * H + h) * P + i) * d + c;
+          EXPECT_EQ(conv[idx], i >= lo[n] && i < hi[n] ? f32_to_bf16(v[idx]) : 0) << n << " " << h << " " << i;
+        }
+  pool_at(1, 1, 5, 3) = f32_to_bf16(INFINITY);  // sequence 1's page 1 (pool page 1), row 1
+  pool_at(1, 0, 6, 0) = f32_to_bf16(NAN);       // past its valid rows: ignored
+  simt::launch(kern::scan_k, dim3(2, B * H), dim3(256), 0, view, CacheType::BF16, H, P, d, lo.data(), hi.data(),
+               &first);
+  EXPECT_EQ(first, ((size_t(1) * H + 1) * P + 5) * d + 3);
 }
 
 }  // namespace

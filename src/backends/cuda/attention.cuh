@@ -52,15 +52,15 @@ __global__ void __launch_bounds__(kAttnThreads, 1) attention_partial_k(AttnParam
   }
 
   const size_t sg = size_t(it.sb) * p.Hkv + g;
-  const uint16_t* kc = p.k_cache + (size_t(it.prompt) * p.Hkv + g) * p.P * d + size_t(it.pad) * d;
-  const uint16_t* vc = p.v_cache + (size_t(it.prompt) * p.Hkv + g) * p.P * d + size_t(it.pad) * d;
-  const uint16_t* kx = it.ns > 0 ? p.k_suffix + sg * p.Q * d : nullptr;
-  const uint16_t* vx = it.ns > 0 ? p.v_suffix + sg * p.Q * d : nullptr;
+  const uint16_t* kc = static_cast<const uint16_t*>(p.k_cache.base);
+  const uint16_t* vc = static_cast<const uint16_t*>(p.v_cache.base);
+  const uint16_t* kx = static_cast<const uint16_t*>(p.k_suffix.base);
+  const uint16_t* vx = static_cast<const uint16_t*>(p.v_suffix.base);
   const uint16_t* ko = p.k_own + sg * T * d;
   const uint16_t* vo = p.v_own + sg * T * d;
   const int sx = it.np + it.ns;  // first own row in the sequence
   // Keys [jb, jb + 64) of the sequence prompt[pad, pad + np) ++ suffix[0, ns) ++ own[0, nown) into stage st;
-  // zero beyond j1 and d.
+  // zero beyond j1 and d. Cache rows are found through their views (strided or paged, kv_view_offset).
   auto load_block = [&](int jb, int st) {
     uint16_t* ks = smem + st * kAttnStage;
     uint16_t* vs = ks + kAttnKB * kAttnLD;
@@ -68,23 +68,21 @@ __global__ void __launch_bounds__(kAttnThreads, 1) attention_partial_k(AttnParam
     for (int c = threadIdx.x; c < kAttnKB * cpr; c += kAttnThreads) {
       const int r = c / cpr, col = (c % cpr) * 8, j = jb + r;
       const bool ok = j < it.j1 && col < d;
-      size_t off = 0;
-      const uint16_t *ksrc = kc, *vsrc = vc;
+      const uint16_t *ksrc = ko, *vsrc = vo;
       if (ok) {
         if (j < it.np) {
-          off = size_t(j) * d + col;
+          ksrc = kc + kv_view_offset(p.k_cache, it.prompt, g, it.pad + j) + col;
+          vsrc = vc + kv_view_offset(p.v_cache, it.prompt, g, it.pad + j) + col;
         } else if (j < sx) {
-          off = size_t(j - it.np) * d + col;
-          ksrc = kx;
-          vsrc = vx;
+          ksrc = kx + kv_view_offset(p.k_suffix, it.sb, g, j - it.np) + col;
+          vsrc = vx + kv_view_offset(p.v_suffix, it.sb, g, j - it.np) + col;
         } else {
-          off = size_t(j - sx) * d + col;
-          ksrc = ko;
-          vsrc = vo;
+          ksrc = ko + size_t(j - sx) * d + col;
+          vsrc = vo + size_t(j - sx) * d + col;
         }
       }
-      cp_async16(ks + r * kAttnLD + col, ksrc + off, ok ? 16 : 0);
-      cp_async16(vs + r * kAttnLD + col, vsrc + off, ok ? 16 : 0);
+      cp_async16(ks + r * kAttnLD + col, ksrc, ok ? 16 : 0);
+      cp_async16(vs + r * kAttnLD + col, vsrc, ok ? 16 : 0);
     }
     cp_async_commit();
   };

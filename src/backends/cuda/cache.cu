@@ -6,15 +6,15 @@ namespace alpamayo::ALP_CUDA_NS {
 
 using namespace kern;  // the kernels and their launch constants
 
-void scan_nonfinite(cudaStream_t s, const void* data, CacheType t, int B, int H, int P, int d, const int* lo,
+void scan_nonfinite(cudaStream_t s, const KVView& v, CacheType t, int B, int H, int P, int d, const int* lo,
                     const int* hi, unsigned long long* first) {
-  ALP_LAUNCH(kern::scan_k, kern::plane_grid(B, H), 256, 0, s)(data, t, H, P, d, lo, hi, first);
+  ALP_LAUNCH(kern::scan_k, kern::plane_grid(B, H), 256, 0, s)(v, t, H, P, d, lo, hi, first);
   ALP_LAUNCHED("scan_nonfinite");
 }
 
-void convert_cache_bf16(cudaStream_t s, const void* src, CacheType t, int B, int H, int P, int d, const int* lo,
+void convert_cache_bf16(cudaStream_t s, const KVView& v, CacheType t, int B, int H, int P, int d, const int* lo,
                         const int* hi, uint16_t* dst) {
-  ALP_LAUNCH(kern::convert_k, kern::plane_grid(B, H), 256, 0, s)(src, t, H, P, d, lo, hi, dst);
+  ALP_LAUNCH(kern::convert_k, kern::plane_grid(B, H), 256, 0, s)(v, t, H, P, d, lo, hi, dst);
   ALP_LAUNCHED("convert_cache_bf16");
 }
 

@@ -1,6 +1,6 @@
-// Device-resident KV caches (device code; cache.cu launches it): the NaN/Inf scan of the valid rows (host
-// caches are scanned by Context::validate; only a GPU backend can read device memory) and the conversion of
-// F32/F16 caches to the bf16 the attention kernel reads.
+// Device-resident KV caches, dense, strided or paged (KVView) (device code; cache.cu launches it): the NaN/Inf
+// scan of the valid rows (host caches are scanned by Context::validate; only a GPU backend can read device memory)
+// and the conversion of F32/F16 (or unaligned bf16) caches to the dense bf16 the attention kernel reads.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -20,25 +20,28 @@ __device__ __forceinline__ float load_f32(const void* p, CacheType t, size_t i) 
   return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
 }
 
-// grid.y = B * H (one (sample or prompt, head) plane each), grid.x strides over the elements of the plane's rows
-// [lo, hi).
-__global__ void scan_k(const void* data, CacheType t, int H, int P, int d, const int* lo, const int* hi,
+// grid.y = B * H (one (sequence, head) plane each), grid.x strides over the elements of the plane's rows
+// [lo, hi), read through the view's addressing; `first` and dst use the dense logical index.
+__global__ void scan_k(KVView v, CacheType t, int H, int P, int d, const int* lo, const int* hi,
                        unsigned long long* first) {
-  const int bh = blockIdx.y, b = bh / H;
+  const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const size_t base = size_t(bh) * P * d + size_t(lo[b]) * d, n = size_t(hi[b] - lo[b]) * d;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    if (non_finite(data, t, base + i)) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const int64_t row = lo[b] + int64_t(i / d), col = int64_t(i % d);
+    if (non_finite(v.base, t, size_t(kv_view_offset(v, b, h, row) + col))) {
       atomicMin(first, static_cast<unsigned long long>(base + i));
       return;  // later elements of this thread have larger indices
     }
+  }
 }
 
-__global__ void convert_k(const void* src, CacheType t, int H, int P, int d, const int* lo, const int* hi,
-                          uint16_t* dst) {
-  const int bh = blockIdx.y, b = bh / H;
+__global__ void convert_k(KVView v, CacheType t, int H, int P, int d, const int* lo, const int* hi, uint16_t* dst) {
+  const int bh = blockIdx.y, b = bh / H, h = bh % H;
   const size_t base = size_t(bh) * P * d + size_t(lo[b]) * d, n = size_t(hi[b] - lo[b]) * d;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    dst[base + i] = to_bf16_bits(load_f32(src, t, base + i));
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const int64_t row = lo[b] + int64_t(i / d), col = int64_t(i % d);
+    dst[base + i] = to_bf16_bits(load_f32(v.base, t, size_t(kv_view_offset(v, b, h, row) + col)));
+  }
 }
 
 inline dim3 plane_grid(int B, int H) { return dim3(64, B * H); }

@@ -95,6 +95,9 @@ BackendInfo backend_info() {
   b.features.left_padding = true;
   b.features.guidance = true;
   b.features.device_memory = true;
+  // Strided and paged caches are read in place through their views (KVView, kernels.h); host ones are gathered.
+  b.features.strided_cache = true;
+  b.features.paged_cache = true;
   // A prompt read by all B samples is one work item of B * group * T query rows, in 128-row tiles on the
   // attention grid's z dimension (at most 65535).
   b.features.max_batch = [](const ExpertConfig& c) {

@@ -83,7 +83,7 @@ CudaSession::~CudaSession() {
 
 size_t CudaSession::Pass::bytes() const {
   size_t n = 0;
-  for (const DeviceBuffer* b : {&cos, &sin, &items, &members, &slot_list, &slot_range, &part_o, &part_m, &part_l})
+  for (const DeviceBuffer* b : {&prompt_pages, &suffix_pages, &cos, &sin, &items, &members, &slot_list, &slot_range, &part_o, &part_m, &part_l})
     n += b->bytes();
   for (const DeviceBuffer& b : owned) n += b.bytes();
   return n;
@@ -181,16 +181,24 @@ void CudaSession::bind_pass(Pass& ps, const KVCache& kv, const RopeTables& rope)
     shi[b] = static_cast<int>(kv.suffix(b));
   }
   const bool suffixes = !kv.suffix_key.empty();
-  ps.k.assign(L, nullptr);
-  ps.v.assign(L, nullptr);
-  ps.k_suffix.assign(L, nullptr);
-  ps.v_suffix.assign(L, nullptr);
+  if (kv.paged()) {  // read by the kernels of every replay: kept at fixed addresses until the next bind
+    auto upload = [](DeviceBuffer& dst, const std::vector<int64_t>& src) {
+      dst = DeviceBuffer(src.size() * sizeof(int64_t));
+      if (!src.empty()) ALP_CUDA(cudaMemcpy(dst.get(), src.data(), dst.bytes(), cudaMemcpyHostToDevice));
+    };
+    upload(ps.prompt_pages, kv.prompt_pages);
+    if (suffixes) upload(ps.suffix_pages, kv.suffix_pages);
+  }
+  ps.k.assign(L, KVView{});
+  ps.v.assign(L, KVView{});
+  ps.k_suffix.assign(L, KVView{});
+  ps.v_suffix.assign(L, KVView{});
   for (int l = 0; l < L; ++l) {
-    ps.k[l] = bind_tensor(ps, kv.key[l], kv.G, kv.P, plo, phi);
-    ps.v[l] = bind_tensor(ps, kv.value[l], kv.G, kv.P, plo, phi);
+    ps.k[l] = bind_tensor(ps, kv, kv.key[l], false, kv.G, kv.P, plo, phi);
+    ps.v[l] = bind_tensor(ps, kv, kv.value[l], false, kv.G, kv.P, plo, phi);
     if (suffixes) {
-      ps.k_suffix[l] = bind_tensor(ps, kv.suffix_key[l], kv.B, kv.Q, slo, shi);
-      ps.v_suffix[l] = bind_tensor(ps, kv.suffix_value[l], kv.B, kv.Q, slo, shi);
+      ps.k_suffix[l] = bind_tensor(ps, kv, kv.suffix_key[l], true, kv.B, kv.Q, slo, shi);
+      ps.v_suffix[l] = bind_tensor(ps, kv, kv.suffix_value[l], true, kv.B, kv.Q, slo, shi);
     }
   }
   ps.cos = DeviceBuffer(rope.cos.size() * sizeof(float));
@@ -200,61 +208,91 @@ void CudaSession::bind_pass(Pass& ps, const KVCache& kv, const RopeTables& rope)
   plan_attention(ps, kv);
 }
 
-// A [planes, Hkv, rows, d] cache tensor as bf16 in this GPU's memory, of which rows [lo[n], hi[n]) of each plane n
-// are read: in place when it already is (bf16, 16-byte aligned), else converted on the device or uploaded once.
-// Device-resident tensors are first checked to be this GPU's memory and scanned for NaN/Inf in those rows.
-const uint16_t* CudaSession::bind_tensor(Pass& ps, const TensorView& t, int planes, int rows,
-                                         const std::vector<int>& lo, const std::vector<int>& hi) {
+// A cache tensor of `planes` sequences (prompts, or samples' suffixes) of `rows` rows, any strides, paged or not,
+// as bf16 in this GPU's memory, of which rows [lo[n], hi[n]) of each sequence n are read: in place when it already
+// is (bf16, every row 16-byte aligned), else converted on the device or gathered and uploaded once into a dense
+// [planes, Hkv, rows, d] buffer. Device-resident tensors are first checked to be this GPU's memory and scanned
+// for NaN/Inf in those rows, through the same addressing as the attention kernel.
+KVView CudaSession::bind_tensor(Pass& ps, const KVCache& kv, const TensorView& t, bool suffix, int planes, int rows,
+                                const std::vector<int>& lo, const std::vector<int>& hi) {
   const int H = cfg_.Hkv, d = cfg_.d;
   const size_t plane = size_t(rows) * d, total = size_t(planes) * H * plane;
-  if (t.device.type == DeviceType::CUDA) {
-    cudaPointerAttributes attr{};
-    ALP_CUDA(cudaPointerGetAttributes(&attr, t.data));
-    const bool dev_mem = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
-    check(dev_mem && attr.device == m_.device(),
-          t.name + ": said to live in " + t.device.str() + " memory, but the cuda backend finds " +
-              (dev_mem ? "memory of cuda:" + std::to_string(attr.device) : std::string("host memory")) +
-              " at that address");
-    DeviceBuffer range(2 * lo.size() * sizeof(int)), first(sizeof(unsigned long long));
-    ALP_CUDA(cudaMemcpy(range.get(), lo.data(), lo.size() * sizeof(int), cudaMemcpyHostToDevice));
-    ALP_CUDA(cudaMemcpy(range.as<int>() + lo.size(), hi.data(), hi.size() * sizeof(int), cudaMemcpyHostToDevice));
-    ALP_CUDA(cudaMemsetAsync(first.get(), 0xff, first.bytes(), stream_));
-    const int* dlo = range.as<int>();
-    const int* dhi = dlo + lo.size();
-    scan_nonfinite(stream_, t.data, cache_type(t), planes, H, rows, d, dlo, dhi, first.as<unsigned long long>());
-    unsigned long long f = 0;
-    ALP_CUDA(cudaMemcpyAsync(&f, first.get(), sizeof f, cudaMemcpyDeviceToHost, stream_));
-    ALP_CUDA(cudaStreamSynchronize(stream_));
-    if (f != ~0ull) {
-      const unsigned long long bh = f / plane, row = (f % plane) / d, col = f % d;
-      throw Error(ErrorCode::NonFinite, t.name + ": non-finite value at [" + std::to_string(bh / H) + ", " +
-                                            std::to_string(bh % H) + ", " + std::to_string(row) + ", " +
-                                            std::to_string(col) + "]");
-    }
-    if (t.dtype == DType::BF16 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0)
-      return static_cast<const uint16_t*>(t.data);  // bound in place: no copy
+  KVView dense;  // what an upload or conversion produces
+  dense.seq = int64_t(H) * rows * d;
+  dense.head = int64_t(rows) * d;
+  dense.row = d;
+  if (t.device.type != DeviceType::CUDA) {
     DeviceBuffer& own = ps.owned.emplace_back(total * sizeof(uint16_t));
-    convert_cache_bf16(stream_, t.data, cache_type(t), planes, H, rows, d, dlo, dhi, own.as<uint16_t>());
-    ALP_CUDA(cudaStreamSynchronize(stream_));  // `range` is freed on return
-    return own.as<uint16_t>();
+    upload_rows(kv, t, suffix, planes, rows, lo, hi, own.as<uint16_t>());
+    dense.base = own.get();
+    return dense;
   }
-  // Host memory: the rows read of each (plane, head), converted to bf16 on the host if needed.
+  cudaPointerAttributes attr{};
+  ALP_CUDA(cudaPointerGetAttributes(&attr, t.data));
+  const bool dev_mem = attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  check(dev_mem && attr.device == m_.device(),
+        t.name + ": said to live in " + t.device.str() + " memory, but the cuda backend finds " +
+            (dev_mem ? "memory of cuda:" + std::to_string(attr.device) : std::string("host memory")) +
+            " at that address");
+  // The view's addressing: kv_row_offset's strides, and the page table bound in bind_pass.
+  KVView v;
+  v.base = t.data;
+  v.seq = t.strides.empty() ? t.shape[1] * t.shape[2] * t.shape[3] : t.strides[0];
+  v.head = t.strides.empty() ? t.shape[2] * t.shape[3] : t.strides[1];
+  v.row = t.strides.empty() ? t.shape[3] : t.strides[2];
+  if (kv.paged()) {
+    v.pages = (suffix ? ps.suffix_pages : ps.prompt_pages).as<int64_t>();
+    v.width = (suffix ? kv.Q : kv.P) / kv.page_size;
+    while ((1 << v.page_shift) < kv.page_size) ++v.page_shift;
+  }
+  DeviceBuffer range(2 * lo.size() * sizeof(int)), first(sizeof(unsigned long long));
+  ALP_CUDA(cudaMemcpy(range.get(), lo.data(), lo.size() * sizeof(int), cudaMemcpyHostToDevice));
+  ALP_CUDA(cudaMemcpy(range.as<int>() + lo.size(), hi.data(), hi.size() * sizeof(int), cudaMemcpyHostToDevice));
+  ALP_CUDA(cudaMemsetAsync(first.get(), 0xff, first.bytes(), stream_));
+  const int* dlo = range.as<int>();
+  const int* dhi = dlo + lo.size();
+  scan_nonfinite(stream_, v, cache_type(t), planes, H, rows, d, dlo, dhi, first.as<unsigned long long>());
+  unsigned long long f = 0;
+  ALP_CUDA(cudaMemcpyAsync(&f, first.get(), sizeof f, cudaMemcpyDeviceToHost, stream_));
+  ALP_CUDA(cudaStreamSynchronize(stream_));
+  if (f != ~0ull) {
+    const unsigned long long bh = f / plane, row = (f % plane) / d, col = f % d;
+    throw Error(ErrorCode::NonFinite, t.name + ": non-finite value at [" + std::to_string(bh / H) + ", " +
+                                          std::to_string(bh % H) + ", " + std::to_string(row) + ", " +
+                                          std::to_string(col) + "]" + (kv.paged() ? " (sequence, head, row)" : ""));
+  }
+  // cp.async reads 16-byte chunks: the base and every stride must keep rows 16-byte aligned.
+  const bool aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && v.seq % 8 == 0 && v.head % 8 == 0 &&
+                       v.row % 8 == 0;
+  if (t.dtype == DType::BF16 && aligned) return v;  // bound in place: no copy
   DeviceBuffer& own = ps.owned.emplace_back(total * sizeof(uint16_t));
-  const size_t es = dtype_size(t.dtype);
+  convert_cache_bf16(stream_, v, cache_type(t), planes, H, rows, d, dlo, dhi, own.as<uint16_t>());
+  ALP_CUDA(cudaStreamSynchronize(stream_));  // `range` is freed on return
+  dense.base = own.get();
+  return dense;
+}
+
+// Host memory: the rows read of each (sequence, head), found by kv_row_offset (strided or paged), gathered and
+// converted to bf16 on the host, one copy per (sequence, head) into the dense dst [planes, Hkv, rows, d].
+void CudaSession::upload_rows(const KVCache& kv, const TensorView& t, bool suffix, int planes, int rows,
+                              const std::vector<int>& lo, const std::vector<int>& hi, uint16_t* dst) {
+  const int H = cfg_.Hkv, d = cfg_.d;
   std::vector<uint16_t> host;
   for (int n = 0; n < planes; ++n)
     for (int h = 0; h < H; ++h) {
-      const size_t count = size_t(hi[n] - lo[n]) * d, off = (size_t(n) * H + h) * plane + size_t(lo[n]) * d;
-      if (count == 0) continue;
-      const void* src = static_cast<const uint8_t*>(t.data) + off * es;
-      if (t.dtype != DType::BF16) {
-        host.resize(count);
-        convert_to_bf16(TensorView{t.dtype, {int64_t(count)}, src, t.name}, host.data());
-        src = host.data();
+      const int count = hi[n] - lo[n];
+      if (count <= 0) continue;
+      host.resize(size_t(count) * d);
+      for (int i = 0; i < count; ++i) {
+        const TensorView row = kv_row_view(kv, t, suffix, n, h, lo[n] + i);
+        if (t.dtype == DType::BF16)
+          std::memcpy(host.data() + size_t(i) * d, row.data, size_t(d) * sizeof(uint16_t));
+        else
+          convert_to_bf16(row, host.data() + size_t(i) * d);
       }
-      ALP_CUDA(cudaMemcpy(own.as<uint16_t>() + off, src, count * sizeof(uint16_t), cudaMemcpyHostToDevice));
+      const size_t off = (size_t(n) * H + h) * rows * d + size_t(lo[n]) * d;
+      ALP_CUDA(cudaMemcpy(dst + off, host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
     }
-  return own.as<uint16_t>();
 }
 
 // The cascade (kernels.h, attention): a prompt that k >= 2 samples read is one key sequence for all their query

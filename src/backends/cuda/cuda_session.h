@@ -1,5 +1,5 @@
 // CudaSession: one bound context on one GPU. bind() allocates every buffer the sample uses, binds the cache
-// (device memory in place, host memory uploaded once), scans device-resident cache rows for NaN/Inf and
+// (device memory in place, dense, strided or paged; host memory gathered and uploaded once), scans device-resident cache rows for NaN/Inf and
 // plans the matmuls and the attention split; the first denoise() with a given step count captures the
 // whole sample (all N Euler steps) as one CUDA graph, and every later one replays it.
 #pragma once
@@ -46,8 +46,9 @@ class CudaSession final : public BackendSession {
   // One context's attention inputs: its cache (prompts, suffixes) as bound, its rope tables and its cascade plan.
   // A guided binding has two, run one after the other each step (the guided one first).
   struct Pass {
-    std::vector<const uint16_t*> k, v, k_suffix, v_suffix;  // per layer, bf16 on the device (suffix: null without)
-    std::vector<DeviceBuffer> owned;                         // uploads and conversions
+    std::vector<KVView> k, v, k_suffix, v_suffix;  // per layer, bf16 on the device (suffix: null base without)
+    std::vector<DeviceBuffer> owned;                // uploads and conversions (dense [N, Hkv, rows, d])
+    DeviceBuffer prompt_pages, suffix_pages;        // the page tables of device caches bound in place
     DeviceBuffer cos, sin, items, members, slot_list, slot_range, part_o, part_m, part_l;
     AttnParams attn;
     size_t bytes() const;
@@ -55,8 +56,10 @@ class CudaSession final : public BackendSession {
 
   void release();
   void bind_pass(Pass& ps, const KVCache& kv, const RopeTables& rope);
-  const uint16_t* bind_tensor(Pass& ps, const TensorView& t, int planes, int rows, const std::vector<int>& lo,
-                              const std::vector<int>& hi);
+  KVView bind_tensor(Pass& ps, const KVCache& kv, const TensorView& t, bool suffix, int planes, int rows,
+                     const std::vector<int>& lo, const std::vector<int>& hi);
+  void upload_rows(const KVCache& kv, const TensorView& t, bool suffix, int planes, int rows,
+                   const std::vector<int>& lo, const std::vector<int>& hi, uint16_t* dst);
   void plan_attention(Pass& ps, const KVCache& kv);
   Run& run_for(int steps);
   void enqueue_sample(Run& r, bool capturing);

@@ -84,12 +84,25 @@ void out_proj_euler(cudaStream_t s, const float* hidden, const float* hidden_u, 
 
 // ---- KV caches (cache.cu) ---------------------------------------------------------------------
 enum class CacheType { F32, F16, BF16 };
-// Smallest flat index into [B, H, P, d] of a NaN/Inf among the rows read, [lo[b], hi[b]) of each plane (lo, hi
-// on the device), atomically min-ed into *first (initialize it to ~0ull).
-void scan_nonfinite(cudaStream_t s, const void* data, CacheType t, int B, int H, int P, int d, const int* lo,
+
+// A cache tensor as the kernels address it, as kv_row_offset (alpamayo/backend.h) does: row i of head h of
+// sequence n (a prompt, or a sample's suffix) starts `kv_view_offset` elements past base. Dense: n * seq +
+// h * head + i * row. Paged: pages[n * width + i / page_size] * seq + h * head + (i % page_size) * row, the page
+// table in device memory (bound once per binding, so a captured graph reads it from a fixed address).
+struct KVView {
+  const void* base = nullptr;
+  int64_t seq = 0, head = 0, row = 0;  // strides in elements (seq: between pages when paged)
+  const int64_t* pages = nullptr;      // device; null: dense
+  int width = 0;                       // page table entries per sequence
+  int page_shift = 0;                  // log2 of the page size
+};
+
+// Smallest logical flat index ((n * H + h) * P + i) * d + c of a NaN/Inf among the rows read, [lo[n], hi[n]) of
+// each sequence (lo, hi on the device), atomically min-ed into *first (initialize it to ~0ull).
+void scan_nonfinite(cudaStream_t s, const KVView& v, CacheType t, int B, int H, int P, int d, const int* lo,
                     const int* hi, unsigned long long* first);
-// Rows [lo[b], hi[b]) of a [B, H, P, d] cache -> bf16 (other rows are left as they are).
-void convert_cache_bf16(cudaStream_t s, const void* src, CacheType t, int B, int H, int P, int d, const int* lo,
+// Rows [lo[n], hi[n]) of the view -> bf16 in the dense [B, H, P, d] dst (other rows are left as they are).
+void convert_cache_bf16(cudaStream_t s, const KVView& v, CacheType t, int B, int H, int P, int d, const int* lo,
                         const int* hi, uint16_t* dst);
 
 // ---- attention (attention.cu) -------------------------------------------------------------------------
@@ -117,10 +130,8 @@ struct AttnItem {
 
 struct AttnParams {
   const uint16_t* q = nullptr;        // [B, Hkv, R, d] (= [B, Hq, T, d])
-  const uint16_t* k_cache = nullptr;  // [G, Hkv, P, d] prompts
-  const uint16_t* v_cache = nullptr;
-  const uint16_t* k_suffix = nullptr;  // [B, Hkv, Q, d]; null without suffixes
-  const uint16_t* v_suffix = nullptr;
+  KVView k_cache, v_cache;          // bf16 prompts (G sequences of P rows), rows 16-byte aligned
+  KVView k_suffix, v_suffix;        // bf16 suffixes (B sequences of Q rows); null base without suffixes
   const uint16_t* k_own = nullptr;  // [B, Hkv, T, d]
   const uint16_t* v_own = nullptr;
   const AttnItem* items = nullptr;  // device, n_items

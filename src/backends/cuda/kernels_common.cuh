@@ -14,6 +14,13 @@
 
 namespace alpamayo::ALP_CUDA_NS::kern {
 
+// The element offset of row i of head h of sequence n in v (kernels.h, KVView).
+__device__ __forceinline__ int64_t kv_view_offset(const KVView& v, int n, int h, int64_t i) {
+  if (!v.pages) return n * v.seq + h * v.head + i * v.row;
+  const int64_t page = v.pages[int64_t(n) * v.width + (i >> v.page_shift)];
+  return page * v.seq + h * v.head + (i & ((int64_t(1) << v.page_shift) - 1)) * v.row;
+}
+
 // Threads of the one-block-per-row kernels (device_api.h; the SIMT emulator runs them with fewer).
 constexpr int kRowThreads = ALP_ROW_THREADS;
 

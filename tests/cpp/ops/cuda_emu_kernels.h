@@ -135,9 +135,11 @@ inline std::vector<float> run_silu_mul(const OpShape& s, const OpData& d, Act mo
   return from_mode(out, in.rs, s.M, s.N, mode);
 }
 
-// attention: one sample, q [Hq, T, d], the cache [Hkv, P, d] (rows past S poisoned with NaN: reading one poisons the
-// output), the middle segment (S2 rows) as the sample's suffix, own rows [Hkv, T, d]; the key sequence cut into
-// s.chunks items (multiples of 64 keys, crossing the segments' boundaries), then merged.
+// attention: one sample, q [Hq, T, d], the cache's P rows per head as a paged pool read through a page table (pages
+// of 16 rows, token-major [pages, 16, Hkv, d], in reverse order with a NaN page between each two; rows past S
+// poisoned with NaN: reading one poisons the output), the middle segment (S2 rows) as the sample's dense suffix, own
+// rows [Hkv, T, d]; the key sequence cut into s.chunks items (multiples of 64 keys, crossing the segments'
+// boundaries), then merged.
 inline std::vector<float> run_attention(const OpShape& s, const OpData& d) {
   const int group = s.Hq / s.Hkv, R = group * s.T, tiles = (R + 127) / 128, n = s.S + s.S2 + s.T;
   std::vector<uint16_t> qb(d.q.size()), kob(d.k_own.size()), vob(d.v_own.size());
@@ -154,7 +156,22 @@ inline std::vector<float> run_attention(const OpShape& s, const OpData& d) {
   std::vector<float> kc = d.k_cache, vc = d.v_cache;
   for (int h = 0; h < s.Hkv; ++h)
     for (size_t i = (size_t(h) * s.P + s.S) * s.d; i < size_t(h + 1) * s.P * s.d; ++i) kc[i] = vc[i] = NAN;
-  const std::vector<uint16_t> kcb = to_bf16(kc.data(), kc.size()), vcb = to_bf16(vc.data(), vc.size());
+  constexpr int kPage = 16;
+  const int pages = (s.P + kPage - 1) / kPage, pool_pages = 2 * pages;
+  const size_t page_elems = size_t(kPage) * s.Hkv * s.d;
+  std::vector<float> kpool(pool_pages * page_elems, NAN), vpool(kpool.size(), NAN);
+  std::vector<int64_t> table(pages);
+  for (int pg = 0; pg < pages; ++pg) {
+    table[pg] = 2 * (pages - 1 - pg);  // odd pages stay NaN
+    for (int i = pg * kPage; i < std::min(s.P, (pg + 1) * kPage); ++i)
+      for (int h = 0; h < s.Hkv; ++h)
+        for (int c = 0; c < s.d; ++c) {
+          const size_t at = table[pg] * page_elems + (size_t(i % kPage) * s.Hkv + h) * s.d + c;
+          kpool[at] = kc[(size_t(h) * s.P + i) * s.d + c];
+          vpool[at] = vc[(size_t(h) * s.P + i) * s.d + c];
+        }
+  }
+  const std::vector<uint16_t> kcb = to_bf16(kpool.data(), kpool.size()), vcb = to_bf16(vpool.data(), vpool.size());
   const std::vector<uint16_t> kmb = to_bf16(d.k_mid.data(), d.k_mid.size()), vmb = to_bf16(d.v_mid.data(), d.v_mid.size());
   const int chunk = ((n + s.chunks - 1) / s.chunks + 63) / 64 * 64;
   std::vector<AttnItem> items;
@@ -167,12 +184,18 @@ inline std::vector<float> run_attention(const OpShape& s, const OpData& d) {
   std::vector<float> po(items.size() * s.Hkv * R * s.d, NAN), pm(items.size() * s.Hkv * R, NAN),
       pl(pm.size(), NAN), out(d.q.size(), NAN);
   AttnParams p;
-  p.q = qb.data(), p.k_cache = kcb.data(), p.v_cache = vcb.data(), p.k_own = kob.data(), p.v_own = vob.data();
+  const KVView paged{nullptr, int64_t(page_elems), s.d, int64_t(s.Hkv) * s.d, table.data(), pages, 4};
+  p.k_cache = paged, p.v_cache = paged, p.k_cache.base = kcb.data(), p.v_cache.base = vcb.data();
+  p.q = qb.data(), p.k_own = kob.data(), p.v_own = vob.data();
   p.items = items.data(), p.members = members.data(), p.slot_list = slot_list.data(), p.slot_range = range.data();
   p.part_o = po.data(), p.part_m = pm.data();
   p.part_l = pl.data(), p.n_items = int(items.size()), p.B = 1, p.Hkv = s.Hkv, p.group = group, p.T = s.T;
   p.P = s.P, p.d = s.d, p.R = R, p.tiles = tiles;
-  if (s.S2) p.k_suffix = kmb.data(), p.v_suffix = vmb.data(), p.Q = s.S2;  // the middle segment: a suffix
+  if (s.S2) {  // the middle segment: a dense suffix [1, Hkv, S2, d]
+    p.k_suffix = {kmb.data(), int64_t(s.Hkv) * s.S2 * s.d, int64_t(s.S2) * s.d, s.d};
+    p.v_suffix = {vmb.data(), int64_t(s.Hkv) * s.S2 * s.d, int64_t(s.S2) * s.d, s.d};
+    p.Q = s.S2;
+  }
   simt::launch(kern::attention_partial_k, dim3(p.n_items, s.Hkv, tiles), dim3(kern::kAttnThreads), kern::kAttnSmemBytes,
                p, 1.4426950408889634f / std::sqrt(float(s.d)));
   const int threads = s.Hkv * R * 32;
