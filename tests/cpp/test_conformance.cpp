@@ -359,6 +359,7 @@ TEST_P(ThreadCountConformanceKv, ResultsAreBitwiseIndependentOfThreadCount) {
 INSTANTIATE_TEST_SUITE_P(Backends, ThreadCountConformanceKv, ::testing::ValuesIn(kv_targets()),
                          [](const auto& info) { return target_name(info.param); });
 
+#ifdef ALPAMAYO_WITH_CPU_BACKEND
 // The AMX attention kernel forced, on both caches (the timed choice above takes it only where it wins): 1 to 5
 // threads on the shapes with several chunks and shared prompts, whose cascade puts several samples' rows in one item.
 TEST(Conformance, AmxAttentionIsBitwiseIndependentOfThreadCount) {
@@ -376,6 +377,7 @@ TEST(Conformance, AmxAttentionIsBitwiseIndependentOfThreadCount) {
             << kv << " cache, " << shapes()[si].name << ": " << t << " threads against 1";
     }
 }
+#endif  // ALPAMAYO_WITH_CPU_BACKEND
 
 TEST(Conformance, EveryBackendIsTested) {
   // The registry lists the reference first-class too; a build always has it.
