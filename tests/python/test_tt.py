@@ -138,7 +138,7 @@ def test_attention_split_and_merge(rt, nsplit):
     """(c) attention over the cache rows plus the own tokens, the key sequence split over nodes and merged by
     log-sum-exp, GQA heads packed; left padding, unused rows and the own padding masked. Only the chunks up to
     the run-time valid length and the own tail are read: the chunks between hold NaN, which any read (masked or
-    not) would carry into the result."""
+    not) would carry into the result; likewise the mask of the chunks wholly context."""
     g = torch.Generator().manual_seed(4)
     B, Tp, Tw, Hq, Hkv, d, Smax, kc = 2, 32, 20, 4, 2, 64, 512, 2
     G, S, pads = Hq // Hkv, [150, 97], [3, 0]
@@ -150,12 +150,17 @@ def test_attention_split_and_merge(rt, nsplit):
     for b in range(B):
         kcache[b, :, n_ctx[b] * chunk:tail0] = float("nan")
         vcache[b, :, n_ctx[b] * chunk:tail0] = float("nan")
-    kv_chunks = torch.tensor(n_ctx, dtype=torch.float32).repeat_interleave(32)[:, None].expand(-1, 32)
+    kv_chunks = K.kv_chunk_counts(S, pads, chunk)
     keep = torch.zeros(B, Smax, dtype=torch.bool)
     for b in range(B):
         keep[b, pads[b]:S[b]] = True
         keep[b, Smax - Tp:Smax - Tp + Tw] = True
     mask = torch.where(keep, 0.0, -1e9).repeat_interleave(32, 0)
+    # The chunks wholly context need no mask and must not read it: NaN there would reach the result.
+    lead, full = (-(-pads[b] // chunk) for b in range(B)), (S[b] // chunk for b in range(B))
+    for b, (c0, c1) in enumerate(zip(lead, full)):
+        assert c1 > c0  # the test covers such chunks
+        mask[b * 32:(b + 1) * 32, c0 * chunk:c1 * chunk] = float("nan")
     Rt, dt = G * Tp // 32, d // 32
     U = B * Hkv * Rt * nsplit
     o_p, m_p, l_p = (up(rt, torch.zeros(U * 32, c), rt.ttnn.float32) for c in (d, 32, 32))
@@ -163,7 +168,8 @@ def test_attention_split_and_merge(rt, nsplit):
     K.make_attention_partial(rt.ttl, GRID, B, Hkv, Rt, dt, Smax // 32, kc, nsplit, Tp // 32)(
         up(rt, q.reshape(-1, d)), up(rt, kcache.reshape(-1, d)), up(rt, vcache.reshape(-1, d)), up(rt, mask),
         up(rt, kv_chunks, rt.ttnn.float32), consts(rt, 64, 1e-6, d), o_p, m_p, l_p)
-    K.make_attention_merge(rt.ttl, GRID, B, Hkv, G, Tp // 32, dt, nsplit)(o_p, m_p, l_p, out)
+    K.make_attention_merge(rt.ttl, GRID, B, Hkv, G, Tp // 32, dt, nsplit, Smax // 32, kc)(
+        o_p, m_p, l_p, up(rt, kv_chunks, rt.ttnn.float32), out)
     for b in range(B):
         qb = q[b].reshape(Hkv, G, Tp, d).permute(2, 0, 1, 3).reshape(Tp, Hq, d)
         ref = R.attention(qb, kcache[b].nan_to_num(), vcache[b].nan_to_num(), keep[b], d ** -0.5)
@@ -345,10 +351,14 @@ def test_performance_model_against_the_seed():
     assert P.step_ms(s) < P.SEED_STEP_MS
     # Attention reads the chunks holding the S context rows and the own tail's chunk, whatever Smax is.
     attn = lambda v: next(op for op in P.fused_ops(v) if op.name.startswith("(c) attention, partials"))  # noqa: E731
-    rows = (-(-s.S // (s.key_chunk * 32)) + 1) * s.key_chunk * 32
-    per_row = 2 * s.B * s.Hkv * s.d * s.kv_bytes + s.B * s.Hkv * 32 * s.act_bytes
-    assert attn(s).dram == rows * per_row == attn(replace(s, smax=5120)).dram
-    assert attn(replace(s, S=None)).dram == s.smax * per_row
+    # The mask only for the chunk holding S's boundary and the own tail's (S = 4,700 is not a chunk multiple),
+    # plus those holding left padding.
+    chunk = s.key_chunk * 32
+    rows = (-(-s.S // chunk) + 1) * chunk
+    kv_row, mask_row = 2 * s.B * s.Hkv * s.d * s.kv_bytes, s.B * s.Hkv * 32 * s.act_bytes
+    assert attn(s).dram == rows * kv_row + 2 * chunk * mask_row == attn(replace(s, smax=5120)).dram
+    assert attn(replace(s, pad=chunk + 1)).dram == rows * kv_row + 4 * chunk * mask_row
+    assert attn(replace(s, S=None)).dram == s.smax * (kv_row + mask_row)
 
 
 def test_action_in_proj_is_the_engines(tiny):

@@ -175,9 +175,10 @@ class TTExpert:
         # tensor must be as large as its blocks); the rows past B*32 are never read.
         rows = max(B, self.Hq // self.Hkv * self.Tp // T) * T
         mask = torch.cat([mask, torch.zeros(rows - mask.shape[0], smax)]) if rows > mask.shape[0] else mask
-        # The key chunks holding context rows, per sample: attention's run-time loop bound (kernels.py).
-        self.kv_chunks_host = torch.tensor([-(-S[b] // chunk) for b in range(B)], dtype=torch.float32)
-        kv_chunks = self.kv_chunks_host.repeat_interleave(T)[:, None].expand(-1, T).contiguous()
+        # Per sample, the key chunks holding context rows (attention's run-time loop bound), left padding and whole
+        # context rows (which chunks read the mask): kernels.kv_chunk_counts.
+        self.kv_chunks_host = K.kv_chunk_counts(S, [int(pads[g_of[b]]) for b in range(B)], chunk)
+        kv_chunks = self.kv_chunks_host
         offsets = [S[b] + int(ctx.rope_delta[b]) for b in range(B)]
         pos = torch.tensor(offsets)[:, None] + torch.arange(self.Tp)[None]  # padding rows: any position
         cos, sin = rope_tables(pos.reshape(-1), self.d, float(self.cfg["rope_theta"]))
@@ -238,7 +239,7 @@ class TTExpert:
         """bfp8_b cache in the simulator: qk_rope's own K/V rows rounded to bfp8_b as the chip's packer writes
         them into a bfp8_b tensor (the simulator stores them unrounded). The packer rounds ties up where this
         quantiser rounds them to even (docs/BFP.md), which differs only at exact ties."""
-        B, Tp = len(self.kv_chunks_host), self.Tp
+        B, Tp = len(self.kv_chunks_host) // T, self.Tp
         for buf in (self.k_cache[l], self.v_cache[l]):
             t = self.ttnn.to_torch(buf).view(B * self.Hkv, self.Smax, self.d)
             t[:, self.Smax - Tp:] = self._cache_values(t[:, self.Smax - Tp:].float().clone())
@@ -277,7 +278,8 @@ class TTExpert:
             "qk_rope": K.make_qk_rope(ttl, grid, B, Tpt, self.Hq, self.Hkv, dt, Smaxt),
             "attn": K.make_attention_partial(ttl, grid, B, self.Hkv, G * Tpt, dt, Smaxt, self.key_chunk, self.nsplit,
                                              Tpt),
-            "merge": K.make_attention_merge(ttl, grid, B, self.Hkv, G, Tpt, dt, self.nsplit),
+            "merge": K.make_attention_merge(ttl, grid, B, self.Hkv, G, Tpt, dt, self.nsplit, Smaxt,
+                                           self.key_chunk),
             "o": lin(self.Hq * dt, Dt, norm=False, gated=False, residual=True),
             "mlp": lin(Dt, It, norm=True, gated=True, residual=False),
             "down": lin(It, Dt, norm=False, gated=False, residual=True),
@@ -304,7 +306,7 @@ class TTExpert:
             self._pack_own_rows(l)
         ops["attn"](b["q"], self.k_cache[l], self.v_cache[l], b["mask"], b["kv_chunks"], self.consts, b["o_part"],
                     b["m_part"], b["l_part"])                                                                      # (c)
-        ops["merge"](b["o_part"], b["m_part"], b["l_part"], b["attn"])
+        ops["merge"](b["o_part"], b["m_part"], b["l_part"], b["kv_chunks"], b["attn"])
         ops["o"](b["attn"], dev["wo"], none, none, b["x"], self.consts, b["x1"])                      # (d)
         ops["mlp"](b["x1"], dev["wgate"], dev["wup"], dev["post_norm"], none, self.consts, b["act"])  # (e)
         ops["down"](b["act"], dev["wdown"], none, none, b["x1"], self.consts, b["x"])                 # (f)

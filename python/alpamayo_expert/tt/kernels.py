@@ -320,10 +320,14 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
     chunks (scores = q k^T * scale + mask, the mask additive per cache row) and writes them for attention_merge.
 
     Valid length at run time: the key range [0, Smax) is split over the nodes as for any S, and a node attends
-    only its chunks that hold context rows (chunk < kv_chunks[b], read from the device at run time) or the own
+    only its chunks that hold context rows (chunk < n_ctx, read from the device at run time) or the own
     tail (the chunks from Smax - Tp on); the mask hides the rest of a partly used chunk (left padding, rows
     from S on, the own padding). So the operation depends on (B, Smax) only and reads S rows, not Smax. A split
-    with no chunk to attend writes m = NEG_INIT, l = 0, o = 0, which the merge weighs by exp(NEG_INIT - M) = 0."""
+    with no chunk to attend writes m = NEG_INIT, l = 0, o = 0, which the merge weighs by exp(NEG_INIT - M) = 0.
+
+    The mask is read and added only where it is not all zero: the chunks holding left padding (chunk < lead),
+    the one holding S's boundary and the own tail (chunk >= full, the first chunk not wholly context). The
+    three counts are tiles 0-2 of row tile b of kv_chunks (kv_chunk_counts)."""
     if Smaxt % kc:
         raise ValueError(f"attention: cache tiles {Smaxt} not a multiple of the key chunk {kc}")
     splits = attention_split(Smaxt, kc, nsplit)
@@ -332,6 +336,9 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
 
     def attended(c0: int, c1: int, n_ctx: int) -> list[int]:
         return [ch for ch in range(c0, c1) if ch < n_ctx or ch >= tail0]
+
+    def masked(ch: int, lead: int, full: int) -> bool:
+        return ch < lead or ch >= full
 
     @ttl.operation(grid=grid)
     def attention_partial(q_packed, k_cache, v_cache, mask, kv_chunks, c, o_part, m_part, l_part):
@@ -344,7 +351,7 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
         m_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(Rt, 1), block_count=2)
         l_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(Rt, 1), block_count=2)
         o_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(Rt, dt), block_count=2)
-        n_dfb = ttl.make_dataflow_buffer_like(kv_chunks, shape=(1, 1), block_count=1)
+        n_dfb = ttl.make_dataflow_buffer_like(kv_chunks, shape=(1, 3), block_count=1)
         mo_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(Rt, 1), block_count=1)  # the results, to the writer
         lo_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(Rt, 1), block_count=1)
         oo_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(Rt, dt), block_count=1)
@@ -354,22 +361,27 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
             nid, nodes = _nid(ttl)
             for _bk, s in units[nid::nodes]:
                 c0, c1 = splits[s]
-                # The count reaches the compute thread as a tile; a waited block must feed a store, so it seeds
-                # the running max: NEG_INIT + (count - count) is NEG_INIT exactly (the count is finite).
+                # The counts reach the compute thread as tiles; a waited block must feed a store, so they seed
+                # the running max: NEG_INIT + sum(counts - counts) is NEG_INIT exactly (the counts are finite).
                 with n_dfb.wait() as nb_, m_dfb.reserve() as mb:
-                    n_ctx = run_time_count(nb_)
-                    mb.store(ttl.block.broadcast(ttl.block.fill(NEG_INIT, shape=(1, 1)) + (nb_ - nb_), dims=[0],
+                    n_ctx, lead, full = (run_time_count(nb_, j) for j in range(3))
+                    zero = ttl.math.reduce_sum(nb_ - nb_, dims=[1], shape=(1, 1))
+                    mb.store(ttl.block.broadcast(ttl.block.fill(NEG_INIT, shape=(1, 1)) + zero, dims=[0],
                                                  shape=(Rt, 1)))
                 _zero(ttl, l_dfb, (Rt, 1))
                 _zero(ttl, o_dfb, (Rt, dt))
                 chunks = attended(c0, c1, n_ctx)
                 with q_dfb.wait() if chunks else contextlib.nullcontext() as qb, \
                         sc_dfb.wait() if chunks else contextlib.nullcontext() as scale:
-                    for _c in chunks:
-                        with k_dfb.wait() as kb_, mask_dfb.wait() as mk, s_dfb.reserve() as sb:
-                            sb.store(qb @ ttl.block.transpose(kb_)
-                                     * ttl.block.broadcast(scale, dims=[0, 1], shape=(Rt, kc))
-                                     + ttl.block.broadcast(mk, dims=[0], shape=(Rt, kc)))
+                    for ch in chunks:
+                        with k_dfb.wait() as kb_, s_dfb.reserve() as sb:
+                            scores = qb @ ttl.block.transpose(kb_) * ttl.block.broadcast(scale, dims=[0, 1],
+                                                                                         shape=(Rt, kc))
+                            if masked(ch, lead, full):
+                                with mask_dfb.wait() as mk:
+                                    sb.store(scores + ttl.block.broadcast(mk, dims=[0], shape=(Rt, kc)))
+                            else:
+                                sb.store(scores)
                         _online_softmax_step(ttl, s_dfb, v_dfb, m_dfb, l_dfb, o_dfb, Rt, kc, dt)
                 with m_dfb.wait() as mb, l_dfb.wait() as lb, o_dfb.wait() as ob:
                     with mo_dfb.reserve() as mo, lo_dfb.reserve() as lo, oo_dfb.reserve() as oo:
@@ -384,8 +396,8 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
                 c0, c1 = splits[s]
                 b = bk // Hkv
                 with n_dfb.reserve() as nb_:
-                    ttl.copy(kv_chunks[b:b + 1, 0:1], nb_).wait()
-                    n_ctx = run_time_count(nb_)
+                    ttl.copy(kv_chunks[b:b + 1, 0:3], nb_).wait()
+                    n_ctx, lead, full = (run_time_count(nb_, j) for j in range(3))
                 chunks = attended(c0, c1, n_ctx)
                 if chunks:  # a split past the valid length reads nothing
                     with q_dfb.reserve() as qb:
@@ -394,11 +406,11 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
                         ttl.copy(c[0:1, C_SCALE:C_SCALE + 1], blk).wait()
                 for ch in chunks:
                     keys = slice(bk * Smaxt + ch * kc, bk * Smaxt + (ch + 1) * kc)
-                    with k_dfb.reserve() as kb_, mask_dfb.reserve() as mk:
-                        tk = ttl.copy(k_cache[keys, 0:dt], kb_)
-                        tm = ttl.copy(mask[b:b + 1, ch * kc:(ch + 1) * kc], mk)
-                        tk.wait()
-                        tm.wait()
+                    with k_dfb.reserve() as kb_:
+                        ttl.copy(k_cache[keys, 0:dt], kb_).wait()
+                    if masked(ch, lead, full):
+                        with mask_dfb.reserve() as mk:
+                            ttl.copy(mask[b:b + 1, ch * kc:(ch + 1) * kc], mk).wait()
                     with v_dfb.reserve() as vb:
                         ttl.copy(v_cache[keys, 0:dt], vb).wait()
 
@@ -418,13 +430,22 @@ def make_attention_partial(ttl, grid, B: int, Hkv: int, Rt: int, dt: int, Smaxt:
     return attention_partial
 
 
-def run_time_count(blk) -> int:
-    """A loop bound read at run time: element (0, 0) of a one-tile block that a node copied from the device.
+def kv_chunk_counts(S: list[int], pads: list[int], chunk_rows: int):
+    """attention_partial's run-time counts, tiles 0-2 of row tile b (float32 [32 B, 96]): the chunks holding
+    context rows, those holding left padding, and the chunks wholly context (from there on the mask is needed)."""
+    import torch
+    counts = torch.tensor([[-(-s // chunk_rows), -(-p // chunk_rows), s // chunk_rows] for s, p in zip(S, pads)],
+                          dtype=torch.float32)
+    return counts.repeat_interleave(TILE, 0).repeat_interleave(TILE, 1).contiguous()
+
+
+def run_time_count(blk, tile: int = 0) -> int:
+    """A loop bound read at run time: element (0, 0) of tile `tile` of a block that a node copied from the device.
 
     TT-Lang's documented block operations are whole-tile arithmetic; reading one value of L1 into a loop bound
     is what a tt-metal kernel does with a pointer, and the simulator backs a block with a torch tensor, which
     this reads. Whether the TT-Lang compiler accepts it is unknown here (docs/TT_BACKEND.md)."""
-    t = blk.get_item(0)
+    t = blk.get_item(tile)
     t = t.to_torch() if hasattr(t, "to_torch") else t
     return int(round(float(t.reshape(-1)[0])))
 
@@ -442,58 +463,76 @@ def _online_softmax_step(ttl, s_dfb, v_dfb, m_dfb, l_dfb, o_dfb, Rt: int, kc: in
             on.store(op_ * ttl.block.broadcast(corr, dims=[1], shape=(Rt, dt)) + p @ vb)
 
 
-def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int, nsplit: int):
-    """The log-sum-exp merge of the nsplit partials of each query row tile, written in concatenated-head
-    layout [B*Tp, Hq*d] (o_proj's input; no nlp_concat_heads): M = max m_s, O = sum o_s e^(m_s - M) /
-    sum l_s e^(m_s - M)."""
+def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int, nsplit: int, Smaxt: int,
+                         kc: int):
+    """The log-sum-exp merge of the partials of each query row tile, written in concatenated-head layout
+    [B*Tp, Hq*d] (o_proj's input; no nlp_concat_heads): M = max m_s, O = sum o_s e^(m_s - M) / sum l_s e^(m_s - M).
+
+    Work unit: one query row tile x one of the head's dt column tiles, so the merge spreads over B*Hkv*Rt*dt
+    nodes rather than B*Hkv*Rt. Only the splits that attended a chunk enter it (read at run time from
+    kv_chunks as attention_partial does); the others hold m = NEG_INIT and would add exactly zero. m and l hold
+    a row's value in column 0 of their tile, so it is broadcast along the row (dims=[1]) before use."""
     Rt = G * Tpt
-    units = [(bk, r) for bk in range(B * Hkv) for r in range(Rt)]
+    splits = attention_split(Smaxt, kc, nsplit)
+    tail0 = (Smaxt - Tpt) // kc
+    units = [(bk, r, j) for bk in range(B * Hkv) for r in range(Rt) for j in range(dt)]
+
+    def live(n_ctx: int) -> list[int]:
+        """The splits holding a chunk below n_ctx or in the own tail (never none: the last split holds the tail)."""
+        return [s for s, (c0, c1) in enumerate(splits) if c0 < n_ctx or c1 > tail0]
 
     @ttl.operation(grid=grid)
-    def attention_merge(o_part, m_part, l_part, out):
-        o_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, dt), block_count=2)
+    def attention_merge(o_part, m_part, l_part, kv_chunks, out):
+        o_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, 1), block_count=2)
         m_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(1, 1), block_count=2)
         l_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(1, 1), block_count=2)
+        n_dfb = ttl.make_dataflow_buffer_like(kv_chunks, shape=(1, 1), block_count=1)
         gm_dfb = ttl.make_dataflow_buffer_like(m_part, shape=(1, 1), block_count=2)
         L_dfb = ttl.make_dataflow_buffer_like(l_part, shape=(1, 1), block_count=2)
-        O_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, dt), block_count=2)
-        y_dfb = ttl.make_dataflow_buffer_like(out, shape=(1, dt), block_count=2)
+        O_dfb = ttl.make_dataflow_buffer_like(o_part, shape=(1, 1), block_count=2)
+        y_dfb = ttl.make_dataflow_buffer_like(out, shape=(1, 1), block_count=2)
 
         @ttl.compute()
         def compute():
             nid, nodes = _nid(ttl)
             for _ in units[nid::nodes]:
-                with gm_dfb.reserve() as gb:
-                    gb.store(ttl.block.fill(NEG_INIT, shape=(1, 1)))
-                for _s in range(nsplit):
+                # The count seeds the running max (a waited block must feed a store): NEG_INIT + (n - n).
+                with n_dfb.wait() as nb_, gm_dfb.reserve() as gb:
+                    used = live(run_time_count(nb_))
+                    gb.store(ttl.block.fill(NEG_INIT, shape=(1, 1)) + (nb_ - nb_))
+                for _s in used:
                     with m_dfb.wait() as mi, gm_dfb.wait() as prev, gm_dfb.reserve() as gb:
                         gb.store(ttl.math.max(prev, mi))
                 _zero(ttl, L_dfb, (1, 1))
-                _zero(ttl, O_dfb, (1, dt))
+                _zero(ttl, O_dfb, (1, 1))
                 with gm_dfb.wait() as gmax:
-                    for _s in range(nsplit):
+                    for _s in used:
                         with m_dfb.wait() as mi, l_dfb.wait() as li, o_dfb.wait() as oi:
                             with L_dfb.wait() as Lp, O_dfb.wait() as Op, L_dfb.reserve() as Ln, O_dfb.reserve() as On:
                                 e = ttl.math.exp(mi - gmax)
                                 Ln.store(Lp + li * e)
-                                On.store(Op + oi * ttl.block.broadcast(e, dims=[1], shape=(1, dt)))
+                                On.store(Op + oi * ttl.block.broadcast(e, dims=[1], shape=(1, 1)))
                 with L_dfb.wait() as Lt, O_dfb.wait() as Ot, y_dfb.reserve() as yb:
-                    yb.store(Ot * ttl.block.broadcast(ttl.math.recip(Lt), dims=[1], shape=(1, dt)))
+                    yb.store(Ot * ttl.block.broadcast(ttl.math.recip(Lt), dims=[1], shape=(1, 1)))
 
         @ttl.datamovement()
         def read():
             nid, nodes = _nid(ttl)
-            for bk, r in units[nid::nodes]:
-                for s in range(nsplit):
+            for bk, r, j in units[nid::nodes]:
+                b = bk // Hkv
+                with n_dfb.reserve() as nb_:
+                    ttl.copy(kv_chunks[b:b + 1, 0:1], nb_).wait()
+                    used = live(run_time_count(nb_))
+                for s in used:
                     u = (bk * nsplit + s) * Rt + r
                     with m_dfb.reserve() as mb:
                         ttl.copy(m_part[u:u + 1, 0:1], mb).wait()
-                for s in range(nsplit):
+                for s in used:
                     u = (bk * nsplit + s) * Rt + r
                     with m_dfb.reserve() as mb, l_dfb.reserve() as lb, o_dfb.reserve() as ob:
                         tm = ttl.copy(m_part[u:u + 1, 0:1], mb)
                         tl = ttl.copy(l_part[u:u + 1, 0:1], lb)
-                        to = ttl.copy(o_part[u:u + 1, 0:dt], ob)
+                        to = ttl.copy(o_part[u:u + 1, j:j + 1], ob)
                         tm.wait()
                         tl.wait()
                         to.wait()
@@ -501,11 +540,11 @@ def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int,
         @ttl.datamovement()
         def write():
             nid, nodes = _nid(ttl)
-            for bk, r in units[nid::nodes]:
+            for bk, r, j in units[nid::nodes]:
                 b, kh = divmod(bk, Hkv)
-                j, t = divmod(r, Tpt)
-                h = kh * G + j
+                jh, t = divmod(r, Tpt)
+                col = (kh * G + jh) * dt + j
                 with y_dfb.wait() as yb:
-                    ttl.copy(yb, out[b * Tpt + t:b * Tpt + t + 1, h * dt:(h + 1) * dt]).wait()
+                    ttl.copy(yb, out[b * Tpt + t:b * Tpt + t + 1, col:col + 1]).wait()
 
     return attention_merge

@@ -49,6 +49,7 @@ class Shape:
     L: int = 64
     smax: int = 8192
     S: int | None = 4700                # context rows in use; None: the whole cache read (the seed's kernel)
+    pad: int = 0                        # left padding rows of the context
     weight_bytes: float = 1088 / 1024   # bfp8_b: 1024 mantissa bytes + 64 exponent bytes per tile
     kv_bytes: float = 2.0               # bf16 cache
     act_bytes: float = 2.0
@@ -100,12 +101,16 @@ def fused_ops(s: Shape) -> list[Op]:
     busy_splits = sum(any(c0 <= ch < c1 for ch in read) for c0, c1 in splits)
     rows = len(read) * chunk_rows
     kv = 2 * s.B * s.Hkv * rows * s.d * s.kv_bytes
-    mask = s.B * s.Hkv * (rows // TILE) * tile * s.act_bytes
+    # The mask is read for the chunks holding left padding, S's boundary or the own tail (all, for the seed's).
+    lead, full = -(-s.pad // chunk_rows), (n_chunks if s.S is None else s.S // chunk_rows)
+    masked = [ch for ch in read if s.S is None or ch < lead or ch >= full]
+    mask = s.B * s.Hkv * len(masked) * s.key_chunk * tile * s.act_bytes
     attn = Op("(c) attention, partials", kv + mask,
               s.B * s.Hkv * busy_splits * (Rt * dt * tile * s.act_bytes + Rt * (dt + 2) * tile * 4),
               4.0 * s.B * s.Hq * s.T * rows * s.d, min(s.B * s.Hkv * busy_splits, s.nodes))
-    merge_units = s.B * s.Hkv * Rt
-    merge = Op("(c) attention, merge", 0, merge_units * (2 * nsplit * (dt + 2) * tile * 4 + dt * tile * s.act_bytes),
+    # The merge: a unit per query row tile x column tile of a head, over the splits that attended a chunk.
+    merge_units = s.B * s.Hkv * Rt * dt
+    merge = Op("(c) attention, merge", 0, merge_units * (2 * busy_splits * 3 * tile * 4 + tile * s.act_bytes),
                0, min(merge_units, s.nodes))
     return [_linear("(a) norm + qkv", s, s.D, Nqkv, norm=True), rope, attn, merge,
             _linear("(d) o_proj + residual", s, s.Hq * s.d, s.D, norm=False, nb=1),
