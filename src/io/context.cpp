@@ -62,7 +62,8 @@ void check_cache_finite(const KVCache& kv, const TensorView& t, bool suffix, con
           if (i >= 0) bad_row = r, bad_col = i;
         }
       }
-      check(bad_row < 0, ErrorCode::NonFinite,
+      if (bad_row < 0) continue;  // the message below indexes the page table by bad_row
+      check(false, ErrorCode::NonFinite,
             t.name + ": non-finite value at [" + std::to_string(n) + ", " + std::to_string(h) + ", " +
                 std::to_string(bad_row) + ", " + std::to_string(bad_col) + "]" +
                 (kv.paged() ? " (" + std::string(suffix ? "suffix" : "prompt") + " row " + std::to_string(bad_row) +
