@@ -68,12 +68,22 @@ Scratch carve(void* scratch, int M32, int Kp) {
   return {reinterpret_cast<uint16_t*>(p), reinterpret_cast<float*>(p + xs_bytes)};
 }
 
+// Where a chunk's sums go: part (fp32 [M32][64]), except that the panel's last chunk stores its first `rows`
+// rows (whole 32-row blocks of a full panel) straight into y at stride ldy: the copy of part into y went
+// through a separate pass over y otherwise, a large share of the time at many rows (docs/PERFORMANCE.md).
+struct Sink {
+  float* part;
+  float* y;
+  int ldy, rows;
+};
+
 // One span-panel's chunk of `pairs` (a multiple of 16) k pairs starting at pair q0 of the span: every 32-row
 // block and both half panels, accumulating into part (first: start from zero). Prefetches [pf, pf_end) spread
 // over its k steps.
 __attribute__((target("amx-tile,amx-bf16"))) void chunk(const char* b, int pairs, const uint16_t* xs, int Kp, int M32,
-                                                        int kx0, float* part, bool first, const char* pf,
+                                                        int kx0, Sink out, bool first, const char* pf,
                                                         const char* pf_end) {
+  float* const part = out.part;
   const int steps = pairs / 16 * 2 * (M32 / 32);
   const size_t pf_total = pf < pf_end ? size_t(pf_end - pf) : 0;
   const size_t per_step = (pf_total / (steps > 0 ? steps : 1) + 63) / 64 * 64;
@@ -112,10 +122,15 @@ __attribute__((target("amx-tile,amx-bf16"))) void chunk(const char* b, int pairs
         _tile_loadd(7, bh + size_t(n) * kRowBytes + 64, kRowBytes);
         for (size_t o = 0; o < per_step && pf < pf_end; o += 64, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
       }
-      _tile_stored(0, c, kNR * 4);
-      _tile_stored(1, c + 16, kNR * 4);
-      _tile_stored(2, c + 16 * kNR, kNR * 4);
-      _tile_stored(3, c + 16 * kNR + 16, kNR * 4);
+      int ld = kNR;
+      if (r < out.rows) {
+        c = out.y + size_t(r) * out.ldy + h * 32;
+        ld = out.ldy;
+      }
+      _tile_stored(0, c, ld * 4);
+      _tile_stored(1, c + 16, ld * 4);
+      _tile_stored(2, c + size_t(16) * ld, ld * 4);
+      _tile_stored(3, c + size_t(16) * ld + 16, ld * 4);
     }
 }
 
@@ -170,6 +185,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t
   const char* end = reinterpret_cast<const char*>(w) + size_t(panels) * ((K + 1) / 2) * kRowBytes;
   for (int p = 0; p < panels; ++p) {
     bool first = true;
+    const int cols = imin(kNR, N - p * kNR);
+    int direct = 0;  // rows of this panel already in y
     for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
       const int ks = imin(kDotKSpan, K - k0), pairs = (ks + 1) / 2, whole = pairs / 16 * 16;
       const char* panel = reinterpret_cast<const char*>(w) + size_t(k0) * panels * kNR * 2 + size_t(p) * pairs * kRowBytes;
@@ -178,7 +195,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t
         // The next chunk in memory order (the rest of this span-panel, else what follows it).
         const char* pf = panel + size_t(q + n) * kRowBytes;
         const char* pf_end = pf + size_t(kChunkPairs) * kRowBytes < end ? pf + size_t(kChunkPairs) * kRowBytes : end;
-        chunk(panel + size_t(q) * kRowBytes, n, s.xs, Kp, M32, k0 + 2 * q, s.part, first, pf, pf_end);
+        const bool last = k0 + kDotKSpan >= K && q + n == pairs && cols == kNR;
+        if (last) direct = M / 32 * 32;
+        chunk(panel + size_t(q) * kRowBytes, n, s.xs, Kp, M32, k0 + 2 * q, {s.part, y + size_t(p) * kNR, ldy, direct},
+              first, pf, pf_end);
         first = false;
       }
       if (whole < pairs) {
@@ -187,8 +207,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t
         tail(reinterpret_cast<const uint16_t*>(panel), whole, pairs, s.xs, Kp, M, k0 + 2 * whole, s.part);
       }
     }
-    const int cols = imin(kNR, N - p * kNR);
-    for (int m = 0; m < M; ++m) std::memcpy(y + size_t(m) * ldy + size_t(p) * kNR, s.part + size_t(m) * kNR, cols * 4);
+    for (int m = direct; m < M; ++m) std::memcpy(y + size_t(m) * ldy + size_t(p) * kNR, s.part + size_t(m) * kNR, cols * 4);
   }
   _tile_release();
 }
