@@ -130,6 +130,63 @@ TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
     }
 }
 
+// amx_bf16 blocks its loop by the number of rows (groups of panels and row blocks outer from 128 rows on, one
+// panel and half panels outer below; the last chunk's whole row blocks stored straight into y): the sums stay
+// the same chain of products, so rows computed in a many-row call equal the same rows computed alone (few rows)
+// bit for bit, whatever the column slicing (a partial group, a partial last panel); K of one chunk, of several
+// and with an fp32 tail; and the results stay within the double reference's bound.
+TEST(FmaMatmul, AmxBf16BlockingByRowsKeepsEveryResultBitwise) {
+  if (!matmul_kernel_runnable(MatmulKernel::AmxBf16)) GTEST_SKIP() << "amx_bf16 does not run here";
+  const MatmulKernel k = MatmulKernel::AmxBf16;
+  for (int M : {128, 200, 384})
+    for (int K : {64, 2048, 1000}) {
+      const int N = 600, ldy = N + 7;  // 9 full panels and one of 24 columns: groups of 4, 4 and 2
+      const Case c = make_case(M, K, N, uint32_t(13 * M + K));
+      const std::vector<float> y = run(k, c, ldy);
+      double worst = 0;
+      for (int m = 0; m < M; ++m)
+        for (int n = 0; n < ldy; ++n) {
+          const float got = y[size_t(m) * ldy + n];
+          if (n >= N) {
+            ASSERT_TRUE(std::isnan(got)) << "column " << n << " past N written, M=" << M << " K=" << K;
+            continue;
+          }
+          double ref = 0, mag = 0;
+          for (int kk = 0; kk < K; ++kk) {
+            const double p = double(bf(c.x[size_t(m) * K + kk])) * bf(c.W[size_t(n) * K + kk]);
+            ref += p;
+            mag += std::fabs(p);
+          }
+          const double bound = 2.0 * K * std::ldexp(1.0, -24) * mag + 1e-30;
+          ASSERT_LE(std::fabs(got - ref), bound) << "M=" << M << " K=" << K << " m=" << m << " n=" << n;
+          if (mag > 0) worst = std::max(worst, std::fabs(got - ref) / mag);
+        }
+      // Rows 40..103 (64 rows: one panel at a time, half panels outer) alone, and column slices of the whole.
+      const int r0 = 40, rows = 64;
+      MatmulWeights w;
+      w.pack_bf16(k, c.W.data(), K, N);
+      AlignedBuf<uint8_t> few(matmul_scratch_bytes(k, rows, K));
+      std::vector<float> ys(size_t(rows) * N);
+      run_matmul(w, c.x.data() + size_t(r0) * K, rows, K, ys.data(), N, few.data());
+      for (int m = 0; m < rows; ++m)
+        for (int n = 0; n < N; ++n)
+          ASSERT_EQ(ys[size_t(m) * N + n], y[size_t(r0 + m) * ldy + n]) << "M=" << M << " K=" << K << " row " << r0 + m;
+      std::vector<float> yc(size_t(M) * ldy, std::nanf(""));
+      const int cuts[] = {0, 64, 320, 600};  // slices of 1, 4 and 4.4 panels
+      for (int i = 0; i < 3; ++i) {
+        MatmulWeights wc;
+        wc.pack_bf16(k, c.W.data() + size_t(cuts[i]) * K, K, cuts[i + 1] - cuts[i]);
+        AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, K));
+        run_matmul(wc, c.x.data(), M, K, yc.data() + cuts[i], ldy, scratch.data());
+      }
+      for (size_t i = 0; i < y.size(); ++i)
+        if (!(std::isnan(y[i]) && std::isnan(yc[i]))) {
+          ASSERT_EQ(yc[i], y[i]) << "M=" << M << " K=" << K << " at " << i;
+        }
+      std::printf("  M=%d K=%d: worst |y - ref| / sum|x w| %.3g\n", M, K, worst);
+    }
+}
+
 // The cpu backend's chunked matmuls: a slice packed as chunks back to back in one arena, run one after another on
 // one scratch, the later calls reusing the x the first prepared (x_ready), equal the whole matrix bit for bit,
 // for bf16 and int8 weights on every kernel this machine runs; a full arena is refused.

@@ -10,13 +10,16 @@
 // Layout: avx512_bf16's (MatmulWeights::pack*): panels of 64 columns, K in spans of kDotKSpan, rows in pairs of
 // k, [ks/2][64][2] bf16 per span-panel: 256 bytes a packed row, so the B tile of 16 columns x 16 pairs is
 // 16 rows of 64 bytes at a stride of 256 bytes, read in place.
-// Loop: per panel, per chunk of kChunkPairs pairs (128 KB of weights: stays in L2 with x's chunk and the next
-// chunk), per half panel (32 columns) and per 32-row block, the 2 x 2 tiles of fp32 accumulators (tmm0-3) run
-// over the chunk with 2 A tiles (x, tmm4-5) and 2 B tiles (tmm6-7). Partial sums go to an fp32 buffer between
-// chunks (exactly: the sums are those of one unbroken chain of tdpbf16ps in k order, whatever M, N or the
-// slice). Meanwhile the next chunk is prefetched into L2, a few lines per k step, spread evenly over the
-// chunk's work: so DRAM streams during all of the compute, not only during the first row block's loads.
-// K beyond the last whole group of 16 pairs (K not a multiple of 32) is added after the tiles, in fp32.
+// Loop: per group of panels (one panel below kManyRows rows, kGroupPanels from there: blocking() below), per
+// chunk of kChunkPairs pairs (128 KB of a panel's weights: stays in L2 with x's chunk and the next chunk), per
+// panel of the group, per half panel (32 columns) and 32-row block (in the order blocking() says), the 2 x 2
+// tiles of fp32 accumulators (tmm0-3) run over the chunk with 2 A tiles (x, tmm4-5) and 2 B tiles (tmm6-7).
+// Partial sums go to an fp32 buffer per panel between chunks, the last chunk's whole row blocks straight to y
+// (exactly: the sums are those of one unbroken chain of tdpbf16ps in k order, whatever M, N, the slice or the
+// blocking). Meanwhile the next chunk the loop runs is prefetched into L2, a few lines per k step, spread
+// evenly over the chunk's work: so DRAM streams during all of the compute, not only during the first row
+// block's loads. K beyond the last whole group of 16 pairs (K not a multiple of 32) is added after the tiles,
+// in fp32.
 //
 // Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
 #include <immintrin.h>
@@ -33,6 +36,20 @@ constexpr int kNR = 64;             // columns per panel
 constexpr int kChunkPairs = 512;    // k pairs per chunk: 512 x 256 bytes = 128 KB of one panel's weights
 constexpr int kRowBytes = kNR * 4;  // one packed row: 64 columns x a pair of bf16
 static_assert(kDotKSpan % (2 * kChunkPairs) == 0, "chunks must not straddle spans");
+
+// At many rows the matmul is bound by arithmetic, and the tile loads' source sets its rate (docs/PERFORMANCE.md,
+// "AMX bf16 matmul at many rows"): there the loop runs a group of panels per chunk of k, so that the chunk's x
+// (all rows) is read from L2 by each panel of the group instead of from L3 by every panel when x outgrows L2,
+// and each row block's two half panels back to back (its x stays in L1/L2 between them). At few rows the
+// weights stream from memory: one panel at a time, half panels outer (a half panel's chunk cached for the
+// row blocks), the prefetch a chunk ahead in memory order.
+constexpr int kManyRows = 128;
+constexpr int kGroupPanels = 4;  // with kChunkPairs: 768 KB of x and 384 KB of sums at 384 rows, in L2
+struct Blocking {
+  int group_panels;
+  bool rows_outer;
+};
+Blocking blocking(int M32) { return M32 < kManyRows ? Blocking{1, false} : Blocking{kGroupPanels, true}; }
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }
 
@@ -81,14 +98,17 @@ struct Sink {
 // block and both half panels, accumulating into part (first: start from zero). Prefetches [pf, pf_end) spread
 // over its k steps.
 __attribute__((target("amx-tile,amx-bf16"))) void chunk(const char* b, int pairs, const uint16_t* xs, int Kp, int M32,
-                                                        int kx0, Sink out, bool first, const char* pf,
-                                                        const char* pf_end) {
+                                                        int kx0, Sink out, bool first, bool rows_outer,
+                                                        const char* pf, const char* pf_end) {
   float* const part = out.part;
-  const int steps = pairs / 16 * 2 * (M32 / 32);
+  const int blocks = M32 / 32, steps = pairs / 16 * 2 * blocks;
   const size_t pf_total = pf < pf_end ? size_t(pf_end - pf) : 0;
   const size_t per_step = (pf_total / (steps > 0 ? steps : 1) + 63) / 64 * 64;
-  for (int h = 0; h < 2; ++h)
-    for (int r = 0; r < M32; r += 32) {
+  // Half panels outer: a half panel's weights of the chunk stay cached for all row blocks. Row blocks outer:
+  // both halves of one row block back to back, so its x (32 rows of the chunk) stays in L1/L2 between them and
+  // the chunk's working set is that block's x and the chunk's weights instead of all rows' x.
+  for (int i = 0; i < 2 * blocks; ++i) {
+      const int h = rows_outer ? i % 2 : i / blocks, r = 32 * (rows_outer ? i / 2 : i % blocks);
       float* c = part + size_t(r) * kNR + h * 32;
       if (first) {
         _tile_zero(0);
@@ -152,7 +172,7 @@ void tail(const uint16_t* b, int q0, int q1, const uint16_t* xs, int Kp, int M, 
 
 size_t amx_matmul_scratch_bytes(int M, int K) {
   const size_t M32 = (size_t(M > 0 ? M : 0) + 31) / 32 * 32, Kp = (size_t(K > 0 ? K : 0) + 31) / 32 * 32;
-  return (M32 * Kp * 2 + 63) / 64 * 64 + M32 * kNR * 4 + 64;
+  return (M32 * Kp * 2 + 63) / 64 * 64 + M32 * kNR * 4 * blocking(int(M32)).group_panels + 64;
 }
 
 __attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t* w, int K, int N, const uint16_t* x,
@@ -182,32 +202,46 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t
   asm volatile("" : : "m"(cfg) : "memory");
   _tile_loadconfig(&cfg);
   const int panels = (N + kNR - 1) / kNR;
+  const Blocking bl = blocking(M32);
   const char* end = reinterpret_cast<const char*>(w) + size_t(panels) * ((K + 1) / 2) * kRowBytes;
-  for (int p = 0; p < panels; ++p) {
-    bool first = true;
-    const int cols = imin(kNR, N - p * kNR);
-    int direct = 0;  // rows of this panel already in y
+  // Chunk q (pairs from q) of panel p in the span at k0 of `pairs` pairs.
+  auto at = [&](int p, int k0, int pairs, int q) {
+    return reinterpret_cast<const char*>(w) + size_t(k0) * panels * kNR * 2 + (size_t(p) * pairs + q) * kRowBytes;
+  };
+  for (int p0 = 0; p0 < panels; p0 += bl.group_panels) {
+    const int g = imin(bl.group_panels, panels - p0);
+    int direct[kGroupPanels] = {};  // rows of each panel already in y
     for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
       const int ks = imin(kDotKSpan, K - k0), pairs = (ks + 1) / 2, whole = pairs / 16 * 16;
-      const char* panel = reinterpret_cast<const char*>(w) + size_t(k0) * panels * kNR * 2 + size_t(p) * pairs * kRowBytes;
+      const bool last_span = k0 + kDotKSpan >= K;
       for (int q = 0; q < whole; q += kChunkPairs) {
         const int n = imin(kChunkPairs, whole - q);
-        // The next chunk in memory order (the rest of this span-panel, else what follows it).
-        const char* pf = panel + size_t(q + n) * kRowBytes;
-        const char* pf_end = pf + size_t(kChunkPairs) * kRowBytes < end ? pf + size_t(kChunkPairs) * kRowBytes : end;
-        const bool last = k0 + kDotKSpan >= K && q + n == pairs && cols == kNR;
-        if (last) direct = M / 32 * 32;
-        chunk(panel + size_t(q) * kRowBytes, n, s.xs, Kp, M32, k0 + 2 * q, {s.part, y + size_t(p) * kNR, ldy, direct},
-              first, pf, pf_end);
-        first = false;
+        for (int j = 0; j < g; ++j) {
+          const int p = p0 + j;
+          // The next chunk this loop runs (that of the next panel of the group, else the group's next k), or at
+          // the group's last chunk what follows in memory.
+          const char* pf = j + 1 < g ? at(p + 1, k0, pairs, q) : q + n < whole ? at(p0, k0, pairs, q + n)
+                                                                              : at(p, k0, pairs, q + n);
+          const char* pf_end = pf + size_t(kChunkPairs) * kRowBytes < end ? pf + size_t(kChunkPairs) * kRowBytes : end;
+          if (last_span && q + n == pairs && N - p * kNR >= kNR) direct[j] = M / 32 * 32;
+          chunk(at(p, k0, pairs, q), n, s.xs, Kp, M32, k0 + 2 * q,
+                {s.part + size_t(j) * M32 * kNR, y + size_t(p) * kNR, ldy, direct[j]}, k0 == 0 && q == 0,
+                bl.rows_outer, pf, pf_end);
+        }
       }
-      if (whole < pairs) {
-        if (first) std::memset(s.part, 0, size_t(M32) * kNR * 4);
-        first = false;
-        tail(reinterpret_cast<const uint16_t*>(panel), whole, pairs, s.xs, Kp, M, k0 + 2 * whole, s.part);
-      }
+      if (whole < pairs)
+        for (int j = 0; j < g; ++j) {
+          float* part = s.part + size_t(j) * M32 * kNR;
+          if (k0 == 0 && whole == 0) std::memset(part, 0, size_t(M32) * kNR * 4);
+          tail(reinterpret_cast<const uint16_t*>(at(p0 + j, k0, pairs, 0)), whole, pairs, s.xs, Kp, M, k0 + 2 * whole,
+               part);
+        }
     }
-    for (int m = direct; m < M; ++m) std::memcpy(y + size_t(m) * ldy + size_t(p) * kNR, s.part + size_t(m) * kNR, cols * 4);
+    for (int j = 0; j < g; ++j) {
+      const int p = p0 + j, cols = imin(kNR, N - p * kNR);
+      for (int m = direct[j]; m < M; ++m)
+        std::memcpy(y + size_t(m) * ldy + size_t(p) * kNR, s.part + (size_t(j) * M32 + m) * kNR, cols * 4);
+    }
   }
   _tile_release();
 }

@@ -180,7 +180,7 @@ void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, i
                            void* scratch, bool x_ready);
 void amx_matmul_bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
                      void* scratch, bool x_ready);
-// amx_bf16's scratch: x in rows of K rounded up to 32 for M rounded up to 32, and one panel's fp32 sums.
+// amx_bf16's scratch: x as A tiles, K rounded up to 32 and M to 32, and the fp32 sums of a group of panels.
 size_t amx_matmul_scratch_bytes(int M, int K);
 
 // K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
