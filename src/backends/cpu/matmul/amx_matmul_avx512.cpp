@@ -95,7 +95,7 @@ struct Sink {
 };
 
 // One span-panel's chunk of `pairs` (a multiple of 16) k pairs starting at pair q0 of the span: every 32-row
-// block and both half panels, accumulating into part (first: start from zero). Prefetches [pf, pf_end) spread
+// block and both half panels, accumulating into out (first: start from zero). Prefetches [pf, pf_end) spread
 // over its k steps.
 __attribute__((target("amx-tile,amx-bf16"))) void chunk(const char* b, int pairs, const uint16_t* xs, int Kp, int M32,
                                                         int kx0, Sink out, bool first, bool rows_outer,
@@ -108,50 +108,50 @@ __attribute__((target("amx-tile,amx-bf16"))) void chunk(const char* b, int pairs
   // both halves of one row block back to back, so its x (32 rows of the chunk) stays in L1/L2 between them and
   // the chunk's working set is that block's x and the chunk's weights instead of all rows' x.
   for (int i = 0; i < 2 * blocks; ++i) {
-      const int h = rows_outer ? i % 2 : i / blocks, r = 32 * (rows_outer ? i / 2 : i % blocks);
-      float* c = part + size_t(r) * kNR + h * 32;
-      if (first) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-      } else {
-        _tile_loadd(0, c, kNR * 4);
-        _tile_loadd(1, c + 16, kNR * 4);
-        _tile_loadd(2, c + 16 * kNR, kNR * 4);
-        _tile_loadd(3, c + 16 * kNR + 16, kNR * 4);
-      }
-      const uint16_t* a = xs + xs_index(r, kx0, Kp);
-      const char* bh = b + h * 128;
-      // Each operand tile is loaded again for the next step as soon as its last product of this step has been
-      // issued: the tiles are not renamed, so a load waits for the products reading the tile it overwrites.
-      _tile_loadd(4, a, kTileBytes);
-      _tile_loadd(6, bh, kRowBytes);
-      _tile_loadd(5, a + size_t(16) * Kp, kTileBytes);
-      _tile_loadd(7, bh + 64, kRowBytes);
-      for (int q = 0; q < pairs; q += 16) {
-        // The last step loads its own tiles again (in bounds, unused): fewer branches in the loop.
-        const int n = q + 16 < pairs ? q + 16 : q;
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(4, a + size_t(32) * n, kTileBytes);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_loadd(6, bh + size_t(n) * kRowBytes, kRowBytes);
-        _tile_dpbf16ps(3, 5, 7);
-        _tile_loadd(5, a + size_t(32) * n + size_t(16) * Kp, kTileBytes);
-        _tile_loadd(7, bh + size_t(n) * kRowBytes + 64, kRowBytes);
-        for (size_t o = 0; o < per_step && pf < pf_end; o += 64, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-      }
-      int ld = kNR;
-      if (r < out.rows) {
-        c = out.y + size_t(r) * out.ldy + h * 32;
-        ld = out.ldy;
-      }
-      _tile_stored(0, c, ld * 4);
-      _tile_stored(1, c + 16, ld * 4);
-      _tile_stored(2, c + size_t(16) * ld, ld * 4);
-      _tile_stored(3, c + size_t(16) * ld + 16, ld * 4);
+    const int h = rows_outer ? i % 2 : i / blocks, r = 32 * (rows_outer ? i / 2 : i % blocks);
+    float* c = part + size_t(r) * kNR + h * 32;
+    if (first) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    } else {
+      _tile_loadd(0, c, kNR * 4);
+      _tile_loadd(1, c + 16, kNR * 4);
+      _tile_loadd(2, c + 16 * kNR, kNR * 4);
+      _tile_loadd(3, c + 16 * kNR + 16, kNR * 4);
     }
+    const uint16_t* a = xs + xs_index(r, kx0, Kp);
+    const char* bh = b + h * 128;
+    // Each operand tile is loaded again for the next step as soon as its last product of this step has been
+    // issued: the tiles are not renamed, so a load waits for the products reading the tile it overwrites.
+    _tile_loadd(4, a, kTileBytes);
+    _tile_loadd(6, bh, kRowBytes);
+    _tile_loadd(5, a + size_t(16) * Kp, kTileBytes);
+    _tile_loadd(7, bh + 64, kRowBytes);
+    for (int q = 0; q < pairs; q += 16) {
+      // The last step loads its own tiles again (in bounds, unused): fewer branches in the loop.
+      const int n = q + 16 < pairs ? q + 16 : q;
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(4, a + size_t(32) * n, kTileBytes);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_loadd(6, bh + size_t(n) * kRowBytes, kRowBytes);
+      _tile_dpbf16ps(3, 5, 7);
+      _tile_loadd(5, a + size_t(32) * n + size_t(16) * Kp, kTileBytes);
+      _tile_loadd(7, bh + size_t(n) * kRowBytes + 64, kRowBytes);
+      for (size_t o = 0; o < per_step && pf < pf_end; o += 64, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+    }
+    int ld = kNR;
+    if (r < out.rows) {
+      c = out.y + size_t(r) * out.ldy + h * 32;
+      ld = out.ldy;
+    }
+    _tile_stored(0, c, ld * 4);
+    _tile_stored(1, c + 16, ld * 4);
+    _tile_stored(2, c + size_t(16) * ld, ld * 4);
+    _tile_stored(3, c + size_t(16) * ld + 16, ld * 4);
+  }
 }
 
 // The pairs past the last group of 16 of a span-panel (pairs q0 .. q1), added to part in fp32, pair by pair.
