@@ -77,23 +77,26 @@ def test_bfp8_quantiser_is_the_engines():
     assert torch.equal(quantize_weight(w.T, "bfp8_b").T, bfp.quantize_linear(w, "bfp8_b"))
 
 
+@pytest.mark.parametrize("mb", [1, 3])
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kind", ["norm_qkv", "norm_gated", "residual"])
-def test_linear(rt, fmt, kind):
-    """(a) RMSNorm + qkv, (e) RMSNorm + gate/up + SiLU * up, (d)/(f) matmul + residual."""
+@pytest.mark.parametrize("kind", ["norm", "norm_gated", "residual"])
+def test_linear(rt, fmt, kind, mb):
+    """RMSNorm + matmul, (e) RMSNorm + gate/up + SiLU * up, (d)/(f) matmul + residual; a work unit of one row tile
+    or of all three (each weight block read once)."""
     g = torch.Generator().manual_seed(1)
-    M, Kd, N = 64, 128, 96
+    M, Kd, N = 96, 128, 96
     x, res, gain = bf(M, Kd, g=g), bf(M, N, g=g), round_bf16(1 + 0.1 * torch.randn(Kd, generator=g))
     w = quantize_weight(torch.randn(Kd, N, generator=g) / 10, fmt)
     w2 = quantize_weight(torch.randn(Kd, N, generator=g) / 10, fmt)
     wdt = rt.ttnn.bfloat8_b if fmt == "bfp8_b" else rt.ttnn.bfloat16
     norm, gated = kind != "residual", kind == "norm_gated"
-    op = K.make_linear(rt.ttl, GRID, M // 32, Kd // 32, N // 32, 2, 1, norm=norm, gated=gated, residual=not norm)
+    op = K.make_linear(rt.ttl, GRID, M // 32, Kd // 32, N // 32, 2, 1, norm=norm, gated=gated, residual=not norm,
+                       mb=mb)
     y = up(rt, torch.zeros(M, N))
     op(up(rt, x), up(rt, w, wdt), up(rt, w2, wdt), up(rt, gain.expand(32, Kd)), up(rt, res), consts(rt, Kd, 1e-6, 32),
        y)
     n = R.rms(x, gain, 1e-6)
-    ref = {"norm_qkv": n @ w, "norm_gated": torch.nn.functional.silu(n @ w) * (n @ w2), "residual": x @ w + res}[kind]
+    ref = {"norm": n @ w, "norm_gated": torch.nn.functional.silu(n @ w) * (n @ w2), "residual": x @ w + res}[kind]
     close(down(rt, y), ref)
 
 
@@ -105,13 +108,17 @@ def test_final_rmsnorm(rt):
     close(down(rt, y), R.rms(x, gain, 1e-6))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("d", [32, 64])
-def test_qk_rope_head_split(rt, d):
-    """(b) q/k RMSNorm + RoPE + head split in one pass: q GQA-packed, own k/v into the caches' scratch tail and no
-    other cache row touched."""
+def test_qkv_rope_head_split(rt, d, fmt):
+    """(a) RMSNorm + qkv + q/k RMSNorm + RoPE + head split in one operation: q GQA-packed, own k/v into the caches'
+    scratch tail and no other cache row touched."""
     g = torch.Generator().manual_seed(3)
-    B, Tp, Hq, Hkv, Smax = 2, 32, 4, 2, 128
-    qkv = bf(B * Tp, (Hq + 2 * Hkv) * d, g=g)
+    B, Tp, Hq, Hkv, Smax, D = 2, 64, 4, 2, 128, 96
+    N = (Hq + 2 * Hkv) * d
+    x, gain = bf(B * Tp, D, g=g), round_bf16(1 + 0.1 * torch.randn(D, generator=g))
+    w = quantize_weight(torch.randn(D, N, generator=g) / 10, fmt)
+    wdt = rt.ttnn.bfloat8_b if fmt == "bfp8_b" else rt.ttnn.bfloat16
     gq, gk = round_bf16(1 + 0.2 * torch.randn(d, generator=g)), round_bf16(1 + 0.2 * torch.randn(d, generator=g))
     pos = (torch.tensor([17, 40])[:, None] + torch.arange(Tp)).reshape(-1)
     cos, sin = (round_bf16(t) for t in R.rope_tables(pos, d, 5e6))
@@ -120,10 +127,10 @@ def test_qk_rope_head_split(rt, d):
     rot[torch.arange(h) + h, torch.arange(h)], rot[torch.arange(h), torch.arange(h) + h] = -1.0, 1.0
     kc0, vc0 = bf(B * Hkv * Smax, d, g=g), bf(B * Hkv * Smax, d, g=g)
     q_dev, kc, vc = up(rt, torch.zeros(B * Hq * Tp, d)), up(rt, kc0), up(rt, vc0)
-    op = K.make_qk_rope(rt.ttl, GRID, B, Tp // 32, Hq, Hkv, d // 32, Smax // 32)
-    op(up(rt, qkv), up(rt, gq.expand(32, d)), up(rt, gk.expand(32, d)), up(rt, cos), up(rt, sin), up(rt, rot),
-       consts(rt, 64, 1e-6, d), q_dev, kc, vc)
-    q, k, v = R.qk_rope(qkv, gq, gk, cos, sin, Hq, Hkv, d, 1e-6)
+    op = K.make_qkv_rope(rt.ttl, GRID, B, Tp // 32, D // 32, 1, Hq, Hkv, d // 32, Smax // 32)
+    op(up(rt, x), up(rt, w, wdt), up(rt, gain.expand(32, D)), up(rt, gq.expand(32, d)), up(rt, gk.expand(32, d)),
+       up(rt, cos), up(rt, sin), up(rt, rot), consts(rt, D, 1e-6, d), q_dev, kc, vc)
+    q, k, v = R.qk_rope(R.rms(x, gain, 1e-6) @ w, gq, gk, cos, sin, Hq, Hkv, d, 1e-6)
     G = Hq // Hkv
     close(down(rt, q_dev).reshape(B, Hkv, G, Tp, d), q.reshape(B, Tp, Hkv, G, d).permute(0, 2, 3, 1, 4))
     for dev, before, own in ((kc, kc0, k), (vc, vc0, v)):
