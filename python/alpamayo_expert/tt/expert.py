@@ -107,7 +107,8 @@ class TTExpert:
 
     # ------------------------------------------------------------------------------------------ weights
     def _up(self, t: torch.Tensor, dtype=None, l1: bool = False):
-        """A device tensor: DRAM, or L1 (l1) for the activations, which every node reads (docs/TT_BACKEND.md)."""
+        """A device tensor: DRAM, or L1 (l1) for the activations and the small tensors every node reads
+        (docs/TT_BACKEND.md)."""
         ttnn = self.ttnn
         mc = ttnn.L1_MEMORY_CONFIG if l1 else ttnn.DRAM_MEMORY_CONFIG
         return ttnn.from_torch(t.float().contiguous(), dtype=dtype or ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
@@ -265,7 +266,10 @@ class TTExpert:
             "x": zeros(M, self.D), "x1": zeros(M, self.D), "q": zeros(items * T, self.d),
             "o_part": zeros(U * T, self.d, ttnn.float32), "m_part": zeros(U * T, T, ttnn.float32),
             "l_part": zeros(U * T, T, ttnn.float32), "attn": zeros(M, self.Hq * self.d), "act": zeros(M, self.I),
-            "hidden": zeros(M, self.D), "mask": self._up(mask), "kv_chunks": self._up(kv_chunks, ttnn.float32),
+            # The mask and the chunk counts in L1 too: every attention unit reads them, and in DRAM they would
+            # take a share of the cache's stream.
+            "hidden": zeros(M, self.D), "mask": self._up(mask, l1=True),
+            "kv_chunks": self._up(kv_chunks, ttnn.float32, l1=True),
             "cos": self._up(self.cos_host, l1=True),
             "sin": self._up(self.sin_host, l1=True), "none": zeros(T, T),
         }

@@ -497,8 +497,10 @@ def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int,
 
     Work unit: one query row tile x one of the head's dt column tiles, so the merge spreads over B*Hkv*Rt*dt
     nodes rather than B*Hkv*Rt. Only the splits that attended a chunk enter it (read at run time from
-    kv_chunks as attention_partial does); the others hold m = NEG_INIT and would add exactly zero. m and l hold
-    a row's value in column 0 of their tile, so it is broadcast along the row (dims=[1]) before use."""
+    kv_chunks as attention_partial does); the others hold m = NEG_INIT and would add exactly zero. One pass over
+    the splits with a running max (as the partials run over key chunks), so each split's m, l and o are read
+    once: M' = max(M, m_s), L' = L e^(M - M') + l_s e^(m_s - M'), O' likewise. m and l hold a row's value in
+    column 0 of their tile, so it is broadcast along the row (dims=[1]) before use."""
     Rt = G * Tpt
     splits = attention_split(Smaxt, kc, nsplit)
     tail0 = (Smaxt - Tpt) // kc
@@ -527,20 +529,21 @@ def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int,
                 with n_dfb.wait() as nb_, gm_dfb.reserve() as gb:
                     used = live(run_time_count(nb_))
                     gb.store(ttl.block.fill(NEG_INIT, shape=(1, 1)) + (nb_ - nb_))
-                for _s in used:
-                    with m_dfb.wait() as mi, gm_dfb.wait() as prev, gm_dfb.reserve() as gb:
-                        gb.store(ttl.math.max(prev, mi))
                 _zero(ttl, L_dfb, (1, 1))
                 _zero(ttl, O_dfb, (1, 1))
-                with gm_dfb.wait() as gmax:
-                    for _s in used:
-                        with m_dfb.wait() as mi, l_dfb.wait() as li, o_dfb.wait() as oi:
-                            with L_dfb.wait() as Lp, O_dfb.wait() as Op, L_dfb.reserve() as Ln, O_dfb.reserve() as On:
-                                e = ttl.math.exp(mi - gmax)
-                                Ln.store(Lp + li * e)
-                                On.store(Op + oi * ttl.block.broadcast(e, dims=[1], shape=(1, 1)))
-                with L_dfb.wait() as Lt, O_dfb.wait() as Ot, y_dfb.reserve() as yb:
-                    yb.store(Ot * ttl.block.broadcast(ttl.math.recip(Lt), dims=[1], shape=(1, 1)))
+                for _s in used:
+                    with m_dfb.wait() as mi, l_dfb.wait() as li, o_dfb.wait() as oi, gm_dfb.wait() as mp:
+                        with L_dfb.wait() as Lp, O_dfb.wait() as Op:
+                            with gm_dfb.reserve() as mn, L_dfb.reserve() as Ln, O_dfb.reserve() as On:
+                                m_new = ttl.math.max(mp, mi)
+                                e_old, e_new = ttl.math.exp(mp - m_new), ttl.math.exp(mi - m_new)
+                                mn.store(m_new)
+                                Ln.store(Lp * e_old + li * e_new)
+                                On.store(Op * ttl.block.broadcast(e_old, dims=[1], shape=(1, 1))
+                                         + oi * ttl.block.broadcast(e_new, dims=[1], shape=(1, 1)))
+                # The final max must feed a store too: + (M - M), exactly 0 (M is finite).
+                with gm_dfb.wait() as gm, L_dfb.wait() as Lt, O_dfb.wait() as Ot, y_dfb.reserve() as yb:
+                    yb.store(Ot * ttl.block.broadcast(ttl.math.recip(Lt), dims=[1], shape=(1, 1)) + (gm - gm))
 
         @ttl.datamovement()
         def read():
@@ -550,10 +553,6 @@ def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int,
                 with n_dfb.reserve() as nb_:
                     ttl.copy(kv_chunks[b:b + 1, 0:1], nb_).wait()
                     used = live(run_time_count(nb_))
-                for s in used:
-                    u = (bk * nsplit + s) * Rt + r
-                    with m_dfb.reserve() as mb:
-                        ttl.copy(m_part[u:u + 1, 0:1], mb).wait()
                 for s in used:
                     u = (bk * nsplit + s) * Rt + r
                     with m_dfb.reserve() as mb, l_dfb.reserve() as lb, o_dfb.reserve() as ob:
