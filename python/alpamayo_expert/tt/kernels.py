@@ -70,9 +70,12 @@ def make_linear(ttl, grid, Mt: int, Kt: int, Nt: int, kb: int, nb: int, *, norm:
 
     RMSNorm is fused: the row scale r = rsqrt(mean(x^2) + eps) commutes with the matmul, so a node computes
     r from a first pass over its rows, then ((x * g) @ w) * r, never writing the normed x. Work unit: a block of
-    mb row tiles (default all Mt) x one block of nb output tiles; the weight streams through in (kb, nb) blocks,
-    so with mb = Mt every weight byte is read from DRAM once per operation, whatever the number of row tiles."""
+    mb row tiles (default all Mt, at most CONST_ROWS) x one block of nb output tiles; the weight streams through
+    in (kb, nb) blocks, so with mb = Mt every weight byte is read from DRAM once per operation, whatever the
+    number of row tiles."""
     mb = Mt if mb is None else mb
+    if mb > CONST_ROWS:
+        raise ValueError(f"linear: {mb} row tiles per unit, more than the constants tensor's {CONST_ROWS}")
     if norm == residual or gated and not norm:
         raise ValueError("linear: the layer fuses RMSNorm (optionally gated) or a residual, one of the two")
     if Kt % kb or Nt % nb or Mt % mb:
@@ -231,8 +234,9 @@ def make_qkv_rope(ttl, grid, B: int, Tpt: int, Kt: int, kb: int, Hq: int, Hkv: i
     A sample's row tiles land on consecutive rows of each destination, so the unit writes one block. Each weight
     column block is streamed once per sample (once per operation at B = 1)."""
     G, k_blocks = Hq // Hkv, Kt // kb
-    if Kt % kb:
-        raise ValueError(f"qkv_rope: K tiles {Kt} not a multiple of the block {kb}")
+    if Kt % kb or Tpt > CONST_ROWS:
+        raise ValueError(f"qkv_rope: K tiles {Kt} not a multiple of the block {kb}, or more than {CONST_ROWS} row "
+                         f"tiles per sample ({Tpt})")
     units = [(b, h) for b in range(B) for h in range(Hq + 2 * Hkv)]
 
     def dest(b: int, h: int) -> tuple[int, int]:

@@ -1,8 +1,8 @@
 """A performance model of the expert layer on Blackhole p150 (docs/TT_BACKEND.md, "Performance model").
 
 Estimated, never measured: nothing of alpamayo_expert.tt has run on a chip. Per operation it counts DRAM bytes
-(weights, caches, mask), NoC bytes (activations, which live in L1, read and written by the nodes, re-reads
-included) and FPU arithmetic, and takes
+(weights, caches), NoC bytes (activations and the small tensors every node reads, which live in L1, read and
+written by the nodes, re-reads included) and FPU arithmetic, and takes
 
     time = launch + max(DRAM bytes / DRAM rate, NoC bytes / (nodes busy x NoC rate), flops / (nodes busy x FPU rate))
 
@@ -94,7 +94,7 @@ def _qkv_rope(s: Shape) -> Op:
     units = s.B * heads
     x_reads = units * s.D * s.act_bytes * (2 * s.T + TILE)
     rope_reads = s.B * qk * s.d * s.act_bytes * (TILE + s.d + 2 * s.T)
-    return Op("(a) norm + qkv + q/k norm + rope + split",
+    return Op("(a) + (b) norm + qkv + q/k norm + rope + split",
               s.B * s.D * heads * s.d * s.weight_bytes + 2 * M * s.Hkv * s.d * s.kv_bytes,
               x_reads + rope_reads + M * s.Hq * s.d * s.act_bytes,
               2.0 * M * s.D * heads * s.d + 2.0 * M * qk * s.d * s.d, min(units, s.nodes))
@@ -167,16 +167,18 @@ def report(s: Shape = Shape()) -> str:
     lines = ["| seed op | model (us) | seed measured (us) | model / seed |", "| --- | --- | --- | --- |"]
     for op in seed_ops(s):
         lines.append(f"| {op.name} | {op.us():.1f} | {SEED_US[op.name]} | {op.us() / SEED_US[op.name]:.2f} |")
-    lines += ["", "| fused op | DRAM (MB) | NoC (MB) | GFLOP | nodes busy | model (us) |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    for op in fused_ops(s):
+    s8 = replace(s, kv_bytes=1088 / 1024)
+    lines += ["", "| fused op | DRAM (MB) | NoC (MB) | GFLOP | nodes busy | model (us) | with the bfp8_b cache (us) |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for op, op8 in zip(fused_ops(s), fused_ops(s8)):
         lines.append(f"| {op.name} | {op.dram / 1e6:.2f} | {op.noc / 1e6:.2f} | {op.flops / 1e9:.2f} | {op.busy} | "
-                     f"{op.us():.1f} |")
-    lines.append(f"| layer | | | | | {sum(op.us() for op in fused_ops(s)):.1f} |")
+                     f"{op.us():.1f} | {op8.us():.1f} |")
+    lines.append(f"| layer | | | | | {sum(op.us() for op in fused_ops(s)):.1f} | "
+                 f"{sum(op.us() for op in fused_ops(s8)):.1f} |")
     lines += ["", f"| configuration (S = {s.S:,}) | ms per step (255 GB/s achieved) | at 80% of peak DRAM |",
               "| --- | --- | --- |"]
     for label, v in configurations(s):
-        lines.append(f"| {label} | {step_ms(v):.1f} | {step_ms(v, 0.8 * DRAM_PEAK_GBS):.1f} |")
+        lines.append(f"| {label} | {step_ms(v):.2f} | {step_ms(v, 0.8 * DRAM_PEAK_GBS):.2f} |")
     return "\n".join(lines)
 
 
