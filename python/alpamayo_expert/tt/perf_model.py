@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .kernels import CONST_ROWS
+
 # Blackhole p150 (docs.tenstorrent.com, "Blackhole PCIe cards"): 512 GB/s GDDR6, 1.35 GHz, 120 Tensix cores
 # enabled, 332 TFLOPS bf16 (664 block-fp8) over them.
 DRAM_PEAK_GBS = 512.0
@@ -77,7 +79,7 @@ def _linear(name: str, s: Shape, K: int, N: int, *, mats: int = 1, norm: bool, n
     tiles; it reads those rows of x (twice with the fused norm, and the gains once), streams its weight block from
     DRAM (so each weight byte is read once per block of mb row tiles), writes its output block."""
     Mt = s.B * s.T // TILE
-    mb = max(k for k in range(1, min(Mt, 8) + 1) if Mt % k == 0) if mb is None else mb   # kernels.CONST_ROWS
+    mb = max(k for k in range(1, min(Mt, CONST_ROWS) + 1) if Mt % k == 0) if mb is None else mb
     units = (Mt // mb) * (N // TILE // nb)
     x_reads = units * K * TILE * s.act_bytes * (2 * mb + 1 if norm else mb)
     out = Mt * TILE * N * s.act_bytes * (1 if norm else 2)             # the output, and the residual read
