@@ -572,7 +572,7 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
   // Forced, each runnable candidate passes too and says so.
   const std::vector<std::pair<std::string, std::vector<std::string>>> ops = {
       {"matmul_bf16", {"amx_bf16", "avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
-      {"matmul_int8", {"avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"}},
+      {"matmul_int8", {"avx512_vnni", "avx2_int8", "amx_int8", "onednn", "avx512_fma", "avx2_fma"}},
       {"attention", {"avx512_bf16", "avx512_fma", "avx2_fma", "amx_bf16"}},
       {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma", "amx_bf16"}}};
   for (const auto& [op, kernels] : ops)
