@@ -472,6 +472,8 @@ TEST(KernelCheck, MatmulBoundsHoldAndHavePower) {
   const auto exact = matmul_int8_bound(sums, rs.data(), ws.data(), Int8Sum::Int32);
   const auto onednn = matmul_int8_bound(sums, rs.data(), ws.data(), Int8Sum::OnednnU8);
   for (size_t i = 0; i < exact.size(); ++i) ASSERT_GE(onednn[i], exact[i]);
+  // The kernels summing in int32 exactly are held to the exact-int32 bound.
+  for (const char* k : {"avx512_vnni", "avx2_int8", "amx_int8"}) EXPECT_EQ(int8_sum_of(k), Int8Sum::Int32) << k;
 }
 
 // Attention data of unit scale: bf16 queries, cache and own rows, and the same as an int8 cache.

@@ -85,7 +85,7 @@ std::vector<double> matmul_bf16_bound(const uint16_t* x, const uint16_t* w, int 
 }
 
 Int8Sum int8_sum_of(const std::string& k) {
-  if (k == "avx512_vnni" || k == "avx2_int8") return Int8Sum::Int32;
+  if (k == "avx512_vnni" || k == "avx2_int8" || k == "amx_int8") return Int8Sum::Int32;
   if (k == "onednn") return Int8Sum::OnednnU8;
   return Int8Sum::Fp32Chain;
 }
