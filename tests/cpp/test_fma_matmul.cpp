@@ -523,7 +523,9 @@ TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
 // odd column slices (each packed on its own), and x reused from the scratch (x_ready) by a second slice.
 TEST(FmaMatmul, AmxInt8MatchesAvx512VnniBitwiseOnOddShapes) {
   for (MatmulKernel k : {MatmulKernel::AmxInt8, MatmulKernel::Avx512Vnni})
-    if (!matmul_kernel_runnable(k)) GTEST_SKIP() << matmul_kernel_name(k) << ": " << matmul_kernel_unavailable(k);
+    if (!matmul_kernel_runnable(k)) {
+      GTEST_SKIP() << matmul_kernel_name(k) << ": " << matmul_kernel_unavailable(k);
+    }
   struct Shape {
     int M, K, N;
   };
@@ -550,7 +552,9 @@ TEST(FmaMatmul, AmxInt8MatchesAvx512VnniBitwiseOnOddShapes) {
     for (size_t i = 0; i < ref.size(); ++i) {
       const bool past = int(i % ldy) >= N;
       ASSERT_EQ(std::isnan(got[i]), past) << "M=" << M << " K=" << K << " N=" << N << " at " << i;
-      if (!past) ASSERT_EQ(got[i], ref[i]) << "M=" << M << " K=" << K << " N=" << N << " at " << i;
+      if (!past) {
+        ASSERT_EQ(got[i], ref[i]) << "M=" << M << " K=" << K << " N=" << N << " at " << i;
+      }
     }
     if (N > 17) {  // two slices on one scratch, the second reusing its copy of x
       std::vector<float> sliced(size_t(M) * ldy, std::nanf(""));
@@ -558,7 +562,9 @@ TEST(FmaMatmul, AmxInt8MatchesAvx512VnniBitwiseOnOddShapes) {
       run_k(MatmulKernel::AmxInt8, 0, 17, sliced, ss.data(), false);
       run_k(MatmulKernel::AmxInt8, 17, N, sliced, ss.data(), true);
       for (size_t i = 0; i < ref.size(); ++i)
-        if (int(i % ldy) < N) ASSERT_EQ(sliced[i], ref[i]) << "sliced M=" << M << " K=" << K << " N=" << N << " at " << i;
+        if (int(i % ldy) < N) {
+          ASSERT_EQ(sliced[i], ref[i]) << "sliced M=" << M << " K=" << K << " N=" << N << " at " << i;
+        }
     }
   }
 }
