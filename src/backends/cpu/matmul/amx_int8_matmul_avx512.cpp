@@ -3,11 +3,11 @@
 // included, isa.cpp).
 //
 // Why: at the seed's 64 rows a step makes one pass over the weights, so the matmul phases are bound by the read
-// bandwidth if the weights stream without pause. On amx_bf16 the tiles' compute leaves little slack beside that
-// stream; int8 weights are half the bytes and a tdpbusd tile holds twice the products of a tdpbf16ps one, so the
-// same tile work covers twice the k (docs/PERFORMANCE.md, "AMX int8 matmul").
+// bandwidth if the weights stream without pause; oneDNN's AMX int8 brgemm leaves the streaming to the hardware
+// prefetchers. Per byte of weights the tile work is amx_bf16's (one tdpbusd per 1 KB B tile and 16 rows of x),
+// over half the bytes of bf16 weights (docs/CPU_BACKEND.md, "AMX int8 matmul").
 //
-// Sums: tdpbusd multiplies u8 x (q + 128) by s8 w and adds groups of 4 products to int32 accumulators, exactly (no
+// Sums: tdpbusd multiplies u8 x = q + 128 by s8 w and adds groups of 4 products to int32 accumulators, exactly (no
 // saturation; K <= kVnniMaxK keeps every partial sum in range). The kernel subtracts 128 x the column sum of w
 // (packed with the weights) and rounds the exact int32 result once to fp32: avx512_vnni's value, bit for bit,
 // whatever the order of the int32 additions, M, N or the column slice.
