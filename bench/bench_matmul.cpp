@@ -293,7 +293,8 @@ void fma_kernels(const dnnl::engine& eng, int M, int reps) {
     } catch (const std::exception& e) {
       std::printf("%-14s int8 onednn: unavailable (%s)\n", sh.name, e.what());
     }
-    for (MatmulKernel k : {MatmulKernel::Avx512Vnni, MatmulKernel::Avx2Int8, MatmulKernel::Avx512, MatmulKernel::Avx2}) {
+    for (MatmulKernel k : {MatmulKernel::Avx512Vnni, MatmulKernel::AmxInt8, MatmulKernel::Avx2Int8, MatmulKernel::Avx512,
+                           MatmulKernel::Avx2}) {
       if (!matmul_kernel_runnable(k)) continue;
       MatmulWeights fw;
       fw.pack_int8(k, W.data(), sh.K, sh.N);

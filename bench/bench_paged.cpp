@@ -19,36 +19,13 @@
 
 #include "alpamayo/engine.h"
 #include "alpamayo/environment.h"
+#include "synthetic_expert.h"
 
 namespace {
 
 using namespace alpamayo;
 
-long vm_rss_kb() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  return -1;
-}
-
-struct Rng {
-  uint64_t s;
-  float normal() {  // roughly N(0, 1), fast enough for gigabytes
-    float acc = 0.f;
-    for (int i = 0; i < 4; ++i) {
-      s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-      acc += static_cast<float>(s >> 40) / float(1 << 24);
-    }
-    return (acc - 2.f) * 1.7320508f;
-  }
-};
-
-std::vector<uint16_t> random_bf16(size_t n, float scale, Rng& r) {
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(r.normal() * scale);
-  return v;
-}
+long vm_rss_kb() { return bench::proc_status_kb("VmRSS:"); }
 
 struct Timed {
   std::vector<float> action;
@@ -106,32 +83,10 @@ int main(int argc, char** argv) {
   app.add_option("--layout", layout, "page layout: NHD [num_pages, page, Hkv, d] or HND [num_pages, Hkv, page, d]");
   CLI11_PARSE(app, argc, argv);
   try {
-    Rng rng{0x9E3779B97F4A7C15ull};
-    ExpertConfig cfg;
-    cfg.L = L; cfg.D = D; cfg.Hq = Hq; cfg.Hkv = Hkv; cfg.d = d; cfg.I = I; cfg.T = T;
-    cfg.ain_layers = 1; cfg.ain_hidden = 256;
-    auto mat = [&](int out, int in) { return random_bf16(size_t(out) * in, 1.f / std::sqrt(float(in)), rng); };
-    auto ones = [&](int n) { return std::vector<uint16_t>(n, f32_to_bf16(1.f)); };
-    const auto wq = mat(Hq * d, D), wk = mat(Hkv * d, D), wv = mat(Hkv * d, D), wo = mat(D, Hq * d),
-               wg = mat(I, D), wu = mat(I, D), wd = mat(D, I), nD = ones(D), nd = ones(d);
-    const int F = cfg.n_fourier, h = cfg.ain_hidden;
-    const auto a0 = mat(h, (cfg.A + 1) * F), a1 = mat(D, h), b0 = ones(h), b1 = ones(D), nh = ones(h),
-               ao = mat(cfg.A, D), bo = ones(cfg.A);
-    auto view = [](const std::vector<uint16_t>& v, std::vector<int64_t> shape) {
-      return TensorView{DType::BF16, std::move(shape), v.data(), "bench"};
-    };
-    ModelWeights w;
-    for (int l = 0; l < L; ++l)
-      w.expert.layers.push_back({view(nD, {D}), view(nD, {D}), view(wq, {Hq * d, D}), view(wk, {Hkv * d, D}),
-                                 view(wv, {Hkv * d, D}), view(wo, {D, Hq * d}), view(nd, {d}), view(nd, {d}),
-                                 view(wg, {I, D}), view(wu, {I, D}), view(wd, {D, I})});
-    w.expert.final_norm = view(nD, {D});
-    w.action_in.linear_w = {view(a0, {h, (cfg.A + 1) * F}), view(a1, {D, h})};
-    w.action_in.linear_b = {view(b0, {h}), view(b1, {D})};
-    w.action_in.norm_w = {view(nh, {h})};
-    w.action_in.ln_w = view(b1, {D});
-    w.action_in.ln_b = view(b1, {D});
-    w.action_out = {view(ao, {cfg.A, D}), view(bo, {cfg.A})};
+    bench::Rng rng{0x9E3779B97F4A7C15ull};
+    const bench::SyntheticExpert synth(L, D, Hq, Hkv, d, I, T, rng);
+    const ExpertConfig& cfg = synth.cfg;
+    const ModelWeights& w = synth.weights;
     BackendOptions opts;
     opts.threads = threads;
     opts.kv = kv_format;
@@ -145,7 +100,7 @@ int main(int argc, char** argv) {
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
     for (size_t i = 0; i < dense.size(); ++i) {
-      dense[i] = random_bf16(size_t(Hkv) * S * d, 1.f, rng);
+      dense[i] = bench::random_bf16(size_t(Hkv) * S * d, 1.f, rng);
       pool[i].assign(size_t(pages) * page * rowlen, 0);
       for (int hh = 0; hh < Hkv; ++hh)
         for (int64_t r = 0; r < S; ++r)

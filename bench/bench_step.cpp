@@ -27,6 +27,7 @@
 #include "alpamayo/engine.h"
 #include "alpamayo/environment.h"
 #include "alpamayo/tensor.h"
+#include "synthetic_expert.h"
 #ifdef ALPAMAYO_WITH_CPU_BACKEND
 #include "backends/cpu/cpu_backend_impl.h"
 #include "backends/cpu/profile/peaks.h"
@@ -38,34 +39,8 @@ namespace {
 
 using namespace alpamayo;
 
-struct Rng {
-  uint64_t s;
-  // Roughly N(0, 1) (sum of uniforms), fast enough for gigabytes.
-  float normal() {
-    float acc = 0.f;
-    for (int i = 0; i < 4; ++i) {
-      s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-      acc += static_cast<float>(s >> 40) / float(1 << 24);
-    }
-    return (acc - 2.f) * 1.7320508f;
-  }
-};
-
-std::vector<uint16_t> random_bf16(size_t n, float scale, Rng& r) {
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(r.normal() * scale);
-  return v;
-}
-
-long proc_status_kb(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind(key, 0) == 0) return std::stol(line.substr(std::string(key).size()));
-  return -1;
-}
-long vm_hwm_kb() { return proc_status_kb("VmHWM:"); }
-long vm_rss_kb() { return proc_status_kb("VmRSS:"); }
+long vm_hwm_kb() { return bench::proc_status_kb("VmHWM:"); }
+long vm_rss_kb() { return bench::proc_status_kb("VmRSS:"); }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -116,34 +91,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    Rng rng{0x9E3779B97F4A7C15ull};
-    ExpertConfig cfg;
-    cfg.L = L; cfg.D = D; cfg.Hq = Hq; cfg.Hkv = Hkv; cfg.d = d; cfg.I = I; cfg.T = T;
-    cfg.ain_layers = 1; cfg.ain_hidden = 256;
-    auto mat = [&](int out, int in) { return random_bf16(size_t(out) * in, 1.f / std::sqrt(float(in)), rng); };
-    auto ones = [&](int n) { return std::vector<uint16_t>(n, f32_to_bf16(1.f)); };
-    const auto wq = mat(Hq * d, D), wk = mat(Hkv * d, D), wv = mat(Hkv * d, D), wo = mat(D, Hq * d),
-               wg = mat(I, D), wu = mat(I, D), wd = mat(D, I), nD = ones(D), nd = ones(d);
-    const int F = cfg.n_fourier, h = cfg.ain_hidden;
-    const auto a0 = mat(h, (cfg.A + 1) * F), a1 = mat(D, h), b0 = ones(h), b1 = ones(D), nh = ones(h),
-               ao = mat(cfg.A, D), bo = ones(cfg.A);
-    auto view = [](const std::vector<uint16_t>& v, std::vector<int64_t> shape) {
-      return TensorView{DType::BF16, std::move(shape), v.data(), "bench"};
-    };
-    ModelWeights w;
-    for (int l = 0; l < L; ++l) {
-      LayerWeights lw{view(nD, {D}), view(nD, {D}), view(wq, {Hq * d, D}), view(wk, {Hkv * d, D}),
-                      view(wv, {Hkv * d, D}), view(wo, {D, Hq * d}), view(nd, {d}), view(nd, {d}),
-                      view(wg, {I, D}), view(wu, {I, D}), view(wd, {D, I})};
-      w.expert.layers.push_back(lw);
-    }
-    w.expert.final_norm = view(nD, {D});
-    w.action_in.linear_w = {view(a0, {h, (cfg.A + 1) * F}), view(a1, {D, h})};
-    w.action_in.linear_b = {view(b0, {h}), view(b1, {D})};
-    w.action_in.norm_w = {view(nh, {h})};
-    w.action_in.ln_w = view(b1, {D});
-    w.action_in.ln_b = view(b1, {D});
-    w.action_out = {view(ao, {cfg.A, D}), view(bo, {cfg.A})};
+    bench::Rng rng{0x9E3779B97F4A7C15ull};
+    const bench::SyntheticExpert synth(L, D, Hq, Hkv, d, I, T, rng);
+    const ExpertConfig& cfg = synth.cfg;
+    const ModelWeights& w = synth.weights;
 
     BackendOptions opts;
     opts.threads = threads;

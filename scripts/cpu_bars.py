@@ -32,7 +32,7 @@ FLOOR_BAR = 1.25
 TORCH_BAR = 2.0
 STREAM_BAR = 0.80  # the matmul phases' weight bytes per second, as a share of the measured read bandwidth
 CANDIDATES = {"matmul_bf16": ("bf16", ["amx_bf16", "avx512_bf16", "onednn", "avx512_fma", "avx2_fma"]),
-              "matmul_int8": ("int8", ["avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"])}
+              "matmul_int8": ("int8", ["avx512_vnni", "avx2_int8", "amx_int8", "onednn", "avx512_fma", "avx2_fma"])}
 
 
 def lscpu() -> dict:

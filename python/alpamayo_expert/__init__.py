@@ -1,7 +1,7 @@
 """The Alpamayo action-expert engine from Python, and helpers for its files.
 
-Engine (the native module, built by `pip install .`): Model, Context, Session, SampleResult, backends; Error and
-one subclass per kind of failure (errors.py);
+Engine (the native module, built by `pip install .`): Model, Context, Session, SampleResult, backends,
+backend_formats; Error and one subclass per kind of failure (errors.py);
 sample_trajectories (the expert stage of the release's VLM rollout). Files: write_context /
 write_rollout_context / read_context (context files), write_noise / read_noise, write_checkpoint.
 """
@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Model": ("engine", "Model"), "Context": ("engine", "Context"), "Session": ("engine", "Session"),
     "SampleResult": ("engine", "SampleResult"), "backends": ("engine", "backends"),
+    "backend_formats": ("engine", "backend_formats"),
     **{name: ("errors", name) for name in ("Error", "InvalidArgumentError", "FormatError", "FileIOError",
                                            "UnsupportedError", "OutOfMemoryError", "NonFiniteError",
                                            "InvalidStateError", "InternalError")},

@@ -49,6 +49,12 @@ def backends() -> list[tuple[str, list[str], list[str], str]]:
     return list(_native().backends())
 
 
+def backend_formats(name: str) -> dict[str, str]:
+    """The weight formats of backend `name`, each mapped to why this machine cannot run it, or '' where it can (a
+    GPU older than sm_89 runs bf16 but not fp8; a backend that cannot run here gives its reason for every format)."""
+    return dict(_native().backend_formats(name))
+
+
 # ---------------------------------------------------------------------------------------------- conversions
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")

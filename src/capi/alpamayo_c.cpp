@@ -211,6 +211,26 @@ int to_int(int64_t v, const std::string& what) {
   return static_cast<int>(v);
 }
 
+// The ego history and initial speed fields, which the dense and the paged descriptors share by name.
+template <class Desc>
+std::optional<alpamayo::EgoHistory> ego_history(const Desc& d, int64_t B, const std::string& name) {
+  if (d.history == 0) return std::nullopt;
+  check(d.history > 0 && d.history <= (int64_t(1) << 24),
+        name + ": history = " + std::to_string(d.history) + " is out of range");
+  check(d.history_xyz != nullptr && d.history_rot != nullptr, name + ": history > 0 needs history_xyz and history_rot");
+  alpamayo::EgoHistory h;
+  h.H = static_cast<int>(d.history);
+  h.xyz.assign(d.history_xyz, d.history_xyz + B * d.history * 3);
+  h.rot.assign(d.history_rot, d.history_rot + B * d.history * 9);
+  return h;
+}
+
+template <class Desc>
+std::optional<std::vector<float>> initial_speed(const Desc& d, int64_t B) {
+  if (d.v0 == nullptr) return std::nullopt;
+  return std::vector<float>(d.v0, d.v0 + B);
+}
+
 alpamayo::Context make_context(const alpamayo_context_desc& d) {
   const std::string name = d.name && *d.name ? d.name : "context";
   check(d.layers > 0 && d.layers <= 4096, name + ": layers must be in [1, 4096], found " + std::to_string(d.layers));
@@ -250,20 +270,8 @@ alpamayo::Context make_context(const alpamayo_context_desc& d) {
     kv.suffix_len.assign(d.suffix_len, d.suffix_len + d.batch);
   }
   std::vector<int64_t> rope(d.rope_delta, d.rope_delta + d.batch);
-  std::optional<alpamayo::EgoHistory> hist;
-  if (d.history != 0) {
-    check(d.history > 0 && d.history <= (int64_t(1) << 24),
-          name + ": history = " + std::to_string(d.history) + " is out of range");
-    check(d.history_xyz != nullptr && d.history_rot != nullptr,
-          name + ": history > 0 needs history_xyz and history_rot");
-    alpamayo::EgoHistory h;
-    h.H = static_cast<int>(d.history);
-    h.xyz.assign(d.history_xyz, d.history_xyz + d.batch * d.history * 3);
-    h.rot.assign(d.history_rot, d.history_rot + d.batch * d.history * 9);
-    hist = std::move(h);
-  }
-  std::optional<std::vector<float>> v0;
-  if (d.v0) v0.emplace(d.v0, d.v0 + d.batch);
+  std::optional<alpamayo::EgoHistory> hist = ego_history(d, d.batch, name);
+  std::optional<std::vector<float>> v0 = initial_speed(d, d.batch);
   return alpamayo::Context::from_views(std::move(kv), std::move(rope), std::move(hist), std::move(v0), name);
 }
 
@@ -283,20 +291,8 @@ alpamayo::Context make_paged_context(const alpamayo_paged_context_desc& d) {
   const int64_t B = table.shape[0];
   check(B > 0 && B <= (int64_t(1) << 24), name + ": block_table has " + std::to_string(B) + " rows");
   std::vector<int64_t> valid(d.valid_len, d.valid_len + B), rope(d.rope_delta, d.rope_delta + B);
-  std::optional<alpamayo::EgoHistory> hist;
-  if (d.history != 0) {
-    check(d.history > 0 && d.history <= (int64_t(1) << 24),
-          name + ": history = " + std::to_string(d.history) + " is out of range");
-    check(d.history_xyz != nullptr && d.history_rot != nullptr,
-          name + ": history > 0 needs history_xyz and history_rot");
-    alpamayo::EgoHistory h;
-    h.H = static_cast<int>(d.history);
-    h.xyz.assign(d.history_xyz, d.history_xyz + B * d.history * 3);
-    h.rot.assign(d.history_rot, d.history_rot + B * d.history * 9);
-    hist = std::move(h);
-  }
-  std::optional<std::vector<float>> v0;
-  if (d.v0) v0.emplace(d.v0, d.v0 + B);
+  std::optional<alpamayo::EgoHistory> hist = ego_history(d, B, name);
+  std::optional<std::vector<float>> v0 = initial_speed(d, B);
   return alpamayo::Context::from_paged(std::move(keys), std::move(values), table, std::move(valid), std::move(rope),
                                        d.layout ? d.layout : "NHD", std::move(hist), std::move(v0), name);
 }

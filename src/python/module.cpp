@@ -477,6 +477,20 @@ NB_MODULE(_core, m) {
   }, "Every backend of this build: (name, weight formats, KV cache formats (the first of each is the default), why it "
      "cannot run here or '').");
 
+  m.def("backend_formats", [](const std::string& name) {
+    for (const BackendInfo& b : registered_backends()) {
+      if (b.name != name) continue;
+      const std::string why = b.unavailable();
+      std::vector<std::pair<std::string, std::string>> out;
+      for (const std::string& w : b.weight_formats) out.emplace_back(w, why.empty() ? b.format_unavailable(w) : why);
+      return out;
+    }
+    std::string known;
+    for (const BackendInfo& b : registered_backends()) known += (known.empty() ? "" : ", ") + b.name;
+    throw Error(ErrorCode::InvalidArgument, "backend_formats: no backend '" + name + "' in this build (" + known + ")");
+  }, "name"_a, "A backend's weight formats, each with why this machine cannot run it or '' (e.g. fp8 on a GPU "
+     "older than sm_89).");
+
   m.def("bfp_quantize", [](HostF32 x, const std::string& fmt) {
     bfp::Format f;
     if (!bfp::parse_format(fmt, &f)) throw Error(ErrorCode::InvalidArgument, "bfp_quantize: unknown format " + fmt);

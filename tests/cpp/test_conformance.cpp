@@ -377,6 +377,27 @@ TEST(Conformance, AmxAttentionIsBitwiseIndependentOfThreadCount) {
             << kv << " cache, " << shapes()[si].name << ": " << t << " threads against 1";
     }
 }
+
+// The AMX int8 matmul forced (the timed choice takes it only where it wins): 1 to 5 threads, and bitwise the
+// results of avx512_vnni (both round the exact int32 sums once, with the same epilogues).
+TEST(Conformance, AmxInt8MatmulIsBitwiseIndependentOfThreadCountAndEqualsVnni) {
+  for (cpu::MatmulKernel k : {cpu::MatmulKernel::AmxInt8, cpu::MatmulKernel::Avx512Vnni})
+    if (const std::string why = cpu::matmul_kernel_unavailable(k); !why.empty()) {
+      GTEST_SKIP() << cpu::matmul_kernel_name(k) << ": " << why;
+    }
+  for (int si : {2, 4, 6}) {
+    Problem p(shapes()[si]);
+    const std::string pin = "matmul_int8=amx_int8";
+    const auto one_model = p.model("cpu", "int8", 1, {}, "", pin);
+    EXPECT_NE(one_model->kernels().find(pin), std::string::npos) << one_model->kernels();
+    const SampleResult one = run(one_model, p.context(), -1).r;
+    EXPECT_EQ(run(p.model("cpu", "int8", 2, {}, "", "matmul_int8=avx512_vnni"), p.context(), -1).r.action, one.action)
+        << shapes()[si].name << ": avx512_vnni against amx_int8";
+    for (int t : {2, 3, 5})
+      EXPECT_EQ(run(p.model("cpu", "int8", t, {}, "", pin), p.context(), -1).r.action, one.action)
+          << shapes()[si].name << ": " << t << " threads against 1";
+  }
+}
 #endif  // ALPAMAYO_WITH_CPU_BACKEND
 
 TEST(Conformance, EveryBackendIsTested) {

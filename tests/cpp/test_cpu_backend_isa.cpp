@@ -472,6 +472,8 @@ TEST(KernelCheck, MatmulBoundsHoldAndHavePower) {
   const auto exact = matmul_int8_bound(sums, rs.data(), ws.data(), Int8Sum::Int32);
   const auto onednn = matmul_int8_bound(sums, rs.data(), ws.data(), Int8Sum::OnednnU8);
   for (size_t i = 0; i < exact.size(); ++i) ASSERT_GE(onednn[i], exact[i]);
+  // The kernels summing in int32 exactly are held to the exact-int32 bound.
+  for (const char* k : {"avx512_vnni", "avx2_int8", "amx_int8"}) EXPECT_EQ(int8_sum_of(k), Int8Sum::Int32) << k;
 }
 
 // Attention data of unit scale: bf16 queries, cache and own rows, and the same as an int8 cache.
@@ -572,7 +574,7 @@ TEST(KernelCheck, EveryRunnableCandidatePassesAtTheChoice) {
   // Forced, each runnable candidate passes too and says so.
   const std::vector<std::pair<std::string, std::vector<std::string>>> ops = {
       {"matmul_bf16", {"amx_bf16", "avx512_bf16", "onednn", "avx512_fma", "avx2_fma"}},
-      {"matmul_int8", {"avx512_vnni", "avx2_int8", "onednn", "avx512_fma", "avx2_fma"}},
+      {"matmul_int8", {"avx512_vnni", "avx2_int8", "amx_int8", "onednn", "avx512_fma", "avx2_fma"}},
       {"attention", {"avx512_bf16", "avx512_fma", "avx2_fma", "amx_bf16"}},
       {"attention_kv_int8", {"avx512_vnni", "avx512_fma", "avx2_fma", "amx_bf16"}}};
   for (const auto& [op, kernels] : ops)

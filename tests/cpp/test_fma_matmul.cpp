@@ -37,7 +37,9 @@ Case make_case(int M, int K, int N, uint32_t seed) {
 }
 
 // The int8 kernels that sum in int32 exactly (the rest compute the fp32 FMA chain).
-bool exact_int8(MatmulKernel k) { return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::Avx2Int8; }
+bool exact_int8(MatmulKernel k) {
+  return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::Avx2Int8 || k == MatmulKernel::AmxInt8;
+}
 
 // y[M, ldy] for columns [0, N) with kernel k; the rest of y keeps its NaN fill (written-columns check).
 std::vector<float> run(MatmulKernel k, const Case& c, int ldy) {
@@ -452,7 +454,7 @@ TEST(FmaMatmul, Int8PackingQuantizesLikeTheOnednnPath) {
         ASSERT_EQ(w.data_s8()[at], q) << matmul_kernel_name(k) << " " << n << " " << kk;
         sum += q;
       }
-      if (k == MatmulKernel::Avx512Vnni) {
+      if (k == MatmulKernel::Avx512Vnni || k == MatmulKernel::AmxInt8) {
         ASSERT_EQ(w.col_sums()[n], sum) << n;
       } else {
         ASSERT_EQ(w.col_sums(), nullptr);
@@ -516,7 +518,7 @@ TEST(FmaMatmul, Int8PackingRoundsTiesToEvenAndPadsEverySpan) {
 // strided activations, activations at both ends of u8 (q = -128 and 127) against weights at both ends of s8
 // (-128 and 127), and the K bound past which int32 could overflow.
 TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
-  for (MatmulKernel k : {MatmulKernel::Avx512Vnni, MatmulKernel::Avx2Int8}) {
+  for (MatmulKernel k : {MatmulKernel::Avx512Vnni, MatmulKernel::Avx2Int8, MatmulKernel::AmxInt8}) {
     if (!matmul_kernel_runnable(k)) {
       std::printf("  [skipped] %s: not supported by this CPU / ALPAMAYO_CPU_ISA\n", matmul_kernel_name(k));
       continue;
@@ -550,7 +552,8 @@ TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
     }
   }
   const float scale = 1.f;
-  for (auto [k, bound] : {std::pair{MatmulKernel::Avx512Vnni, kVnniMaxK}, std::pair{MatmulKernel::Avx2Int8, kAvx2Int8MaxK}}) {
+  for (auto [k, bound] : {std::pair{MatmulKernel::Avx512Vnni, kVnniMaxK}, std::pair{MatmulKernel::Avx2Int8, kAvx2Int8MaxK},
+                          std::pair{MatmulKernel::AmxInt8, kVnniMaxK}}) {
     MatmulWeights big;
     const std::vector<int8_t> one(size_t(bound) + 1, 1);
     EXPECT_THROW(big.pack_s8(k, one.data(), &scale, bound + 1, 1), Error) << matmul_kernel_name(k);
@@ -568,6 +571,58 @@ TEST(FmaMatmul, Int8DotKernelsSumExactlyWithPaddingAndStrides) {
         run_matmul(big, xk.data(), 1, bound, &y, 1, scratch.data());
         EXPECT_EQ(y, float(int64_t(int(xv) - 128) * wv * bound)) << matmul_kernel_name(k) << " w=" << int(wv) << " x=" << int(xv);
       }
+  }
+}
+
+// amx_int8 against avx512_vnni, bit for bit (both the exact int32 sum rounded once): M not a multiple of the tiles'
+// 16 or 32 rows, K not a multiple of a tile's 64 k (the int32 tail after the tiles, a partial last quad), past one
+// chunk and one span, N with odd tails; s8 and u8 over their whole ranges, strided x, y's columns past N untouched,
+// odd column slices (each packed on its own), and x reused from the scratch (x_ready) by a second slice.
+TEST(FmaMatmul, AmxInt8MatchesAvx512VnniBitwiseOnOddShapes) {
+  for (MatmulKernel k : {MatmulKernel::AmxInt8, MatmulKernel::Avx512Vnni})
+    if (!matmul_kernel_runnable(k)) {
+      GTEST_SKIP() << matmul_kernel_name(k) << ": " << matmul_kernel_unavailable(k);
+    }
+  struct Shape {
+    int M, K, N;
+  };
+  const Shape shapes[] = {{1, 1, 1},      {15, 63, 17},   {17, 65, 63},   {33, 130, 65},  {64, 1000, 131},
+                          {70, 1536, 67}, {31, 2111, 129}, {5, 4099, 33}, {17, kDotKSpan + 100, 65}};
+  for (const Shape& sh : shapes) {
+    const int M = sh.M, K = sh.K, N = sh.N, ldx = K + 3, ldy = N + 5;
+    std::mt19937 rng(uint32_t(M * 7919 + K * 31 + N));
+    std::vector<int8_t> W(size_t(N) * K);
+    std::vector<uint8_t> x(size_t(M) * ldx);
+    for (auto& v : W) v = static_cast<int8_t>(int(rng() % 256) - 128);
+    for (auto& v : x) v = static_cast<uint8_t>(rng() % 256);
+    std::vector<float> scales(N, 1.f);
+    auto run_k = [&](MatmulKernel k, int n0, int n1, std::vector<float>& y, void* scratch, bool x_ready) {
+      MatmulWeights w;
+      w.pack_s8(k, W.data() + size_t(n0) * K, scales.data() + n0, K, n1 - n0);
+      run_matmul(w, x.data(), M, ldx, y.data() + n0, ldy, scratch, x_ready);
+    };
+    std::vector<float> ref(size_t(M) * ldy, std::nanf("")), got(ref);
+    AlignedBuf<uint8_t> vs(matmul_scratch_bytes(MatmulKernel::Avx512Vnni, M, K));
+    AlignedBuf<uint8_t> as(matmul_scratch_bytes(MatmulKernel::AmxInt8, M, K));
+    run_k(MatmulKernel::Avx512Vnni, 0, N, ref, vs.data(), false);
+    run_k(MatmulKernel::AmxInt8, 0, N, got, as.data(), false);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const bool past = int(i % ldy) >= N;
+      ASSERT_EQ(std::isnan(got[i]), past) << "M=" << M << " K=" << K << " N=" << N << " at " << i;
+      if (!past) {
+        ASSERT_EQ(got[i], ref[i]) << "M=" << M << " K=" << K << " N=" << N << " at " << i;
+      }
+    }
+    if (N > 17) {  // two slices on one scratch, the second reusing its copy of x
+      std::vector<float> sliced(size_t(M) * ldy, std::nanf(""));
+      AlignedBuf<uint8_t> ss(matmul_scratch_bytes(MatmulKernel::AmxInt8, M, K));
+      run_k(MatmulKernel::AmxInt8, 0, 17, sliced, ss.data(), false);
+      run_k(MatmulKernel::AmxInt8, 17, N, sliced, ss.data(), true);
+      for (size_t i = 0; i < ref.size(); ++i)
+        if (int(i % ldy) < N) {
+          ASSERT_EQ(sliced[i], ref[i]) << "sliced M=" << M << " K=" << K << " N=" << N << " at " << i;
+        }
+    }
   }
 }
 
@@ -610,6 +665,12 @@ TEST(FmaMatmul, KernelNamesAndEmptyCalls) {
   EXPECT_STREQ(matmul_kernel_name(MatmulKernel::AmxBf16), "amx_bf16");
   EXPECT_STREQ(matmul_kernel_instruction(MatmulKernel::AmxBf16), "tdpbf16ps tmm");
   EXPECT_EQ(matmul_kernel_runnable(MatmulKernel::AmxBf16), isa().has(kAvx512 | kAmxBf16));
+  EXPECT_STREQ(matmul_kernel_name(MatmulKernel::AmxInt8), "amx_int8");
+  EXPECT_STREQ(matmul_kernel_instruction(MatmulKernel::AmxInt8), "tdpbusd tmm");
+  EXPECT_EQ(matmul_kernel_runnable(MatmulKernel::AmxInt8), isa().has(kAvx512 | kAmxInt8));
+  EXPECT_FALSE(matmul_kernel_takes_bf16(MatmulKernel::AmxInt8));
+  EXPECT_EQ(matmul_k_group(MatmulKernel::AmxInt8), 4);
+  EXPECT_EQ(matmul_k_span(MatmulKernel::AmxInt8), kDotKSpan);
   for (MatmulKernel k : kMatmulKernels) {  // names round-trip; every kernel but the portable one names its instruction
     MatmulKernel back = k == MatmulKernel::Portable ? MatmulKernel::Avx2 : MatmulKernel::Portable;
     EXPECT_TRUE(matmul_kernel_from_name(matmul_kernel_name(k), &back));

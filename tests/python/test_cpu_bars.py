@@ -42,8 +42,8 @@ def test_cpu_bars_runs_every_configuration(cli, tmp_path, monkeypatch):
     forced = {x["kernels"]: x for x in rep["forced"] if x["kernels"]}
     assert {k.split("=")[1] for k in forced if k.startswith("matmul_bf16")} == {"amx_bf16", "avx512_bf16", "onednn",
                                                                                  "avx512_fma", "avx2_fma"}
-    assert {k.split("=")[1] for k in forced if k.startswith("matmul_int8")} == {"avx512_vnni", "avx2_int8", "onednn",
-                                                                                 "avx512_fma", "avx2_fma"}
+    assert {k.split("=")[1] for k in forced if k.startswith("matmul_int8")} == {"avx512_vnni", "avx2_int8", "amx_int8",
+                                                                                 "onednn", "avx512_fma", "avx2_fma"}
     for k, x in forced.items():
         op, name = k.split("=")
         if "error" in x:

@@ -248,6 +248,19 @@ def test_use_cfg_config_needs_guidance(files, tmp_path):
     assert s.bound
 
 
+def test_backend_formats_say_what_runs_here():
+    """backend_formats(name): every weight format of the backend, '' where this machine runs it, else why; a
+    backend that cannot run here gives its own reason for each format; an unknown name names the ones built."""
+    for name, weights, _kv, why in ae.backends():
+        formats = ae.backend_formats(name)
+        assert list(formats) == weights
+        if why:
+            assert all(v == why for v in formats.values()), (name, formats)
+    assert ae.backend_formats("reference") == {w: "" for w in dict((n, w) for n, w, _, _ in ae.backends())["reference"]}
+    with pytest.raises(ae.Error, match=r"backend_formats: no backend 'nope' in this build \(.*reference"):
+        ae.backend_formats("nope")
+
+
 def test_kv_format_round_trip(cli, files, tmp_path):
     """kv= as `--kv`: the model says the format in use (the backend's first by default), backends() lists them,
     an unknown one raises the engine's message, and the reference's int8 cache gives the CLI's bits, close to but

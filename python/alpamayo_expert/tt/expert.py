@@ -76,7 +76,7 @@ class TTExpert:
     multiple of the chunk that holds the longest context plus the own tokens); keep_host: keep host copies of what
     the device holds (host_layers, k_host, v_host) for checks against the reference ops; cache: the K/V cache's
     format on the device, bf16 or bfp8_b (the context's rows quantised once at bind, the own rows by the packer
-    as qk_rope writes them; docs/ACCURACY.md section 5)."""
+    as qkv_rope writes them; docs/ACCURACY.md section 5)."""
 
     def __init__(self, checkpoint: str | Path, backend: str = "tt-sim", weights: str = "bfp8_b",
                  vlm_config: str = "", release: str = "", grid: tuple[int, int] = BLACKHOLE_GRID,
@@ -107,7 +107,8 @@ class TTExpert:
 
     # ------------------------------------------------------------------------------------------ weights
     def _up(self, t: torch.Tensor, dtype=None, l1: bool = False):
-        """A device tensor: DRAM, or L1 (l1) for the activations, which every node reads (docs/TT_BACKEND.md)."""
+        """A device tensor: DRAM, or L1 (l1) for the activations and the small tensors every node reads
+        (docs/TT_BACKEND.md)."""
         ttnn = self.ttnn
         mc = ttnn.L1_MEMORY_CONFIG if l1 else ttnn.DRAM_MEMORY_CONFIG
         return ttnn.from_torch(t.float().contiguous(), dtype=dtype or ttnn.bfloat16, layout=ttnn.TILE_LAYOUT,
@@ -236,7 +237,7 @@ class TTExpert:
         return quantize_weight(t.reshape(-1, self.d), "bfp8_b").reshape(t.shape)
 
     def _pack_own_rows(self, l: int) -> None:
-        """bfp8_b cache in the simulator: qk_rope's own K/V rows rounded to bfp8_b as the chip's packer writes
+        """bfp8_b cache in the simulator: qkv_rope's own K/V rows rounded to bfp8_b as the chip's packer writes
         them into a bfp8_b tensor (the simulator stores them unrounded). The packer rounds ties up where this
         quantiser rounds them to even (docs/BFP.md), which differs only at exact ties."""
         B, Tp = len(self.kv_chunks_host) // T, self.Tp
@@ -260,22 +261,26 @@ class TTExpert:
         # The key sequence split so that every node has a (sample, KV head, split) to attend over.
         self.nsplit = max(1, min(nodes // (B * self.Hkv), Smaxt // self.key_chunk))
         zeros = lambda r, c, dtype=None: self._up(torch.zeros(r, c), dtype, l1=True)  # noqa: E731
-        Nqkv = (self.Hq + 2 * self.Hkv) * self.d
         U = items * self.nsplit
         self.buf = {
-            "x": zeros(M, self.D), "x1": zeros(M, self.D), "qkv": zeros(M, Nqkv), "q": zeros(items * T, self.d),
+            "x": zeros(M, self.D), "x1": zeros(M, self.D), "q": zeros(items * T, self.d),
             "o_part": zeros(U * T, self.d, ttnn.float32), "m_part": zeros(U * T, T, ttnn.float32),
             "l_part": zeros(U * T, T, ttnn.float32), "attn": zeros(M, self.Hq * self.d), "act": zeros(M, self.I),
-            "hidden": zeros(M, self.D), "mask": self._up(mask), "kv_chunks": self._up(kv_chunks, ttnn.float32),
+            # The mask and the chunk counts in L1 too: every attention unit reads them, and in DRAM they would
+            # take a share of the cache's stream.
+            "hidden": zeros(M, self.D), "mask": self._up(mask, l1=True),
+            "kv_chunks": self._up(kv_chunks, ttnn.float32, l1=True),
             "cos": self._up(self.cos_host, l1=True),
             "sin": self._up(self.sin_host, l1=True), "none": zeros(T, T),
         }
-        Dt, It, Nt = self.D // T, self.I // T, Nqkv // T
+        Dt, It = self.D // T, self.I // T
+        # A linear's unit: as many row tiles as the constants tensor allows (all of them up to B = 4 at 64 tokens,
+        # so each weight block is read once) x one output tile (the most units, so the most nodes streaming).
+        mb = _divisor_at_most(M // T, K.CONST_ROWS)
         lin = lambda Kt, Nt_, **kw: K.make_linear(ttl, grid, M // T, Kt, Nt_, _divisor_at_most(Kt, 8),  # noqa: E731
-                                                  _divisor_at_most(Nt_, 2), **kw)
+                                                  1, mb=mb, **kw)
         self.ops = {
-            "qkv": lin(Dt, Nt, norm=True, gated=False, residual=False),
-            "qk_rope": K.make_qk_rope(ttl, grid, B, Tpt, self.Hq, self.Hkv, dt, Smaxt),
+            "qkv_rope": K.make_qkv_rope(ttl, grid, B, Tpt, Dt, _divisor_at_most(Dt, 8), self.Hq, self.Hkv, dt, Smaxt),
             "attn": K.make_attention_partial(ttl, grid, B, self.Hkv, G * Tpt, dt, Smaxt, self.key_chunk, self.nsplit,
                                              Tpt),
             "merge": K.make_attention_merge(ttl, grid, B, self.Hkv, G, Tpt, dt, self.nsplit, Smaxt,
@@ -297,11 +302,10 @@ class TTExpert:
 
     # ------------------------------------------------------------------------------------------ the layer
     def run_layer(self, l: int) -> None:
-        """Layer l on buf['x'] in place, through the fused operations (a) .. (f)."""
+        """Layer l on buf['x'] in place, through the fused operations (a) .. (f), (a) and (b) in one."""
         b, dev, ops, none = self.buf, self.layers[l], self.ops, self.buf["none"]
-        ops["qkv"](b["x"], dev["wqkv"], none, dev["input_norm"], none, self.consts, b["qkv"])          # (a)
-        ops["qk_rope"](b["qkv"], dev["q_norm"], dev["k_norm"], b["cos"], b["sin"], self.rot, self.consts,
-                       b["q"], self.k_cache[l], self.v_cache[l])                                      # (b)
+        ops["qkv_rope"](b["x"], dev["wqkv"], dev["input_norm"], dev["q_norm"], dev["k_norm"], b["cos"], b["sin"],
+                        self.rot, self.consts, b["q"], self.k_cache[l], self.v_cache[l])              # (a) + (b)
         if self.cache == "bfp8_b" and self.backend == "tt-sim":
             self._pack_own_rows(l)
         ops["attn"](b["q"], self.k_cache[l], self.v_cache[l], b["mask"], b["kv_chunks"], self.consts, b["o_part"],

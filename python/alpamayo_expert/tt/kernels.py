@@ -27,10 +27,16 @@ N_CONSTS = 4
 NEG_INIT = -1.0e30
 
 
+# Row tiles of the constants tensor: float32 buffers of per-row values (the norms' sums of squares) take their
+# shape from it, so it bounds the row tiles of a linear's work unit.
+CONST_ROWS = 8
+
+
 def constants(D: int, eps: float, d: int):
-    """The constants tensor [32, 32 * N_CONSTS] (float32): 1/D, eps, 1/d, 1/sqrt(d), one tile each."""
+    """The constants tensor [32 * CONST_ROWS, 32 * N_CONSTS] (float32): 1/D, eps, 1/d, 1/sqrt(d), one tile column
+    each, the same in every row tile."""
     import torch
-    c = torch.zeros(TILE, TILE * N_CONSTS)
+    c = torch.zeros(TILE * CONST_ROWS, TILE * N_CONSTS)
     for j, v in ((C_INV_D, 1.0 / D), (C_EPS, eps), (C_INV_HEAD, 1.0 / d), (C_SCALE, d ** -0.5)):
         c[:, j * TILE:(j + 1) * TILE] = v
     return c
@@ -47,63 +53,70 @@ def _zero(ttl, dfb, shape) -> None:
         blk.store(ttl.block.fill(0, shape=shape))
 
 
-def _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, k_blocks: int, nb: int) -> None:
-    """First pass of a fused RMSNorm: rsqrt(mean(x^2) + eps) of one row tile, broadcast to (1, nb) into sc_dfb."""
-    _zero(ttl, ss_dfb, (1, 1))
+def _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, k_blocks: int, nb: int, mb: int = 1) -> None:
+    """First pass of a fused RMSNorm: rsqrt(mean(x^2) + eps) of mb row tiles, broadcast to (mb, nb) into sc_dfb."""
+    _zero(ttl, ss_dfb, (mb, 1))
     for _k in range(k_blocks):
         with x_dfb.wait() as xb, ss_dfb.wait() as prev, ss_dfb.reserve() as ss:
-            ss.store(prev + ttl.math.reduce_sum(xb * xb, dims=[1], shape=(1, 1)))
+            ss.store(prev + ttl.math.reduce_sum(xb * xb, dims=[1], shape=(mb, 1)))
     with ss_dfb.wait() as ss, ci_dfb.wait() as inv_d, ce_dfb.wait() as eps, sc_dfb.reserve() as sc:
-        sc.store(ttl.block.broadcast(ttl.math.rsqrt(ss * inv_d + eps), dims=[1], shape=(1, nb)))
+        inv_d, eps = (ttl.block.broadcast(t, dims=[0], shape=(mb, 1)) for t in (inv_d, eps))
+        sc.store(ttl.block.broadcast(ttl.math.rsqrt(ss * inv_d + eps), dims=[1], shape=(mb, nb)))
 
 
 def make_linear(ttl, grid, Mt: int, Kt: int, Nt: int, kb: int, nb: int, *, norm: bool, gated: bool,
-                residual: bool):
+                residual: bool, mb: int | None = None):
     """y = [RMSNorm(x) with gain g] @ w, or silu(n @ w) * (n @ w2) (gated), [+ res]: x [M, K], w/w2 [K, N].
 
     RMSNorm is fused: the row scale r = rsqrt(mean(x^2) + eps) commutes with the matmul, so a node computes
-    r from a first pass over its row tile, then ((x * g) @ w) * r, never writing the normed x. Work unit: one
-    row tile x one block of nb output tiles; the weight streams through in (kb, nb) blocks."""
+    r from a first pass over its rows, then ((x * g) @ w) * r, never writing the normed x. Work unit: a block of
+    mb row tiles (default all Mt, at most CONST_ROWS) x one block of nb output tiles; the weight streams through
+    in (kb, nb) blocks, so with mb = Mt every weight byte is read from DRAM once per operation, whatever the
+    number of row tiles."""
+    mb = Mt if mb is None else mb
+    if mb > CONST_ROWS:
+        raise ValueError(f"linear: {mb} row tiles per unit, more than the constants tensor's {CONST_ROWS}")
     if norm == residual or gated and not norm:
         raise ValueError("linear: the layer fuses RMSNorm (optionally gated) or a residual, one of the two")
-    if Kt % kb or Nt % nb:
-        raise ValueError(f"linear: K tiles {Kt} / N tiles {Nt} not multiples of the blocks {kb} / {nb}")
-    k_blocks, units = Kt // kb, [(m, n) for m in range(Mt) for n in range(Nt // nb)]
+    if Kt % kb or Nt % nb or Mt % mb:
+        raise ValueError(f"linear: M / K / N tiles {Mt} / {Kt} / {Nt} not multiples of the blocks {mb} / {kb} / {nb}")
+    k_blocks, units = Kt // kb, [(m * mb, n) for m in range(Mt // mb) for n in range(Nt // nb)]
 
     @ttl.operation(grid=grid)
     def linear(x, w, w2, g, res, c, y):
-        x_dfb = ttl.make_dataflow_buffer_like(x, shape=(1, kb), block_count=2)
+        x_dfb = ttl.make_dataflow_buffer_like(x, shape=(mb, kb), block_count=2)
         g_dfb = ttl.make_dataflow_buffer_like(x, shape=(1, kb), block_count=2)  # like x: g may be a placeholder
         w_dfb = ttl.make_dataflow_buffer_like(w, shape=(kb, nb), block_count=2)
         w2_dfb = ttl.make_dataflow_buffer_like(w, shape=(kb, nb), block_count=2)
         ci_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
         ce_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
-        r_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=2)
-        y_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=2)
-        ss_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=2)    # sum of squares
-        sc_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=1)   # the row scale, broadcast
-        acc_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=2)
-        acc2_dfb = ttl.make_dataflow_buffer_like(y, shape=(1, nb), block_count=2)
+        r_dfb = ttl.make_dataflow_buffer_like(y, shape=(mb, nb), block_count=2)
+        y_dfb = ttl.make_dataflow_buffer_like(y, shape=(mb, nb), block_count=2)
+        ss_dfb = ttl.make_dataflow_buffer_like(c, shape=(mb, 1), block_count=2)    # sum of squares
+        sc_dfb = ttl.make_dataflow_buffer_like(y, shape=(mb, nb), block_count=1)   # the row scale, broadcast
+        acc_dfb = ttl.make_dataflow_buffer_like(y, shape=(mb, nb), block_count=2)
+        acc2_dfb = ttl.make_dataflow_buffer_like(y, shape=(mb, nb), block_count=2)
 
         @ttl.compute()
         def compute():
             nid, nodes = _nid(ttl)
             for _ in units[nid::nodes]:
                 if norm:
-                    _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, k_blocks, nb)
-                _zero(ttl, acc_dfb, (1, nb))
+                    _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, k_blocks, nb, mb)
+                _zero(ttl, acc_dfb, (mb, nb))
                 if gated:
-                    _zero(ttl, acc2_dfb, (1, nb))
+                    _zero(ttl, acc2_dfb, (mb, nb))
                 for _k in range(k_blocks):
                     with x_dfb.wait() as xb, w_dfb.wait() as wb, acc_dfb.wait() as prev:
                         if norm:
                             with g_dfb.wait() as gb, acc_dfb.reserve() as a:
+                                xg = xb * ttl.block.broadcast(gb, dims=[0], shape=(mb, kb))
                                 if gated:
                                     with w2_dfb.wait() as wb2, acc2_dfb.wait() as prev2, acc2_dfb.reserve() as a2:
-                                        a.store(prev + (xb * gb) @ wb)
-                                        a2.store(prev2 + (xb * gb) @ wb2)
+                                        a.store(prev + xg @ wb)
+                                        a2.store(prev2 + xg @ wb2)
                                 else:
-                                    a.store(prev + (xb * gb) @ wb)
+                                    a.store(prev + xg @ wb)
                         else:
                             with acc_dfb.reserve() as a:
                                 a.store(prev + xb @ wb)
@@ -125,18 +138,16 @@ def make_linear(ttl, grid, Mt: int, Kt: int, Nt: int, kb: int, nb: int, *, norm:
         def read():
             nid, nodes = _nid(ttl)
             for m, n in units[nid::nodes]:
+                rows = slice(m, m + mb)
                 if norm:
-                    with ci_dfb.reserve() as blk:
-                        ttl.copy(c[0:1, C_INV_D:C_INV_D + 1], blk).wait()
-                    with ce_dfb.reserve() as blk:
-                        ttl.copy(c[0:1, C_EPS:C_EPS + 1], blk).wait()
+                    _read_norm_inputs(ttl, c, C_INV_D, ci_dfb, ce_dfb)
                     for k in range(k_blocks):
                         with x_dfb.reserve() as blk:
-                            ttl.copy(x[m:m + 1, k * kb:(k + 1) * kb], blk).wait()
+                            ttl.copy(x[rows, k * kb:(k + 1) * kb], blk).wait()
                 for k in range(k_blocks):
                     ks = slice(k * kb, (k + 1) * kb)
                     with x_dfb.reserve() as xb, w_dfb.reserve() as wb:
-                        tx = ttl.copy(x[m:m + 1, ks], xb)
+                        tx = ttl.copy(x[rows, ks], xb)
                         tw = ttl.copy(w[ks, n * nb:(n + 1) * nb], wb)
                         tx.wait()
                         tw.wait()
@@ -148,14 +159,14 @@ def make_linear(ttl, grid, Mt: int, Kt: int, Nt: int, kb: int, nb: int, *, norm:
                             ttl.copy(w2[ks, n * nb:(n + 1) * nb], wb2).wait()
                 if residual:
                     with r_dfb.reserve() as rb:
-                        ttl.copy(res[m:m + 1, n * nb:(n + 1) * nb], rb).wait()
+                        ttl.copy(res[rows, n * nb:(n + 1) * nb], rb).wait()
 
         @ttl.datamovement()
         def write():
             nid, nodes = _nid(ttl)
             for m, n in units[nid::nodes]:
                 with y_dfb.wait() as yb:
-                    ttl.copy(yb, y[m:m + 1, n * nb:(n + 1) * nb]).wait()
+                    ttl.copy(yb, y[m:m + mb, n * nb:(n + 1) * nb]).wait()
 
     return linear
 
@@ -210,52 +221,72 @@ def _read_norm_inputs(ttl, c, inv_tile: int, ci_dfb, ce_dfb) -> None:
         ttl.copy(c[0:1, C_EPS:C_EPS + 1], blk).wait()
 
 
-def make_qk_rope(ttl, grid, B: int, Tpt: int, Hq: int, Hkv: int, dt: int, Smaxt: int):
-    """q/k RMSNorm + RoPE + head split in one pass over qkv [B*Tp, (Hq + 2 Hkv) d] (no nlp_create_qkv_heads).
+def make_qkv_rope(ttl, grid, B: int, Tpt: int, Kt: int, kb: int, Hq: int, Hkv: int, dt: int, Smaxt: int):
+    """RMSNorm + the qkv matmul + q/k RMSNorm + RoPE + head split in one operation (no qkv tensor, no
+    nlp_create_qkv_heads): x [B*Tp, D], w = wqkv.T [D, (Hq + 2 Hkv) d].
 
-    Work unit: one row tile x one head. q heads go to q_packed [B*Hkv*G*Tp, d], GQA-packed: the G query heads
-    of KV head kh are consecutive row blocks, so attention reads one (G*Tp, d) matrix per KV head. Own k and v
-    go straight into the caches' scratch tail, rows [Smax - Tp, Smax) of each (b, kh) block of the cache
-    [B*Hkv*Smax, d]. rotate_half is a signed permutation matmul (rot [d, d]), exact in any precision and
-    independent of whether d/2 is a whole number of tiles. The row scale of a head commutes with the rotation:
-    RoPE(n) = n * cos + (n @ rot) * sin with n = x * r * g."""
-    G = Hq // Hkv
-    units = [(m, h) for m in range(B * Tpt) for h in range(Hq + 2 * Hkv)]
+    Work unit: one sample's Tpt row tiles x one head. A node computes the head's columns of the normed qkv
+    matmul as make_linear does (h = ((x * g) @ w_head) * r), then, for a q or k head, the head's RMSNorm and
+    RoPE on the (Tpt, dt) block it holds: n = h * rsqrt(mean(h^2) + eps) * g_head, y = n * cos + (n @ rot) * sin
+    (rotate_half as a signed permutation matmul, exact in any precision). q heads go to q_packed
+    [B*Hkv*G*Tp, d], GQA-packed (the G query heads of KV head kh consecutive row blocks); own k and v straight
+    into the caches' scratch tail, rows [Smax - Tp, Smax) of each (b, kh) block of the cache [B*Hkv*Smax, d].
+    A sample's row tiles land on consecutive rows of each destination, so the unit writes one block. Each weight
+    column block is streamed once per sample (once per operation at B = 1)."""
+    G, k_blocks = Hq // Hkv, Kt // kb
+    if Kt % kb or Tpt > CONST_ROWS:
+        raise ValueError(f"qkv_rope: K tiles {Kt} not a multiple of the block {kb}, or more than {CONST_ROWS} row "
+                         f"tiles per sample ({Tpt})")
+    units = [(b, h) for b in range(B) for h in range(Hq + 2 * Hkv)]
 
-    def dest(m: int, h: int) -> tuple[int, int]:
-        """(0 q / 1 k / 2 v, row tile) of unit (m, h)."""
-        b, t = divmod(m, Tpt)
+    def dest(b: int, h: int) -> tuple[int, int]:
+        """(0 q / 1 k / 2 v, first row tile) of unit (b, h)."""
         if h < Hq:
             kh, j = divmod(h, G)
-            return 0, ((b * Hkv + kh) * G + j) * Tpt + t
+            return 0, ((b * Hkv + kh) * G + j) * Tpt
         kind, kh = (1, h - Hq) if h < Hq + Hkv else (2, h - Hq - Hkv)
-        return kind, (b * Hkv + kh) * Smaxt + Smaxt - Tpt + t
+        return kind, (b * Hkv + kh) * Smaxt + Smaxt - Tpt
 
     @ttl.operation(grid=grid)
-    def qk_rope(qkv, gq, gk, cos, sin, rot, c, q_packed, k_cache, v_cache):
-        x_dfb = ttl.make_dataflow_buffer_like(qkv, shape=(1, dt), block_count=2)
-        g_dfb = ttl.make_dataflow_buffer_like(gq, shape=(1, dt), block_count=1)
-        cos_dfb = ttl.make_dataflow_buffer_like(cos, shape=(1, dt), block_count=1)
-        sin_dfb = ttl.make_dataflow_buffer_like(sin, shape=(1, dt), block_count=1)
-        rot_dfb = ttl.make_dataflow_buffer_like(rot, shape=(dt, dt), block_count=1)
+    def qkv_rope(x, w, g, gq, gk, cos, sin, rot, c, q_packed, k_cache, v_cache):
+        x_dfb = ttl.make_dataflow_buffer_like(x, shape=(Tpt, kb), block_count=2)
+        g_dfb = ttl.make_dataflow_buffer_like(g, shape=(1, kb), block_count=2)
+        w_dfb = ttl.make_dataflow_buffer_like(w, shape=(kb, dt), block_count=2)
         ci_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
         ce_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=1)
-        ss_dfb = ttl.make_dataflow_buffer_like(c, shape=(1, 1), block_count=2)
-        sc_dfb = ttl.make_dataflow_buffer_like(qkv, shape=(1, dt), block_count=1)
-        n_dfb = ttl.make_dataflow_buffer_like(qkv, shape=(1, dt), block_count=1)
-        y_dfb = ttl.make_dataflow_buffer_like(q_packed, shape=(1, dt), block_count=2)
+        ss_dfb = ttl.make_dataflow_buffer_like(c, shape=(Tpt, 1), block_count=2)
+        sc_dfb = ttl.make_dataflow_buffer_like(x, shape=(Tpt, dt), block_count=1)
+        acc_dfb = ttl.make_dataflow_buffer_like(x, shape=(Tpt, dt), block_count=2)
+        h_dfb = ttl.make_dataflow_buffer_like(x, shape=(Tpt, dt), block_count=1)
+        gh_dfb = ttl.make_dataflow_buffer_like(gq, shape=(1, dt), block_count=1)
+        cos_dfb = ttl.make_dataflow_buffer_like(cos, shape=(Tpt, dt), block_count=1)
+        sin_dfb = ttl.make_dataflow_buffer_like(sin, shape=(Tpt, dt), block_count=1)
+        rot_dfb = ttl.make_dataflow_buffer_like(rot, shape=(dt, dt), block_count=1)
+        n_dfb = ttl.make_dataflow_buffer_like(x, shape=(Tpt, dt), block_count=1)
+        y_dfb = ttl.make_dataflow_buffer_like(q_packed, shape=(Tpt, dt), block_count=2)
 
         @ttl.compute()
         def compute():
             nid, nodes = _nid(ttl)
-            for m, h in units[nid::nodes]:
-                if dest(m, h)[0] == 2:
-                    with x_dfb.wait() as xb, y_dfb.reserve() as yb:
-                        yb.store(xb)
+            for b, h in units[nid::nodes]:
+                _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, k_blocks, dt, Tpt)
+                _zero(ttl, acc_dfb, (Tpt, dt))
+                for _k in range(k_blocks):
+                    with x_dfb.wait() as xb, w_dfb.wait() as wb, g_dfb.wait() as gb, acc_dfb.wait() as prev:
+                        with acc_dfb.reserve() as a:
+                            a.store(prev + (xb * ttl.block.broadcast(gb, dims=[0], shape=(Tpt, kb))) @ wb)
+                out = y_dfb if dest(b, h)[0] == 2 else h_dfb   # v: the head's values are the result
+                with acc_dfb.wait() as a, sc_dfb.wait() as sc, out.reserve() as hb:
+                    hb.store(a * sc)
+                if out is y_dfb:
                     continue
-                _row_scale(ttl, x_dfb, ci_dfb, ce_dfb, ss_dfb, sc_dfb, 1, dt)
-                with x_dfb.wait() as xb, g_dfb.wait() as gb, sc_dfb.wait() as sc, n_dfb.reserve() as nb_:
-                    nb_.store(xb * sc * gb)
+                # The head's RMSNorm on the block in hand (one head is one block of columns).
+                with h_dfb.wait() as hb, ci_dfb.wait() as inv_d, ce_dfb.wait() as eps, gh_dfb.wait() as gh:
+                    with n_dfb.reserve() as nb_:
+                        inv_d, eps = (ttl.block.broadcast(t, dims=[0], shape=(Tpt, 1)) for t in (inv_d, eps))
+                        r = ttl.math.rsqrt(ttl.math.reduce_sum(hb * hb, dims=[1], shape=(Tpt, 1)) * inv_d + eps)
+                        nb_.store(hb * ttl.block.broadcast(r, dims=[1], shape=(Tpt, dt))
+                                  * ttl.block.broadcast(gh, dims=[0], shape=(Tpt, dt)))
                 with n_dfb.wait() as nb_, rot_dfb.wait() as rb, cos_dfb.wait() as cb, sin_dfb.wait() as sb:
                     with y_dfb.reserve() as yb:
                         yb.store(nb_ * cb + (nb_ @ rb) * sb)
@@ -263,43 +294,43 @@ def make_qk_rope(ttl, grid, B: int, Tpt: int, Hq: int, Hkv: int, dt: int, Smaxt:
         @ttl.datamovement()
         def read():
             nid, nodes = _nid(ttl)
-            for m, h in units[nid::nodes]:
-                cols = slice(h * dt, (h + 1) * dt)
-                kind = dest(m, h)[0]
-                if kind < 2:
-                    _read_norm_inputs(ttl, c, C_INV_HEAD, ci_dfb, ce_dfb)
-                    with x_dfb.reserve() as xb:
-                        ttl.copy(qkv[m:m + 1, cols], xb).wait()
-                with x_dfb.reserve() as xb:
-                    ttl.copy(qkv[m:m + 1, cols], xb).wait()
+            for b, h in units[nid::nodes]:
+                rows, cols = slice(b * Tpt, (b + 1) * Tpt), slice(h * dt, (h + 1) * dt)
+                _read_norm_inputs(ttl, c, C_INV_D, ci_dfb, ce_dfb)
+                for k in range(k_blocks):
+                    with x_dfb.reserve() as blk:
+                        ttl.copy(x[rows, k * kb:(k + 1) * kb], blk).wait()
+                for k in range(k_blocks):
+                    ks = slice(k * kb, (k + 1) * kb)
+                    with x_dfb.reserve() as xb, w_dfb.reserve() as wb, g_dfb.reserve() as gb:
+                        tx = ttl.copy(x[rows, ks], xb)
+                        tw = ttl.copy(w[ks, cols], wb)
+                        tg = ttl.copy(g[0:1, ks], gb)
+                        tx.wait()
+                        tw.wait()
+                        tg.wait()
+                kind = dest(b, h)[0]
                 if kind == 2:
                     continue
-                with g_dfb.reserve() as gb:
-                    if kind == 0:
-                        ttl.copy(gq[0:1, 0:dt], gb).wait()
-                    else:
-                        ttl.copy(gk[0:1, 0:dt], gb).wait()
+                _read_norm_inputs(ttl, c, C_INV_HEAD, ci_dfb, ce_dfb)
+                with gh_dfb.reserve() as gb:
+                    ttl.copy((gq if kind == 0 else gk)[0:1, 0:dt], gb).wait()
                 with rot_dfb.reserve() as rb:
                     ttl.copy(rot[0:dt, 0:dt], rb).wait()
                 with cos_dfb.reserve() as cb:
-                    ttl.copy(cos[m:m + 1, 0:dt], cb).wait()
+                    ttl.copy(cos[rows, 0:dt], cb).wait()
                 with sin_dfb.reserve() as sb:
-                    ttl.copy(sin[m:m + 1, 0:dt], sb).wait()
+                    ttl.copy(sin[rows, 0:dt], sb).wait()
 
         @ttl.datamovement()
         def write():
             nid, nodes = _nid(ttl)
-            for m, h in units[nid::nodes]:
-                kind, row = dest(m, h)
+            for b, h in units[nid::nodes]:
+                kind, row = dest(b, h)
                 with y_dfb.wait() as yb:
-                    if kind == 0:
-                        ttl.copy(yb, q_packed[row:row + 1, 0:dt]).wait()
-                    elif kind == 1:
-                        ttl.copy(yb, k_cache[row:row + 1, 0:dt]).wait()
-                    else:
-                        ttl.copy(yb, v_cache[row:row + 1, 0:dt]).wait()
+                    ttl.copy(yb, (q_packed, k_cache, v_cache)[kind][row:row + Tpt, 0:dt]).wait()
 
-    return qk_rope
+    return qkv_rope
 
 
 def attention_split(Smaxt: int, kc: int, nsplit: int) -> list[tuple[int, int]]:
@@ -470,8 +501,10 @@ def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int,
 
     Work unit: one query row tile x one of the head's dt column tiles, so the merge spreads over B*Hkv*Rt*dt
     nodes rather than B*Hkv*Rt. Only the splits that attended a chunk enter it (read at run time from
-    kv_chunks as attention_partial does); the others hold m = NEG_INIT and would add exactly zero. m and l hold
-    a row's value in column 0 of their tile, so it is broadcast along the row (dims=[1]) before use."""
+    kv_chunks as attention_partial does); the others hold m = NEG_INIT and would add exactly zero. One pass over
+    the splits with a running max (as the partials run over key chunks), so each split's m, l and o are read
+    once: M' = max(M, m_s), L' = L e^(M - M') + l_s e^(m_s - M'), O' likewise. m and l hold a row's value in
+    column 0 of their tile, so it is broadcast along the row (dims=[1]) before use."""
     Rt = G * Tpt
     splits = attention_split(Smaxt, kc, nsplit)
     tail0 = (Smaxt - Tpt) // kc
@@ -500,20 +533,21 @@ def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int,
                 with n_dfb.wait() as nb_, gm_dfb.reserve() as gb:
                     used = live(run_time_count(nb_))
                     gb.store(ttl.block.fill(NEG_INIT, shape=(1, 1)) + (nb_ - nb_))
-                for _s in used:
-                    with m_dfb.wait() as mi, gm_dfb.wait() as prev, gm_dfb.reserve() as gb:
-                        gb.store(ttl.math.max(prev, mi))
                 _zero(ttl, L_dfb, (1, 1))
                 _zero(ttl, O_dfb, (1, 1))
-                with gm_dfb.wait() as gmax:
-                    for _s in used:
-                        with m_dfb.wait() as mi, l_dfb.wait() as li, o_dfb.wait() as oi:
-                            with L_dfb.wait() as Lp, O_dfb.wait() as Op, L_dfb.reserve() as Ln, O_dfb.reserve() as On:
-                                e = ttl.math.exp(mi - gmax)
-                                Ln.store(Lp + li * e)
-                                On.store(Op + oi * ttl.block.broadcast(e, dims=[1], shape=(1, 1)))
-                with L_dfb.wait() as Lt, O_dfb.wait() as Ot, y_dfb.reserve() as yb:
-                    yb.store(Ot * ttl.block.broadcast(ttl.math.recip(Lt), dims=[1], shape=(1, 1)))
+                for _s in used:
+                    with m_dfb.wait() as mi, l_dfb.wait() as li, o_dfb.wait() as oi, gm_dfb.wait() as mp:
+                        with L_dfb.wait() as Lp, O_dfb.wait() as Op:
+                            with gm_dfb.reserve() as mn, L_dfb.reserve() as Ln, O_dfb.reserve() as On:
+                                m_new = ttl.math.max(mp, mi)
+                                e_old, e_new = ttl.math.exp(mp - m_new), ttl.math.exp(mi - m_new)
+                                mn.store(m_new)
+                                Ln.store(Lp * e_old + li * e_new)
+                                On.store(Op * ttl.block.broadcast(e_old, dims=[1], shape=(1, 1))
+                                         + oi * ttl.block.broadcast(e_new, dims=[1], shape=(1, 1)))
+                # The final max must feed a store too: + (M - M), exactly 0 (M is finite).
+                with gm_dfb.wait() as gm, L_dfb.wait() as Lt, O_dfb.wait() as Ot, y_dfb.reserve() as yb:
+                    yb.store(Ot * ttl.block.broadcast(ttl.math.recip(Lt), dims=[1], shape=(1, 1)) + (gm - gm))
 
         @ttl.datamovement()
         def read():
@@ -523,10 +557,6 @@ def make_attention_merge(ttl, grid, B: int, Hkv: int, G: int, Tpt: int, dt: int,
                 with n_dfb.reserve() as nb_:
                     ttl.copy(kv_chunks[b:b + 1, 0:1], nb_).wait()
                     used = live(run_time_count(nb_))
-                for s in used:
-                    u = (bk * nsplit + s) * Rt + r
-                    with m_dfb.reserve() as mb:
-                        ttl.copy(m_part[u:u + 1, 0:1], mb).wait()
                 for s in used:
                     u = (bk * nsplit + s) * Rt + r
                     with m_dfb.reserve() as mb, l_dfb.reserve() as lb, o_dfb.reserve() as ob:

@@ -246,8 +246,9 @@ KernelOp matmul_op(WeightType t, OnednnPrimitives& kernels, int M, int K, int N,
   // full-size step streams them, amx_bf16 ran the bf16 matmuls faster than oneDNN's AMX brgemm, while on this warm
   // slice oneDNN is up to 1.2x faster; so oneDNN is taken only where it is 25% faster here (docs/CPU_BACKEND.md,
   // "AMX bf16 matmul"). The order matters only where AMX-BF16 is granted: elsewhere amx_bf16 cannot run.
+  // amx_int8 sits there too, for int8 where AMX-INT8 is granted ("AMX int8 matmul").
   for (MatmulKernel k : kMatmulKernels) {
-    if (k == MatmulKernel::Avx512)  // after the dot-product kernels and amx_bf16, before the FMA ones
+    if (k == MatmulKernel::Avx512)  // after the dot-product and AMX kernels, before the FMA ones
       op.candidates.push_back({kOnednn, "", matmul_unrunnable(kOnednn, t, kernels, M, K, N, k_model, isa)});
     const std::string name = matmul_kernel_name(k);
     op.candidates.push_back(

@@ -85,7 +85,7 @@ std::vector<double> matmul_bf16_bound(const uint16_t* x, const uint16_t* w, int 
 }
 
 Int8Sum int8_sum_of(const std::string& k) {
-  if (k == "avx512_vnni" || k == "avx2_int8") return Int8Sum::Int32;
+  if (k == "avx512_vnni" || k == "avx2_int8" || k == "amx_int8") return Int8Sum::Int32;
   if (k == "onednn") return Int8Sum::OnednnU8;
   return Int8Sum::Fp32Chain;
 }
@@ -133,7 +133,7 @@ Int8Sums int8_sums(const uint8_t* xq, const int8_t* wq, int M, int K, int N) {
 // hold a = S up to:
 // - fp32 FMA chains (avx512_fma, avx2_fma, portable_fma): gamma_K A, any order (as for bf16; no underflow).
 // - an exact int32 sum rounded once to fp32 (avx512_vnni, whose u8 x s8 sum less 128 sum_k q_w is exact in int32,
-//   and avx2_int8): u |S|.
+//   avx2_int8 and amx_int8): u |S|.
 // - oneDNN (int32 sums of u8 x s8 on VNNI or AMX; without VNNI it is not run, onednn_int8_refused): its output is
 //   S + C rounded once (C = 128 sum_k q_w), and the epilogue subtracts C rounded to fp32 (col_correction) and rounds
 //   the difference: |a - S| <= u(1 + u)(|S + C| + |C|) + u |S|.

@@ -31,7 +31,7 @@ std::vector<double> matmul_bf16_bound(const uint16_t* x, const uint16_t* w, int 
 // int8 weights: x as u8 = q + 128 [M][K] with row scales rs, w as s8 [N][K] with scales ws (quantize_weight_rows);
 // the outputs after the step's epilogue ((y - corr) * (ws * rs), copy_rows). How the candidate sums its exact
 // integer products decides its own error: fp32 FMA chains (avx512_fma, avx2_fma, portable_fma), one exact int32
-// sum rounded once (avx512_vnni, avx2_int8), or oneDNN's int32 sum of u8 x s8 with the +128 correction subtracted
+// sum rounded once (avx512_vnni, avx2_int8, amx_int8), or oneDNN's int32 sum of u8 x s8 with the +128 correction subtracted
 // in fp32 by the epilogue.
 enum class Int8Sum { Fp32Chain, Int32, OnednnU8 };
 Int8Sum int8_sum_of(const std::string& matmul_kernel);

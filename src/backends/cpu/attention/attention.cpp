@@ -36,10 +36,10 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8, bool amx) 
   const int keys = amx ? kAmxKeyBlock : kKeyBlock;  // per block
   kptr.resize(keys);
   vptr.resize(keys);
-  // amx_bf16 double-buffers the scores and probabilities of 32 rows.
-  s.resize(std::max(size_t(kKeyBlock) * (g.Rp + (fp32 ? kFmaPad : 0)), amx ? size_t(keys) * 64 : 0));
-  p.resize(std::max(size_t(kKeyBlock / 2) * g.Rp, amx ? size_t(keys / 2) * 64 : 0));
-  v.resize(size_t(keys / 2) * g.dp);
+  // amx_bf16 holds the scores and probabilities of one row group, rows padded (kAmxPad).
+  s.resize(std::max(size_t(kKeyBlock) * (g.Rp + (fp32 ? kFmaPad : 0)), amx ? size_t(keys + kAmxPad) * kAmxRowGroup : 0));
+  p.resize(std::max(size_t(kKeyBlock / 2) * g.Rp, amx ? size_t(keys / 2 + kAmxPad) * kAmxRowGroup : 0));
+  v.resize(size_t(keys / 2) * (g.dp + (amx ? kAmxPad : 0)));
   alpha.resize(g.Rp);
   lblk.resize(g.Rp);
   zero.resize(g.dp);
@@ -52,7 +52,7 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8, bool amx) 
   qcorr.resize(int8 ? g.Rp : 0);
   pmax.resize(int8 ? g.Rp : 0);
   qa.resize(amx ? size_t(g.Rp) * g.dp : 0);
-  kb.resize(amx ? size_t(g.dp / 2) * keys : 0);
+  kb.resize(amx ? size_t(g.dp / 2) * (keys + kAmxPad) : 0);
 }
 
 float store_int8_key_row(const float* x, int d, uint8_t* k8) {

@@ -32,6 +32,13 @@ constexpr int kKeyBlock = 128;  // keys per online-softmax block (scratch stays 
 // amx_bf16's block: twice as many keys halve its per-block round trips of O through the tiles and its per-row
 // reductions (its scores and probabilities are per 32-row group, so they grow with the block, not with R).
 constexpr int kAmxKeyBlock = 2 * kKeyBlock;
+// 4-byte elements added to the row strides of amx_bf16's packed keys, scores and values (bf16 probabilities: twice
+// as many), so that rows 1 KB or 512 B apart do not share a few L1 sets.
+constexpr int kAmxPad = 16;
+// amx_bf16's row group: the rows whose scores and probabilities are held at once (a multiple of 32, the tiles'
+// rows). Taller groups read a block's packed keys and values from L2 fewer times, but their scores no longer stay
+// in L1: 64 measured slower (docs/PERFORMANCE.md, "AMX attention").
+constexpr int kAmxRowGroup = 32;
 // Floats added to the row strides of the fp32 kernels' queries, scores and values (AttnScratch qf, s, vf). With
 // Rp = 128 or dp = 128 the rows lie 512 B apart, so a column of 128 rows fell into 8 of the 64 L1 sets and was
 // evicted while the tiles walked it (docs/PERFORMANCE.md, "Measurements behind design choices").
@@ -107,10 +114,10 @@ struct AttnScratch {
   AlignedBuf<float> kscale, vscale, qscale, pmax;
   AlignedBuf<uint32_t> q8;
   AlignedBuf<int32_t> qcorr;
-  // amx_bf16's queries row-major [Rp][dp] (bf16) and a block's keys as pairs [dp/2][kAmxKeyBlock]; it uses s as
-  // two row groups' scores [2][32][kAmxKeyBlock], p as their probabilities (bf16) [2][32][kAmxKeyBlock], and v, kptr,
-  // vptr (and the int8 arrays) for kAmxKeyBlock keys. Empty unless
-  // resize(g, ..., ..., true).
+  // amx_bf16's queries row-major [Rp][dp] (bf16) and a block's keys as pairs [dp/2][kAmxKeyBlock + kAmxPad]; it
+  // uses s as a row group's scores [kAmxRowGroup][kAmxKeyBlock + kAmxPad], p as their probabilities (bf16)
+  // [kAmxRowGroup][kAmxKeyBlock + 2 kAmxPad], v as the value pairs [kAmxKeyBlock/2][dp + kAmxPad], and kptr, vptr
+  // (and the int8 arrays) for kAmxKeyBlock keys. Empty unless resize(g, ..., ..., true).
   AlignedBuf<uint16_t> qa;
   AlignedBuf<uint32_t> kb;
   void resize(const AttnGeometry& g, bool fp32 = false, bool int8 = false, bool amx = false);

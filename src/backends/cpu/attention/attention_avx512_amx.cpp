@@ -7,7 +7,7 @@
 // Per chunk the queries are packed row-major (the A operand of S = Q.K^T: 16 rows x 32 dims a tile). Per block of
 // up to kAmxKeyBlock keys: the keys are transposed into pairs per 16 keys (the B operand, VNNI layout; an int8 cache's
 // rows as their integers, exact in bf16, the scales applied to the scores and probabilities), the values into pairs
-// per 2 keys (the B operand of P.V); S for 32 query rows at a time (2 x 2 tiles of 16 x 16), then those rows' exact
+// per 2 keys (the B operand of P.V); per group of 32 query rows S (2 x 2 tiles of 16 x 16), then those rows' exact
 // online-softmax update (row maxima, base 2, fp32, m only rises), the probabilities rounded to bf16 row-major (the A
 // operand of P.V), O rescaled in memory for the rows whose maximum rose, and O += P.V on 2 x 2 tiles loaded from and
 // stored back to O. All queries of an item (several samples' rows with a shared prompt) go through the same tiles
@@ -44,6 +44,12 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
+
+// Row strides of the block's operands, padded by one cache line past a power of two: rows 1 KB or 512 B apart put
+// a tile's 16 rows (and a key chunk's 8 tiles) into a few of L1's 64 sets, which then evicted one another.
+constexpr int kKbLd = kAmxKeyBlock + kAmxPad;     // packed keys (pairs) and scores (fp32) per row
+constexpr int kPLd = kAmxKeyBlock + 2 * kAmxPad;  // probabilities (bf16) per row
+inline int v_ld(int dp) { return dp + kAmxPad; }  // value pairs per row
 
 void load_tile_config() {
   TileConfig c;
@@ -119,7 +125,7 @@ inline void transpose16(__m512i (&r)[16]) {
   }
 }
 
-// Keys as pairs per 16 keys: Kb[i][k] = (key_k[2i], key_k[2i+1]) for i < dp/2, k < npad (row stride kAmxKeyBlock);
+// Keys as pairs per 16 keys: Kb[i][k] = (key_k[2i], key_k[2i+1]) for i < dp/2, k < npad (row stride kKbLd);
 // keys >= n and dims >= d zero.
 template <bool Int8>
 void pack_keys(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* Kb) {
@@ -129,11 +135,11 @@ void pack_keys(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* Kb) 
       for (int k = 0; k < 16; ++k)
         r[k] = k0 + k < n && c < d ? row32<Int8, true>(w, k0 + k, c, d) : _mm512_setzero_si512();
       transpose16(r);
-      for (int i = 0; i < 16; ++i) _mm512_store_si512(Kb + size_t(c / 2 + i) * kAmxKeyBlock + k0, r[i]);
+      for (int i = 0; i < 16; ++i) _mm512_store_si512(Kb + size_t(c / 2 + i) * kKbLd + k0, r[i]);
     }
 }
 
-// Values as pairs per 2 keys: V[k/2][c] = (v_k[c], v_k+1[c]) for c < dp (row stride dp); keys >= n zero.
+// Values as pairs per 2 keys: V[k/2][c] = (v_k[c], v_k+1[c]) for c < dp (row stride v_ld(dp)); keys >= n zero.
 template <bool Int8>
 void pack_values(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* V) {
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
@@ -143,8 +149,8 @@ void pack_values(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* V)
     for (int c = 0; c < dp; c += 32) {
       const __m512i a = k < n && c < d ? row32<Int8, false>(w, k, c, d) : _mm512_setzero_si512();
       const __m512i b = k + 1 < n && c < d ? row32<Int8, false>(w, k + 1, c, d) : _mm512_setzero_si512();
-      _mm512_store_si512(V + size_t(k / 2) * dp + c, _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_store_si512(V + size_t(k / 2) * dp + c + 16, _mm512_permutex2var_epi16(a, hi, b));
+      _mm512_store_si512(V + size_t(k / 2) * v_ld(dp) + c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(V + size_t(k / 2) * v_ld(dp) + c + 16, _mm512_permutex2var_epi16(a, hi, b));
     }
 }
 
@@ -163,9 +169,9 @@ void pack_queries(const AttnGeometry& g, const uint32_t* qp, uint16_t* Qa) {
     }
 }
 
-// S[r - r0][k0 .. k0+31] (row stride kAmxKeyBlock) for the 16 or 32 (two) query rows from r0: 2 x 2 tiles of 16 x 16.
+// S[r - r0][k0 .. k0+31] (row stride kKbLd) for the 16 or 32 (two) query rows from r0: 2 x 2 tiles of 16 x 16.
 void qk_chunk(const uint16_t* Qa, int dp, const uint32_t* Kb, int k0, int r0, bool two, float* S) {
-  const size_t qs = size_t(dp) * 2, ks = kAmxKeyBlock * 4, ss = kAmxKeyBlock * 4;
+  const size_t qs = size_t(dp) * 2, ks = kKbLd * 4, ss = kKbLd * 4;
   ALP_TILE_ZERO(0);
   ALP_TILE_ZERO(1);
   if (two) {
@@ -174,8 +180,8 @@ void qk_chunk(const uint16_t* Qa, int dp, const uint32_t* Kb, int k0, int r0, bo
   }
   for (int c = 0; c < dp; c += 32) {
     ALP_TILE_LOAD(4, Qa + size_t(r0) * dp + c, qs);
-    ALP_TILE_LOAD(6, Kb + size_t(c / 2) * kAmxKeyBlock + k0, ks);
-    ALP_TILE_LOAD(7, Kb + size_t(c / 2) * kAmxKeyBlock + k0 + 16, ks);
+    ALP_TILE_LOAD(6, Kb + size_t(c / 2) * kKbLd + k0, ks);
+    ALP_TILE_LOAD(7, Kb + size_t(c / 2) * kKbLd + k0 + 16, ks);
     ALP_TILE_DP(0, 4, 6);
     ALP_TILE_DP(1, 4, 7);
     if (two) {
@@ -187,14 +193,14 @@ void qk_chunk(const uint16_t* Qa, int dp, const uint32_t* Kb, int k0, int r0, bo
   ALP_TILE_STORE(0, S + k0, ss);
   ALP_TILE_STORE(1, S + k0 + 16, ss);
   if (two) {
-    ALP_TILE_STORE(2, S + size_t(16) * kAmxKeyBlock + k0, ss);
-    ALP_TILE_STORE(3, S + size_t(16) * kAmxKeyBlock + k0 + 16, ss);
+    ALP_TILE_STORE(2, S + size_t(16) * kKbLd + k0, ss);
+    ALP_TILE_STORE(3, S + size_t(16) * kKbLd + k0 + 16, ss);
   }
 }
 
 // O[r][c0 .. c0+31] += P[r - r0][k] V[k][c] over keys [0, npad) for the 16 or 32 (two) rows from r0.
 void pv_chunk(const uint16_t* P, const uint32_t* V, int dp, int npad, int c0, int r0, bool two, float* O) {
-  const size_t os = size_t(dp) * 4, ps = kAmxKeyBlock * 2, vs = size_t(dp) * 4;
+  const size_t os = size_t(dp) * 4, ps = kPLd * 2, vs = size_t(v_ld(dp)) * 4;
   float* o = O + size_t(r0) * dp + c0;
   ALP_TILE_LOAD(0, o, os);
   ALP_TILE_LOAD(1, o + 16, os);
@@ -204,12 +210,12 @@ void pv_chunk(const uint16_t* P, const uint32_t* V, int dp, int npad, int c0, in
   }
   for (int k = 0; k < npad; k += 32) {
     ALP_TILE_LOAD(4, P + k, ps);
-    ALP_TILE_LOAD(6, V + size_t(k / 2) * dp + c0, vs);
-    ALP_TILE_LOAD(7, V + size_t(k / 2) * dp + c0 + 16, vs);
+    ALP_TILE_LOAD(6, V + size_t(k / 2) * v_ld(dp) + c0, vs);
+    ALP_TILE_LOAD(7, V + size_t(k / 2) * v_ld(dp) + c0 + 16, vs);
     ALP_TILE_DP(0, 4, 6);
     ALP_TILE_DP(1, 4, 7);
     if (two) {
-      ALP_TILE_LOAD(5, P + size_t(16) * kAmxKeyBlock + k, ps);
+      ALP_TILE_LOAD(5, P + size_t(16) * kPLd + k, ps);
       ALP_TILE_DP(2, 5, 6);
       ALP_TILE_DP(3, 5, 7);
     }
@@ -221,44 +227,6 @@ void pv_chunk(const uint16_t* P, const uint32_t* V, int dp, int npad, int c0, in
     ALP_TILE_STORE(3, o + size_t(16) * dp + 16, os);
   }
 }
-
-// The tile work pending while the softmax of a row group runs: the next group's scores and the previous group's
-// P.V, in chunks of 32 keys / 32 columns, issued a chunk at a time between the softmax's rows (tick) so that the
-// tile unit and the vector units work at once. Each chunk is complete in itself (its tiles zeroed or loaded, then
-// stored), so the order of chunks changes no result.
-struct TileJobs {
-  const uint16_t* Qa;
-  const uint32_t *Kb, *V;
-  float* O;
-  int dp, npad;
-  int qk_r0 = -1, qk_k0 = 0, pv_r0 = -1, pv_c0 = 0;
-  bool qk_two = false, pv_two = false;
-  float* qk_S = nullptr;
-  const uint16_t* pv_P = nullptr;
-  int every = 1, ticks = 0;
-  bool pending() const { return qk_r0 >= 0 || pv_r0 >= 0; }
-  void step() {
-    if (qk_r0 >= 0) {
-      qk_chunk(Qa, dp, Kb, qk_k0, qk_r0, qk_two, qk_S);
-      if ((qk_k0 += 32) >= npad) qk_r0 = -1;
-    } else if (pv_r0 >= 0) {
-      pv_chunk(pv_P, V, dp, npad, pv_c0, pv_r0, pv_two, O);
-      if ((pv_c0 += 32) >= dp) pv_r0 = -1;
-    }
-  }
-  void drain() {
-    while (pending()) step();
-  }
-  // Spreads the pending chunks over `rows` ticks.
-  void schedule(int rows) {
-    const int chunks = (qk_r0 >= 0 ? (npad - qk_k0) / 32 : 0) + (pv_r0 >= 0 ? (dp - pv_c0) / 32 : 0);
-    every = chunks > 0 && rows > chunks ? rows / chunks : 1;
-    ticks = 0;
-  }
-  void tick() {
-    if (++ticks % every == 0) step();
-  }
-};
 
 // Sixteen row vectors reduced at once: lane r of the result is op over the 16 lanes of v[kSlot[r]], paired as
 // _mm512_reduce_*_ps pairs them (lanes i and i+8, then i+4, i+2, i+1), so a sum is bitwise that of the per-row
@@ -277,21 +245,21 @@ inline __m512 reduce16(const __m512 (&v)[16], Op op) {
 }
 
 // The online-softmax update of 16 rows from r0 for a block of n valid keys (npad, a multiple of 32): the row maxima
-// of S (these rows' scores, [16][kAmxKeyBlock]), m raised to them, the probabilities 2^(s c - m) rounded to bf16 into
+// of S (these rows' scores, [16][kKbLd]), m raised to them, the probabilities 2^(s c - m) rounded to bf16 into
 // P[r - r0][k] (keys >= n zero), l rescaled and added to, and the rows of O whose maximum rose rescaled. An int8
 // cache's products are of its integers: S is first multiplied by the key rows' scales ks, and P holds p times the
-// value rows' scales vs (l adds p itself). One tile chunk of `jobs` per row (tick). The full vectors of 16 keys
+// value rows' scales vs (l adds p itself). The full vectors of 16 keys
 // take no mask; only the last, partial one (n % 16 keys) and the zero padding past it do.
 template <bool Int8>
 void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, const float* ks, const float* vs,
-                  uint16_t* P, float* O, float* m, float* l, TileJobs& jobs) {
+                  uint16_t* P, float* O, float* m, float* l) {
   const __m512 scale = _mm512_set1_ps(g.scale_log2);
   const int nv = npad / 16, full = n / 16;
   const __mmask16 tail = __mmask16((1u << (n % 16)) - 1);
   alignas(64) float mnew[16], alpha[16];
   __m512 red[16];
   for (int r = 0; r < 16; ++r) {
-    float* s = S + size_t(r) * kAmxKeyBlock;
+    float* s = S + size_t(r) * kKbLd;
     __m512 v = _mm512_set1_ps(-INFINITY);
     for (int k = 0; k < full; ++k) {
       __m512 x = _mm512_load_ps(s + 16 * k);
@@ -319,9 +287,8 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
   _mm512_store_ps(mnew, m_new);
   _mm512_store_ps(alpha, a);
   for (int r = 0; r < 16; ++r) {
-    jobs.tick();
-    const float* s = S + size_t(r) * kAmxKeyBlock;
-    uint16_t* p = P + size_t(r) * kAmxKeyBlock;
+    const float* s = S + size_t(r) * kKbLd;
+    uint16_t* p = P + size_t(r) * kPLd;
     const __m512 mb = _mm512_set1_ps(mnew[r]);
     __m512 acc = _mm512_setzero_ps();
     int k = 0;
@@ -359,16 +326,18 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
   _mm512_storeu_ps(m + r0, m_new);
 }
 
-// One body on purpose (about 60 lines): the software pipeline over a block's row groups (S, P double-buffered per
-// group: while group i's softmax runs, group i+1's scores and group i-1's P.V are issued between its rows).
+// Per block: the keys and values packed once, then for each row group of up to kAmxRowGroup rows its scores, its
+// softmax and its P.V, one after the other, so that the group's scores and probabilities are read back while they
+// are still in L1. (Interleaving the next group's tile products with the softmax measured no gain: on the CPUs
+// measured the tile unit and the vector units did not overlap; docs/PERFORMANCE.md.)
 template <bool Int8>
 void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O, float* m,
             float* l, const AttnWork& w) {
   load_tile_config();
   pack_queries(g, qp, w.qa);
-  const int groups = (g.Rp + 31) / 32;
-  float* Sbuf[2] = {w.s, w.s + 32 * kAmxKeyBlock};
-  uint16_t* Pbuf[2] = {reinterpret_cast<uint16_t*>(w.p), reinterpret_cast<uint16_t*>(w.p) + 32 * kAmxKeyBlock};
+  const int groups = (g.Rp + kAmxRowGroup - 1) / kAmxRowGroup;
+  float* S = w.s;
+  uint16_t* P = reinterpret_cast<uint16_t*>(w.p);
   size_t ex_off = 0;  // progress through kv.prefetch
   for (int jb = j0, n = 0; jb < j1; jb += n) {
     n = j1 - jb < kAmxKeyBlock ? j1 - jb : kAmxKeyBlock;
@@ -380,28 +349,17 @@ void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0
     const size_t ex_block = ((kv.prefetch_bytes * kAmxKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;
     const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
     const size_t ex_lines = (ex_end - ex_off) / 64 / groups + 1;
-    TileJobs jobs{w.qa, w.kb, w.v, O, g.dp, npad};
-    jobs.qk_r0 = 0, jobs.qk_k0 = 0, jobs.qk_two = g.Rp >= 32, jobs.qk_S = Sbuf[0];
-    jobs.drain();
-    for (int gi = 0; gi < groups; ++gi) {
-      const int r0 = 32 * gi;
-      const bool two = r0 + 32 <= g.Rp;
-      if (gi + 1 < groups) {
-        jobs.qk_r0 = r0 + 32, jobs.qk_k0 = 0, jobs.qk_two = r0 + 64 <= g.Rp, jobs.qk_S = Sbuf[(gi + 1) & 1];
-      }
-      jobs.schedule(two ? 32 : 16);
+    for (int r0 = 0; r0 < g.Rp; r0 += kAmxRowGroup) {
+      const int rows = g.Rp - r0 < kAmxRowGroup ? g.Rp - r0 : kAmxRowGroup;
+      for (int k0 = 0; k0 < npad; k0 += 32)
+        for (int h = 0; h < rows; h += 32) qk_chunk(w.qa, g.dp, w.kb, k0, r0 + h, h + 32 <= rows, S + size_t(h) * kKbLd);
       for (size_t e = ex_off + 64 * ex_lines; kv.prefetch && ex_off < e && ex_off < ex_end; ex_off += 64)
         _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
-      float* S = Sbuf[gi & 1];
-      uint16_t* P = Pbuf[gi & 1];
-      softmax_rows<Int8>(g, S, n, npad, r0, w.kscale, w.vscale, P, O, m, l, jobs);
-      if (two)
-        softmax_rows<Int8>(g, S + 16 * kAmxKeyBlock, n, npad, r0 + 16, w.kscale, w.vscale, P + 16 * kAmxKeyBlock, O, m, l,
-                           jobs);
-      jobs.drain();
-      jobs.pv_r0 = r0, jobs.pv_c0 = 0, jobs.pv_two = two, jobs.pv_P = P;
+      for (int h = 0; h < rows; h += 16)
+        softmax_rows<Int8>(g, S + size_t(h) * kKbLd, n, npad, r0 + h, w.kscale, w.vscale, P + size_t(h) * kPLd, O, m, l);
+      for (int c0 = 0; c0 < g.dp; c0 += 32)
+        for (int h = 0; h < rows; h += 32) pv_chunk(P + size_t(h) * kPLd, w.v, g.dp, npad, c0, r0 + h, h + 32 <= rows, O);
     }
-    jobs.drain();
   }
   __asm__ volatile("tilerelease" ::: "memory");
 }

@@ -33,11 +33,14 @@ const char* matmul_kernel_name(MatmulKernel k) {
     case MatmulKernel::Avx512Bf16: return "avx512_bf16";
     case MatmulKernel::Avx2Int8: return "avx2_int8";
     case MatmulKernel::AmxBf16: return "amx_bf16";
+    case MatmulKernel::AmxInt8: return "amx_int8";
   }
   return "?";
 }
 
-bool matmul_kernel_takes_bf16(MatmulKernel k) { return k != MatmulKernel::Avx512Vnni && k != MatmulKernel::Avx2Int8; }
+bool matmul_kernel_takes_bf16(MatmulKernel k) {
+  return k != MatmulKernel::Avx512Vnni && k != MatmulKernel::Avx2Int8 && k != MatmulKernel::AmxInt8;
+}
 bool matmul_kernel_takes_int8(MatmulKernel k) { return k != MatmulKernel::Avx512Bf16 && k != MatmulKernel::AmxBf16; }
 
 bool matmul_kernel_runnable(MatmulKernel k, const IsaInfo& i) {
@@ -49,6 +52,7 @@ bool matmul_kernel_runnable(MatmulKernel k, const IsaInfo& i) {
     case MatmulKernel::Avx512Vnni: return i.has(kAvx512) && i.has(kAvx512Vnni);
     case MatmulKernel::Avx512Bf16: return i.has(kAvx512) && i.has(kAvx512Bf16);
     case MatmulKernel::AmxBf16: return i.has(kAvx512) && i.has(kAmxBf16);
+    case MatmulKernel::AmxInt8: return i.has(kAvx512) && i.has(kAmxInt8);
   }
   return false;
 }
@@ -59,6 +63,7 @@ std::string matmul_kernel_unavailable(MatmulKernel k, const IsaInfo& i) {
                       : k == MatmulKernel::Avx2 || k == MatmulKernel::Avx2Int8 ? "needs AVX2 + FMA"
                       : k == MatmulKernel::Avx512Vnni ? "needs AVX-512 with AVX512-VNNI"
                       : k == MatmulKernel::AmxBf16    ? "needs AVX-512 with AMX-BF16 (and the OS's permission for tiles)"
+                      : k == MatmulKernel::AmxInt8    ? "needs AVX-512 with AMX-INT8 (and the OS's permission for tiles)"
                                                    : "needs AVX-512 with AVX512-BF16";
   return std::string(needs) + " (usable here: " + i.describe() + ")";
 }
@@ -66,7 +71,7 @@ std::string matmul_kernel_unavailable(MatmulKernel k, const IsaInfo& i) {
 std::string matmul_kernel_refuses(MatmulKernel k, bool int8, int K) {
   if (!int8 && !matmul_kernel_takes_bf16(k)) return "multiplies int8 weights only";
   if (int8 && !matmul_kernel_takes_int8(k)) return "multiplies bf16 weights only";
-  if (k == MatmulKernel::Avx512Vnni && K > kVnniMaxK)
+  if ((k == MatmulKernel::Avx512Vnni || k == MatmulKernel::AmxInt8) && K > kVnniMaxK)
     return "sums K = " + std::to_string(K) + " products in int32; at most " + std::to_string(kVnniMaxK) +
            " cannot overflow";
   if (k == MatmulKernel::Avx2Int8 && K > kAvx2Int8MaxK)
@@ -84,6 +89,7 @@ const char* matmul_kernel_instruction(MatmulKernel k) {
     case MatmulKernel::Avx512Bf16: return "vdpbf16ps zmm";
     case MatmulKernel::Avx2Int8: return "vpmaddwd ymm";
     case MatmulKernel::AmxBf16: return "tdpbf16ps tmm";
+    case MatmulKernel::AmxInt8: return "tdpbusd tmm";
   }
   return "";
 }
@@ -98,8 +104,10 @@ bool matmul_kernel_from_name(const std::string& name, MatmulKernel* k) {
 }
 
 int matmul_k_span(MatmulKernel k) {
-  return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::Avx512Bf16 || k == MatmulKernel::AmxBf16 ? kDotKSpan
-                                                                                                      : kFmaKSpan;
+  return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::Avx512Bf16 || k == MatmulKernel::AmxBf16 ||
+                 k == MatmulKernel::AmxInt8
+             ? kDotKSpan
+             : kFmaKSpan;
 }
 
 int matmul_panel_width(MatmulKernel k) {
@@ -112,7 +120,7 @@ int matmul_packed_slot(MatmulKernel k, bool int8, int j) {
 }
 
 int matmul_k_group(MatmulKernel k) {
-  return k == MatmulKernel::Avx512Vnni ? 4
+  return k == MatmulKernel::Avx512Vnni || k == MatmulKernel::AmxInt8 ? 4
          : k == MatmulKernel::Avx2Int8 || k == MatmulKernel::Avx512Bf16 || k == MatmulKernel::AmxBf16 ? 2
                                                                                                        : 1;
 }
@@ -221,7 +229,7 @@ void MatmulWeights::pack_s8(MatmulKernel k, const int8_t* Wq, const float* scale
   corr_.assign(N, 0.f);
   scale_.assign(scales, scales + N);
   colsum_.clear();
-  if (k == MatmulKernel::Avx512Vnni) {
+  if (k == MatmulKernel::Avx512Vnni || k == MatmulKernel::AmxInt8) {
     colsum_.assign(N, 0);
     for (int n = 0; n < N; ++n) {
       const int8_t* w = Wq + size_t(n) * K;
@@ -242,6 +250,7 @@ void MatmulWeights::pack_int8(MatmulKernel k, const float* W, int K, int N, Matm
 
 size_t matmul_scratch_bytes(MatmulKernel k, int M, int K) {
   if (k == MatmulKernel::AmxBf16) return amx_matmul_scratch_bytes(M, K);
+  if (k == MatmulKernel::AmxInt8) return amx_int8_matmul_scratch_bytes(M, K);
   if (const int g = matmul_k_group(k); g > 1) {  // the dot-product kernels: x in rows of K rounded up to the group
     const size_t rows = size_t(std::max(M, 0)) * ((std::max(K, 0) + g - 1) / g * g);
     if (k == MatmulKernel::Avx2Int8)  // q as int16, then one int16 weight block of 16 columns and a panel's int32 sums
@@ -318,6 +327,9 @@ void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y,
       case MatmulKernel::Avx2Int8:
         dot_matmul_s8_avx2(w.data_s8(), w.K(), w.N(), xq, M, ldx, y, ldy, static_cast<uint8_t*>(scratch), x_ready);
         break;
+      case MatmulKernel::AmxInt8:
+        amx_matmul_s8(w.data_s8(), w.col_sums(), w.K(), w.N(), xq, M, ldx, y, ldy, scratch, x_ready);
+        break;
       case MatmulKernel::Avx512Bf16:
       case MatmulKernel::AmxBf16: break;  // refused at packing
     }
@@ -331,7 +343,8 @@ void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y,
     case MatmulKernel::Avx512Bf16: dot_matmul_avx512bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch, x_ready); break;
     case MatmulKernel::AmxBf16: amx_matmul_bf16(w.data(), w.K(), w.N(), xb, M, ldx, y, ldy, scratch, x_ready); break;
     case MatmulKernel::Avx512Vnni:
-    case MatmulKernel::Avx2Int8: break;  // refused at packing
+    case MatmulKernel::Avx2Int8:
+    case MatmulKernel::AmxInt8: break;  // refused at packing
   }
 }
 

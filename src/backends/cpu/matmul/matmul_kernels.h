@@ -29,6 +29,10 @@
 // tiles, reading avx512_bf16's layout, with the weights prefetched so that they stream at the read bandwidth. Its
 // own summation order (tile by tile of 32 k); its results do not depend on M, N or the column slice either.
 //
+// int8 weights also run on "amx_int8" (int8 only; amx_int8_matmul_avx512.cpp), where AMX-INT8 is granted: tdpbusd on
+// tiles, reading avx512_vnni's layout (its quads are the B tile's rows), u8 x s8 summed in int32 minus 128 x the
+// column sum: the exact sum rounded once, so the same bits as avx512_vnni.
+//
 // int8 weights also run on "avx2_int8" (dot_matmul_avx2.cpp), for CPUs without VNNI: q and w widened to int16 and
 // multiplied in pairs of k by vpmaddwd into int32; the exact int32 sum rounded once to fp32, so the same bits as
 // avx512_vnni.
@@ -49,17 +53,17 @@
 
 namespace alpamayo::cpu {
 
-enum class MatmulKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16, Avx2Int8, AmxBf16 };
+enum class MatmulKernel { Avx512, Avx2, Portable, Avx512Vnni, Avx512Bf16, Avx2Int8, AmxBf16, AmxInt8 };
 
-// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16", "avx2_int8", "amx_bf16": the names
-// ALPAMAYO_CPU_KERNELS uses for matmul_bf16 and matmul_int8.
+// "avx512_fma", "avx2_fma", "portable_fma", "avx512_vnni", "avx512_bf16", "avx2_int8", "amx_bf16", "amx_int8": the
+// names ALPAMAYO_CPU_KERNELS uses for matmul_bf16 and matmul_int8.
 const char* matmul_kernel_name(MatmulKernel k);
-// Whether the kernel multiplies bf16 weights (all but avx512_vnni and avx2_int8) and int8 ones (all but avx512_bf16
-// and amx_bf16).
+// Whether the kernel multiplies bf16 weights (all but avx512_vnni, avx2_int8 and amx_int8) and int8 ones (all but
+// avx512_bf16 and amx_bf16).
 bool matmul_kernel_takes_bf16(MatmulKernel k);
 bool matmul_kernel_takes_int8(MatmulKernel k);
-// The largest K whose int32 sums cannot overflow on avx512_vnni (255 * 128 * K < 2^31: u8 x s8 before the
-// correction); none for the others.
+// The largest K whose int32 sums cannot overflow on avx512_vnni and amx_int8 (255 * 128 * K < 2^31: u8 x s8 before
+// the correction); none for the others.
 inline constexpr int kVnniMaxK = 65700;
 // The same for avx2_int8 (128 * 128 * K < 2^31: |q| <= 128 with x's u8 of any value, |w| <= 128).
 inline constexpr int kAvx2Int8MaxK = 131000;
@@ -75,11 +79,12 @@ std::string matmul_kernel_refuses(MatmulKernel k, bool int8, int K);
 const char* matmul_kernel_instruction(MatmulKernel k);
 // The kernel named `name` (matmul_kernel_name); false for any other name.
 bool matmul_kernel_from_name(const std::string& name, MatmulKernel* k);
-// Every kernel, our dot-product kernels first (the order the cpu backend tries them in; oneDNN goes before amx_bf16).
+// Every kernel, our dot-product kernels first (the order the cpu backend tries them in; oneDNN goes after amx_bf16
+// and amx_int8).
 inline constexpr MatmulKernel kMatmulKernels[] = {MatmulKernel::Avx512Vnni, MatmulKernel::Avx512Bf16,
                                                   MatmulKernel::Avx2Int8,   MatmulKernel::AmxBf16,
-                                                  MatmulKernel::Avx512,     MatmulKernel::Avx2,
-                                                  MatmulKernel::Portable};
+                                                  MatmulKernel::AmxInt8,    MatmulKernel::Avx512,
+                                                  MatmulKernel::Avx2,       MatmulKernel::Portable};
 // Output columns per packed panel.
 int matmul_panel_width(MatmulKernel k);
 // Where column j (< matmul_panel_width(k)) of a panel sits within a packed row (a k-group's row for the dot-product
@@ -129,7 +134,7 @@ class MatmulWeights {
   // int8: the epilogue's inputs (as OnednnLinear's): zeros and the weight scales; nullptr for bf16.
   const float* col_correction() const { return corr_.empty() ? nullptr : corr_.data(); }
   const float* col_scale() const { return scale_.empty() ? nullptr : scale_.data(); }
-  // avx512_vnni: sum_k w[n][k] per column (the kernel subtracts 128 x it); empty for the other kernels.
+  // avx512_vnni, amx_int8: sum_k w[n][k] per column (the kernel subtracts 128 x it); empty for the other kernels.
   const int32_t* col_sums() const { return colsum_.empty() ? nullptr : colsum_.data(); }
 
  private:
@@ -182,6 +187,10 @@ void amx_matmul_bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, 
                      void* scratch, bool x_ready);
 // amx_bf16's scratch: x as A tiles, K rounded up to 32 and M to 32, and the fp32 sums of a group of panels.
 size_t amx_matmul_scratch_bytes(int M, int K);
+void amx_matmul_s8(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx, float* y,
+                   int ldy, void* scratch, bool x_ready);
+// amx_int8's scratch: x in A tiles of K rounded up to 64 for M rounded up to 32, and one panel's int32 sums.
+size_t amx_int8_matmul_scratch_bytes(int M, int K);
 
 // K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
 inline constexpr int kFmaKBlock = 128;
@@ -197,7 +206,7 @@ inline constexpr int kAvx2Int8KBlock = 512;
 // The span of kernel k's packed layout.
 int matmul_k_span(MatmulKernel k);
 // k per packed group: the dot-product kernels keep a group of consecutive k of one column side by side (4 for
-// avx512_vnni, 2 for avx2_int8 and avx512_bf16), the others 1.
+// avx512_vnni and amx_int8, 2 for avx2_int8 and avx512_bf16), the others 1.
 int matmul_k_group(MatmulKernel k);
 
 }  // namespace alpamayo::cpu
