@@ -51,5 +51,12 @@ def test_cpu_bars_runs_every_configuration(cli, tmp_path, monkeypatch):
         else:
             assert any(l.split()[:2] == [op, name] for l in x["kernel_lines"]), x
     assert any(x["kernels"] is None and "--kv" in x["args"] for x in rep["forced"])
-    assert "| weights | kernels |" in r.stdout and "AMX (oneDNN):" in r.stdout
+    # Six samples sharing one prompt, both weight formats, against their own floors and the machine's bars.
+    assert sorted(x["weights"] for x in rep["shared"]) == ["bf16", "int8"], rep["shared"]
+    for x in rep["shared"]:
+        assert "--B" in x["args"] and x["step_s_mean"] > 0 and x["ratio"] == pytest.approx(x["step_s_mean"] / x["floor_s"])
+    amx = rep["bars"]["amx_granted"]
+    assert rep["bars"]["floor"] == (1.5 if amx else 1.25) and rep["bars"]["shared"] == (2.0 if amx else 1.5)
+    assert amx == any(x["amx"] for x in rep["runs"]) and (not amx or "amx_bf16" in Path("/proc/cpuinfo").read_text())
+    assert "| weights | samples | kernels |" in r.stdout and "AMX (oneDNN):" in r.stdout
     assert "| matmul GB/s / read GB/s | bar 80% |" in r.stdout and "% of " in r.stdout
