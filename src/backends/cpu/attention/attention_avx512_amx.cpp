@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 
 #include "backends/cpu/attention/attention.h"
 #include "backends/cpu/attention/exp2_avx512.h"
@@ -364,10 +365,249 @@ void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0
   __asm__ volatile("tilerelease" ::: "memory");
 }
 
+
+// The transposed split (attend_t): S^T = K Q^T, so that the keys are the A operand as their rows lie (copied
+// row-major, no transposes) and the query pairs, as the caller packs them, the B operand; a query's maximum and sum
+// are then vertical vector operations down a column of S^T, and P^T comes out with keys as rows, paired per 2 keys
+// by one permute (the B operand of O^T = V^T P^T). The values are transposed instead of the keys, and O is held
+// transposed for the call (columns of queries: the rescale by alpha is one vector multiply per dimension).
+constexpr int kKaPad = 32;                          // bf16 added to a packed key row (64 bytes)
+constexpr int kVtLd = kAmxKeyBlock + 2 * kAmxPad;   // transposed values per row (bf16)
+constexpr int kStLd = kAmxRowGroup;                 // S^T and P^T per row (fp32, pairs)
+
+// Keys row-major: Ka[k][c] for k < npad, c < dp (bf16, row stride dp + kKaPad); keys >= n and dims >= d zero.
+template <bool Int8>
+void pack_keys_rows(const AttnWork& w, int d, int dp, int n, int npad, uint16_t* Ka) {
+  const int ld = dp + kKaPad;
+  for (int k = 0; k < npad; ++k)
+    for (int c = 0; c < dp; c += 32)
+      _mm512_store_si512(Ka + size_t(k) * ld + c,
+                         k < n && c < d ? row32<Int8, true>(w, k, c, d) : _mm512_setzero_si512());
+}
+
+// Values transposed: Vt[c][k] for c < dp, k < npad (bf16, row stride kVtLd); keys >= n zero. Per 32 keys and 32
+// dims: the pairs of 2 keys (as pack_values), then two 16 x 16 transposes of the pairs.
+template <bool Int8>
+void pack_values_t(const AttnWork& w, int d, int dp, int n, int npad, uint16_t* Vt) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                      6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int k0 = 0; k0 < npad; k0 += 32)
+    for (int c = 0; c < dp; c += 32) {
+      __m512i a[16], b[16];
+      for (int i = 0; i < 16; ++i) {
+        const int k = k0 + 2 * i;
+        const __m512i x = k < n && c < d ? row32<Int8, false>(w, k, c, d) : _mm512_setzero_si512();
+        const __m512i y = k + 1 < n && c < d ? row32<Int8, false>(w, k + 1, c, d) : _mm512_setzero_si512();
+        a[i] = _mm512_permutex2var_epi16(x, lo, y);
+        b[i] = _mm512_permutex2var_epi16(x, hi, y);
+      }
+      transpose16(a);
+      transpose16(b);
+      for (int j = 0; j < 16; ++j) {
+        _mm512_store_si512(Vt + size_t(c + j) * kVtLd + k0, a[j]);
+        _mm512_store_si512(Vt + size_t(c + 16 + j) * kVtLd + k0, b[j]);
+      }
+    }
+}
+
+// O [Rp][dp] <-> Ot [dp][otl], 16 x 16 at a time.
+void transpose_o(const float* src, int sld, float* dst, int dld, int rows, int cols) {
+  for (int r0 = 0; r0 < rows; r0 += 16)
+    for (int c0 = 0; c0 < cols; c0 += 16) {
+      __m512i t[16];
+      for (int i = 0; i < 16; ++i) t[i] = _mm512_loadu_si512(src + size_t(r0 + i) * sld + c0);
+      transpose16(t);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(dst + size_t(c0 + i) * dld + r0, t[i]);
+    }
+}
+
+// S^T[k - k0][q] (row stride kStLd) for keys k0 .. k0+31 and the 16 or 32 (two) queries from r0: 2 x 2 tiles of
+// 16 keys x 16 queries, from the query pairs Qc[i][q] (row stride qcl).
+void qk_chunk_t(const uint16_t* Ka, int dp, const uint32_t* Qc, int qcl, int k0, int r0, bool two, float* St) {
+  const size_t as = size_t(dp + kKaPad) * 2, ss = kStLd * 4, qs = size_t(qcl) * 4;
+  ALP_TILE_ZERO(0);
+  ALP_TILE_ZERO(2);
+  if (two) {
+    ALP_TILE_ZERO(1);
+    ALP_TILE_ZERO(3);
+  }
+  for (int c = 0; c < dp; c += 32) {
+    const uint32_t* q = Qc + size_t(c / 2) * qcl + r0;
+    ALP_TILE_LOAD(4, Ka + size_t(k0) * (dp + kKaPad) + c, as);
+    ALP_TILE_LOAD(5, Ka + size_t(k0 + 16) * (dp + kKaPad) + c, as);
+    ALP_TILE_LOAD(6, q, qs);
+    ALP_TILE_DP(0, 4, 6);
+    ALP_TILE_DP(2, 5, 6);
+    if (two) {
+      ALP_TILE_LOAD(7, q + 16, qs);
+      ALP_TILE_DP(1, 4, 7);
+      ALP_TILE_DP(3, 5, 7);
+    }
+  }
+  ALP_TILE_STORE(0, St + size_t(k0) * kStLd, ss);
+  ALP_TILE_STORE(2, St + size_t(k0 + 16) * kStLd, ss);
+  if (two) {
+    ALP_TILE_STORE(1, St + size_t(k0) * kStLd + 16, ss);
+    ALP_TILE_STORE(3, St + size_t(k0 + 16) * kStLd + 16, ss);
+  }
+}
+
+// Ot[c][q] += sum_k Vt[c][k] P^T[k][q] for dims c0 .. c0+31, the 16 or 32 (two) queries from r0, keys [0, npad).
+void pv_chunk_t(const uint16_t* Vt, const uint32_t* Pt, int npad, int c0, int r0, bool two, float* Ot, int otl) {
+  const size_t os = size_t(otl) * 4, vs = kVtLd * 2, ps = kStLd * 4;
+  float* o = Ot + size_t(c0) * otl + r0;
+  ALP_TILE_LOAD(0, o, os);
+  ALP_TILE_LOAD(2, o + size_t(16) * otl, os);
+  if (two) {
+    ALP_TILE_LOAD(1, o + 16, os);
+    ALP_TILE_LOAD(3, o + size_t(16) * otl + 16, os);
+  }
+  for (int k = 0; k < npad; k += 32) {
+    ALP_TILE_LOAD(4, Vt + size_t(c0) * kVtLd + k, vs);
+    ALP_TILE_LOAD(5, Vt + size_t(c0 + 16) * kVtLd + k, vs);
+    ALP_TILE_LOAD(6, Pt + size_t(k / 2) * kStLd, ps);
+    ALP_TILE_DP(0, 4, 6);
+    ALP_TILE_DP(2, 5, 6);
+    if (two) {
+      ALP_TILE_LOAD(7, Pt + size_t(k / 2) * kStLd + 16, ps);
+      ALP_TILE_DP(1, 4, 7);
+      ALP_TILE_DP(3, 5, 7);
+    }
+  }
+  ALP_TILE_STORE(0, o, os);
+  ALP_TILE_STORE(2, o + size_t(16) * otl, os);
+  if (two) {
+    ALP_TILE_STORE(1, o + 16, os);
+    ALP_TILE_STORE(3, o + size_t(16) * otl + 16, os);
+  }
+}
+
+// The online-softmax update of the 16 queries in column h of St (these queries' scores down the n valid keys): the
+// maxima and sums as vertical operations, m raised, the probabilities rounded to bf16 and paired per 2 keys into
+// Pt[k/2][h ..] (keys >= n zero), l rescaled and added to, and the 16 columns of Ot rescaled. An int8 cache: S^T's
+// rows multiplied by the key scales ks first, the probabilities by the value scales vs (l adds p itself).
+template <bool Int8>
+void softmax_cols(const AttnGeometry& g, float* St, int n, int npad, int h, int r, const float* ks, const float* vs,
+                  uint32_t* Pt, float* Ot, int otl, float* m, float* l) {
+  const __m512 scale = _mm512_set1_ps(g.scale_log2);
+  // bf16 lanes of [p_k | p_k+1] -> pairs (p_k[q], p_k+1[q])
+  const __m512i pair = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                        6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  float* s = St + h;
+  // Four running maxima and sums: one chain down 256 keys would wait on each add's latency.
+  __m512 mx[4];
+  for (__m512& x : mx) x = _mm512_set1_ps(-INFINITY);
+  auto score = [&](int k) {
+    __m512 x = _mm512_load_ps(s + size_t(k) * kStLd);
+    if constexpr (Int8) {
+      x = _mm512_mul_ps(x, _mm512_set1_ps(ks[k]));
+      _mm512_store_ps(s + size_t(k) * kStLd, x);
+    }
+    return x;
+  };
+  int k = 0;
+  for (; k + 4 <= n; k += 4)
+    for (int u = 0; u < 4; ++u) mx[u] = _mm512_max_ps(mx[u], score(k + u));
+  for (; k < n; ++k) mx[0] = _mm512_max_ps(mx[0], score(k));
+  const __m512 mall = _mm512_max_ps(_mm512_max_ps(mx[0], mx[1]), _mm512_max_ps(mx[2], mx[3]));
+  const __m512 m_old = _mm512_loadu_ps(m + r);
+  const __m512 m_new = _mm512_max_ps(m_old, _mm512_mul_ps(mall, scale));
+  // m_old is -inf before the first block: clamp so that alpha is 0 rather than NaN.
+  const __m512 a = exp2_ps<6>(_mm512_max_ps(_mm512_sub_ps(m_old, m_new), _mm512_set1_ps(-200.f)));
+  __m512 sum[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  auto prob = [&](int k) {
+    return exp2_p3_ps(_mm512_fmsub_ps(_mm512_load_ps(s + size_t(k) * kStLd), scale, m_new));
+  };
+  auto put = [&](int k, __m512 p0, __m512 p1) {
+    if constexpr (Int8) {
+      p0 = _mm512_mul_ps(p0, _mm512_set1_ps(vs[k]));
+      p1 = _mm512_mul_ps(p1, _mm512_set1_ps(vs[k + 1]));
+    }
+    _mm512_store_si512(Pt + size_t(k / 2) * kStLd + h,
+                       _mm512_permutexvar_epi16(pair, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+  };
+  k = 0;
+  for (; k + 8 <= n; k += 8)  // unrolled by the four sums
+    for (int u = 0; u < 4; ++u) {
+      const __m512 p0 = prob(k + 2 * u), p1 = prob(k + 2 * u + 1);
+      sum[u] = _mm512_add_ps(_mm512_add_ps(sum[u], p0), p1);
+      put(k + 2 * u, p0, p1);
+    }
+  for (; k < npad; k += 2) {  // the last keys, zero past n (int8: vs is zero there)
+    const __m512 p0 = k < n ? prob(k) : _mm512_setzero_ps(), p1 = k + 1 < n ? prob(k + 1) : _mm512_setzero_ps();
+    sum[(k >> 1) & 3] = _mm512_add_ps(_mm512_add_ps(sum[(k >> 1) & 3], p0), p1);
+    if constexpr (Int8) {
+      _mm512_store_si512(Pt + size_t(k / 2) * kStLd + h,
+                         _mm512_permutexvar_epi16(pair, (__m512i)_mm512_cvtne2ps_pbh(
+                                                            k + 1 < n ? _mm512_mul_ps(p1, _mm512_set1_ps(vs[k + 1])) : p1,
+                                                            k < n ? _mm512_mul_ps(p0, _mm512_set1_ps(vs[k])) : p0)));
+    } else {
+      put(k, p0, p1);
+    }
+  }
+  const __m512 acc = _mm512_add_ps(_mm512_add_ps(sum[0], sum[1]), _mm512_add_ps(sum[2], sum[3]));
+  _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, acc));
+  _mm512_storeu_ps(m + r, m_new);
+  if (_mm512_cmpneq_ps_mask(a, _mm512_set1_ps(1.f)))
+    for (int c = 0; c < g.dp; ++c) {
+      float* o = Ot + size_t(c) * otl + r;
+      _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), a));
+    }
+}
+
+// The transposed split's driver: as attend, with O transposed into the scratch on entry and back on exit.
+template <bool Int8>
+void attend_t(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O, float* m,
+              float* l, const AttnWork& w) {
+  load_tile_config();
+  const int otl = g.Rp + kAmxPad;
+  float* Ot = reinterpret_cast<float*>(w.qa);
+  // The query pairs copied with rows Rp + kAmxPad apart (the caller's rows qld apart fell into a few L1 sets when
+  // qld is a multiple of 1 KB), zero past d.
+  uint32_t* Qc = reinterpret_cast<uint32_t*>(Ot + size_t(g.dp) * otl);
+  for (int i = 0; i < g.dp / 2; ++i)
+    for (int r = 0; r < g.Rp; r += 16)
+      _mm512_storeu_si512(Qc + size_t(i) * otl + r, i < g.d / 2 ? _mm512_loadu_si512(qp + size_t(i) * g.qld + r)
+                                                                 : _mm512_setzero_si512());
+  transpose_o(O, g.dp, Ot, otl, g.Rp, g.dp);
+  const int groups = (g.Rp + kAmxRowGroup - 1) / kAmxRowGroup;
+  uint16_t* Ka = reinterpret_cast<uint16_t*>(w.kb);
+  uint16_t* Vt = reinterpret_cast<uint16_t*>(w.v);
+  size_t ex_off = 0;  // progress through kv.prefetch
+  for (int jb = j0, n = 0; jb < j1; jb += n) {
+    n = j1 - jb < kAmxKeyBlock ? j1 - jb : kAmxKeyBlock;
+    const int npad = (n + 31) / 32 * 32;
+    resolve_rows(kv, g.d, jb, n, w);
+    pack_keys_rows<Int8>(w, g.d, g.dp, n, npad, Ka);
+    pack_values_t<Int8>(w, g.d, g.dp, n, npad, Vt);
+    const size_t ex_block = ((kv.prefetch_bytes * kAmxKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;
+    const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
+    const size_t ex_lines = (ex_end - ex_off) / 64 / groups + 1;
+    for (int r0 = 0; r0 < g.Rp; r0 += kAmxRowGroup) {
+      const bool two = g.Rp - r0 >= 32;
+      for (int k0 = 0; k0 < npad; k0 += 32) qk_chunk_t(Ka, g.dp, Qc, otl, k0, r0, two, w.s);
+      for (size_t e = ex_off + 64 * ex_lines; kv.prefetch && ex_off < e && ex_off < ex_end; ex_off += 64)
+        _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
+      for (int h = 0; h < (two ? 32 : 16); h += 16)
+        softmax_cols<Int8>(g, w.s, n, npad, h, r0 + h, w.kscale, w.vscale, w.p, Ot, otl, m, l);
+      for (int c0 = 0; c0 < g.dp; c0 += 32) pv_chunk_t(Vt, w.p, npad, c0, r0, two, Ot, otl);
+    }
+  }
+  __asm__ volatile("tilerelease" ::: "memory");
+  transpose_o(Ot, otl, O, g.dp, g.dp, g.Rp);
+}
+
 }  // namespace
 
 void attend_chunk_amx(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0, int j1, float* O,
                       float* m, float* l, const AttnWork& w) {
+  static const bool transposed = getenv("ALP_AMX_T") != nullptr;  // TEMP: measuring
+  if (transposed) {
+    if (kv.int8) attend_t<true>(g, qp, kv, j0, j1, O, m, l, w);
+    else attend_t<false>(g, qp, kv, j0, j1, O, m, l, w);
+    return;
+  }
   if (kv.int8) attend<true>(g, qp, kv, j0, j1, O, m, l, w);
   else attend<false>(g, qp, kv, j0, j1, O, m, l, w);
 }
