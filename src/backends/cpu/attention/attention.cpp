@@ -39,8 +39,7 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8, bool amx) 
   // amx_bf16 holds the scores and probabilities of one row group, rows padded (kAmxPad).
   s.resize(std::max(size_t(kKeyBlock) * (g.Rp + (fp32 ? kFmaPad : 0)), amx ? size_t(keys + kAmxPad) * kAmxRowGroup : 0));
   p.resize(std::max(size_t(kKeyBlock / 2) * g.Rp, amx ? size_t(keys / 2 + kAmxPad) * kAmxRowGroup : 0));
-  // amx_bf16's transposed split: v holds the values transposed [dp][keys + 2 kAmxPad] (bf16).
-  v.resize(std::max(size_t(keys / 2) * (g.dp + (amx ? kAmxPad : 0)), amx ? size_t(g.dp / 2) * (keys + 2 * kAmxPad) : 0));
+  v.resize(size_t(keys / 2) * (g.dp + (amx ? kAmxPad : 0)));
   alpha.resize(g.Rp);
   lblk.resize(g.Rp);
   zero.resize(g.dp);
@@ -52,10 +51,8 @@ void AttnScratch::resize(const AttnGeometry& g, bool fp32, bool int8, bool amx) 
   qscale.resize(int8 ? g.Rp : 0);
   qcorr.resize(int8 ? g.Rp : 0);
   pmax.resize(int8 ? g.Rp : 0);
-  // The transposed split: qa holds O transposed [dp][Rp + kAmxPad] (fp32) and the query pairs [dp/2][Rp + kAmxPad],
-  // kb the keys row-major [keys][dp + 32] (bf16).
-  qa.resize(amx ? std::max(size_t(g.Rp) * g.dp, size_t(g.dp + g.dp / 2) * (g.Rp + kAmxPad) * 2) : 0);
-  kb.resize(amx ? std::max(size_t(g.dp / 2) * (keys + kAmxPad), size_t(keys / 2) * (g.dp + 32)) : 0);
+  qa.resize(amx ? size_t(g.Rp) * g.dp : 0);
+  kb.resize(amx ? size_t(g.dp / 2) * (keys + kAmxPad) : 0);
 }
 
 float store_int8_key_row(const float* x, int d, uint8_t* k8) {
