@@ -139,34 +139,19 @@ void pack_keys(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* Kb) 
     }
 }
 
-// Values as pairs per 2 keys, the dims of each 32 split into evens and odds: V[k/2][c + j] = (v_k[c + e(j)],
-// v_k+1[c + e(j)]) with e(j) = 2j for j < 16, 2(j - 16) + 1 after, for c < dp step 32 (row stride v_ld(dp)); keys >= n
-// zero. Two shifts and two word blends per 32 dims instead of two cross-lane permutes; O's columns are permuted the
-// same way for the call (permute_o).
+// Values as pairs per 2 keys: V[k/2][c] = (v_k[c], v_k+1[c]) for c < dp (row stride v_ld(dp)); keys >= n zero.
 template <bool Int8>
 void pack_values(const AttnWork& w, int d, int dp, int n, int npad, uint32_t* V) {
-  const __mmask32 odd = 0xaaaaaaaau;  // the high word of each pair
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                      6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int k = 0; k < npad; k += 2)
     for (int c = 0; c < dp; c += 32) {
       const __m512i a = k < n && c < d ? row32<Int8, false>(w, k, c, d) : _mm512_setzero_si512();
       const __m512i b = k + 1 < n && c < d ? row32<Int8, false>(w, k + 1, c, d) : _mm512_setzero_si512();
-      _mm512_store_si512(V + size_t(k / 2) * v_ld(dp) + c, _mm512_mask_blend_epi16(odd, a, _mm512_slli_epi32(b, 16)));
-      _mm512_store_si512(V + size_t(k / 2) * v_ld(dp) + c + 16,
-                         _mm512_mask_blend_epi16(odd, _mm512_srli_epi32(a, 16), b));
+      _mm512_store_si512(V + size_t(k / 2) * v_ld(dp) + c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(V + size_t(k / 2) * v_ld(dp) + c + 16, _mm512_permutex2var_epi16(a, hi, b));
     }
-}
-
-// O's rows [Rp][dp] into pack_values' column order (each 32 columns: the even ones, then the odd ones) or back.
-void permute_o(float* O, int rows, int dp, bool back) {
-  const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
-  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
-  for (size_t i = 0; i < size_t(rows) * dp; i += 32) {
-    const __m512 x = _mm512_loadu_ps(O + i), y = _mm512_loadu_ps(O + i + 16);
-    _mm512_storeu_ps(O + i, _mm512_permutex2var_ps(x, back ? lo : ev, y));
-    _mm512_storeu_ps(O + i + 16, _mm512_permutex2var_ps(x, back ? hi : od, y));
-  }
 }
 
 // The queries row-major: Qa[r][c] for r < Rp, c < dp (bf16, row stride dp), from the pairs qp[i * qld + r]:
@@ -350,7 +335,6 @@ void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0
             float* l, const AttnWork& w) {
   load_tile_config();
   pack_queries(g, qp, w.qa);
-  permute_o(O, g.Rp, g.dp, false);
   const int groups = (g.Rp + kAmxRowGroup - 1) / kAmxRowGroup;
   float* S = w.s;
   uint16_t* P = reinterpret_cast<uint16_t*>(w.p);
@@ -378,7 +362,6 @@ void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0
     }
   }
   __asm__ volatile("tilerelease" ::: "memory");
-  permute_o(O, g.Rp, g.dp, true);
 }
 
 }  // namespace
