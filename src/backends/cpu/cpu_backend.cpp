@@ -614,7 +614,8 @@ void CpuSession::bind_step(const Binding& bnd) {
         for (const FmaLinear* fl : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
           for (const MatmulWeights& fw : fl->chunks)
             if (fw.N()) {
-              tmp = std::max(tmp, size_t(M_) * fw.N());
+              // A run of chunks (run_chunks) holds up to matmul_many_columns() columns before its last one.
+              tmp = std::max(tmp, size_t(M_) * (fw.N() + matmul_many_columns(fw.kernel(), M_)));
               scratch = std::max(scratch, matmul_scratch_bytes(fw.kernel(), M_, fw.K()));
             }
       }
