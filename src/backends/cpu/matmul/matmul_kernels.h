@@ -210,7 +210,7 @@ void amx_matmul_bf16_parts(const AmxBf16Part* parts, int nparts, int K, const ui
                            void* scratch, bool x_ready);
 // Rows from which amx_bf16 runs groups of panels per chunk of k (and columns worth one call there).
 inline constexpr int kAmxManyRows = 128;
-inline constexpr int kAmxManyColumns = 512;
+inline constexpr int kAmxManyColumns = 256;  // one group of 4 panels: the work stealing stays fine
 // amx_bf16's scratch: x as A tiles, K rounded up to 32 and M to 32, and the fp32 sums of a group of panels.
 size_t amx_matmul_scratch_bytes(int M, int K);
 void amx_matmul_s8(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx, float* y,
