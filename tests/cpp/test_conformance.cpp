@@ -420,7 +420,8 @@ TEST(Conformance, AmxMatmulsAtManyRowsAreBitwiseIndependentOfThreadCount) {
     for (int t : {2, 3, 5})
       EXPECT_EQ(run(p.model("cpu", pin.weights, t, {}, "", pin.pin), p.context(), -1).r.action, one.action)
           << pin.pin << ": " << t << " threads against 1";
-    if (pin.kernel == cpu::MatmulKernel::AmxInt8 && cpu::matmul_kernel_unavailable(cpu::MatmulKernel::Avx512Vnni).empty())
+    const bool vnni = cpu::matmul_kernel_unavailable(cpu::MatmulKernel::Avx512Vnni).empty();
+    if (pin.kernel == cpu::MatmulKernel::AmxInt8 && vnni)
       EXPECT_EQ(run(p.model("cpu", "int8", 2, {}, "", "matmul_int8=avx512_vnni"), p.context(), -1).r.action, one.action)
           << "avx512_vnni against amx_int8";
   }

@@ -15,12 +15,13 @@
 // Layout: avx512_vnni's (MatmulWeights::pack*): panels of 64 columns, K in spans of kDotKSpan, rows in quads of k,
 // [ks/4][64][4] s8 per span-panel: 256 bytes a packed row, so the B tile of 16 columns x 16 quads (64 k) is 16
 // rows of 64 bytes at a stride of 256 bytes, read in place.
-// Loop (amx_bf16's): per panel, per chunk of kChunkQuads quads (128 KB of weights: stays in L2 with x's chunk and
-// the next chunk), per half panel (32 columns) and per 32-row block, the 2 x 2 tiles of int32 accumulators
-// (tmm0-3) run over the chunk with 2 A tiles (x, tmm4-5) and 2 B tiles (tmm6-7). Partial sums go to an int32
-// buffer between chunks. Meanwhile the next chunk is prefetched into L2 (prefetcht1), a few lines per k step,
-// spread evenly over the chunk's work, so DRAM streams during all of the compute. Quads past the last whole
-// group of 16 (K not a multiple of 64) are added after the tiles, in int32.
+// Loop (amx_bf16's): per group of panels (one panel below kAmxManyRows rows, kGroupPanels from there: blocking()),
+// per chunk of kChunkQuads quads (128 KB of a panel's weights: stays in L2 with x's chunk and the next chunk), per
+// panel of the group, per half panel (32 columns) and 32-row block (in the order blocking() says), the 2 x 2 tiles
+// of int32 accumulators (tmm0-3) run over the chunk with 2 A tiles (x, tmm4-5) and 2 B tiles (tmm6-7). Partial sums
+// go to an int32 buffer per panel of the group between chunks. Meanwhile the next chunk is prefetched into L2
+// (prefetcht1), a few lines per k step, spread evenly over the chunk's work, so DRAM streams during all of the
+// compute. Quads past the last whole group of 16 (K not a multiple of 64) are added after the tiles, in int32.
 //
 // Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
 // GCC 12's own AVX-512 intrinsics (the shift and the conversion in finish) warn of their undefined pass-through

@@ -19,7 +19,8 @@
 // blocking). Meanwhile the next chunk the loop runs is prefetched into L2, a few lines per k step, spread
 // evenly over the chunk's work: so DRAM streams during all of the compute, not only during the first row
 // block's loads. K beyond the last whole group of 16 pairs (K not a multiple of 32) is added after the tiles,
-// in fp32.
+// in fp32. Several matrices of the same K (amx_matmul_bf16_parts: a thread's column chunks) run as one sequence
+// of panels, so a group may span two of them.
 //
 // Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
 #include <immintrin.h>
@@ -248,7 +249,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void run_group(const PanelRef* g_re
         const PanelRef& r = g_refs[j];
         const Prefetch pf = prefetch_range(g_refs, g, j, next, r, k0, pairs, q, n, whole, last_span);
         if (last_span && q + n == pairs && r.cols == kNR) direct[j] = M / 32 * 32;
-        chunk(at(r, k0, pairs, q), n, s.xs, Kp, M32, k0 + 2 * q, {s.part + size_t(j) * M32 * kNR, r.y, r.ldy, direct[j]},
+        chunk(at(r, k0, pairs, q), n, s.xs, Kp, M32, k0 + 2 * q,
+              {s.part + size_t(j) * M32 * kNR, r.y, r.ldy, direct[j]},
               k0 == 0 && q == 0, rows_outer, pf.begin, pf.end);
       }
     }

@@ -351,11 +351,13 @@ void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y,
 void run_matmul_many(const MatmulOut* out, int n, const void* x, int M, int ldx, void* scratch, bool x_ready) {
   if (M <= 0 || n <= 0) return;
   if (out[0].w->kernel() != MatmulKernel::AmxBf16 || out[0].w->type() != MatmulType::BF16) {
-    for (int i = 0; i < n; ++i, x_ready = true) run_matmul(*out[i].w, x, M, ldx, out[i].y, out[i].ldy, scratch, x_ready);
+    for (int i = 0; i < n; ++i, x_ready = true)
+      run_matmul(*out[i].w, x, M, ldx, out[i].y, out[i].ldy, scratch, x_ready);
     return;
   }
   if (!matmul_kernel_runnable(MatmulKernel::AmxBf16))
-    throw Error(ErrorCode::Unsupported, "run_matmul: kernel amx_bf16 cannot run on this CPU (" + isa().describe() + ")");
+    throw Error(ErrorCode::Unsupported,
+                "run_matmul: kernel amx_bf16 cannot run on this CPU (" + isa().describe() + ")");
   constexpr int kMaxParts = 64;
   AmxBf16Part parts[kMaxParts];
   for (int i0 = 0; i0 < n; i0 += kMaxParts, x_ready = true) {
