@@ -398,6 +398,34 @@ TEST(Conformance, AmxInt8MatmulIsBitwiseIndependentOfThreadCountAndEqualsVnni) {
           << shapes()[si].name << ": " << t << " threads against 1";
   }
 }
+// The AMX matmuls from 128 rows on (amx_bf16 then runs several chunks per call, both kernels group panels):
+// the six-sample shape with 32 rows per sample (192 rows; qkv 12 panels, gate_up 8: runs of chunks that the
+// thread counts cut differently), each kernel pinned, 1 to 5 threads; amx_int8 also against avx512_vnni.
+TEST(Conformance, AmxMatmulsAtManyRowsAreBitwiseIndependentOfThreadCount) {
+  Shape sh = shapes()[6];
+  sh.T = 32;
+  ASSERT_GE(sh.T * int(sh.ctx.rope_delta.size()), cpu::kAmxManyRows);  // B samples of T rows
+  Problem p(sh);
+  struct Pin {
+    const char* weights;
+    cpu::MatmulKernel kernel;
+    const char* pin;
+  };
+  for (const Pin& pin : {Pin{"bf16", cpu::MatmulKernel::AmxBf16, "matmul_bf16=amx_bf16"},
+                         Pin{"int8", cpu::MatmulKernel::AmxInt8, "matmul_int8=amx_int8"}}) {
+    if (!cpu::matmul_kernel_unavailable(pin.kernel).empty()) continue;
+    const auto one_model = p.model("cpu", pin.weights, 1, {}, "", pin.pin);
+    EXPECT_NE(one_model->kernels().find(pin.pin), std::string::npos) << one_model->kernels();
+    const SampleResult one = run(one_model, p.context(), -1).r;
+    for (int t : {2, 3, 5})
+      EXPECT_EQ(run(p.model("cpu", pin.weights, t, {}, "", pin.pin), p.context(), -1).r.action, one.action)
+          << pin.pin << ": " << t << " threads against 1";
+    const bool vnni = cpu::matmul_kernel_unavailable(cpu::MatmulKernel::Avx512Vnni).empty();
+    if (pin.kernel == cpu::MatmulKernel::AmxInt8 && vnni)
+      EXPECT_EQ(run(p.model("cpu", "int8", 2, {}, "", "matmul_int8=avx512_vnni"), p.context(), -1).r.action, one.action)
+          << "avx512_vnni against amx_int8";
+  }
+}
 #endif  // ALPAMAYO_WITH_CPU_BACKEND
 
 TEST(Conformance, EveryBackendIsTested) {

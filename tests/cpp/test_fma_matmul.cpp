@@ -241,6 +241,54 @@ TEST(FmaMatmul, ChunksInOneArenaWithThePreparedXAreBitwiseEqual) {
         }
 }
 
+// run_matmul_many (the cpu backend's runs of chunks at many rows): chunks of odd widths (a panel's part, one
+// column past a panel) run several per call, in any grouping and order, each into its own strided output, equal
+// the whole matrix bit for bit, on every kernel this machine runs, below and from amx_bf16's many-rows blocking.
+TEST(FmaMatmul, RunsOfChunksAreBitwiseEqualToTheWholeMatrix) {
+  for (const bool int8 : {false, true})
+    for (MatmulKernel k : runnable(int8))
+      for (int M : {64, 128, 200})
+        for (int K : {1000, 2048}) {
+          const int N = 600;
+          const Case c = make_case(M, K, N, uint32_t(7 * M + K));
+          std::vector<float> Wf(size_t(N) * K);
+          for (size_t i = 0; i < Wf.size(); ++i) Wf[i] = bf(c.W[i]);
+          std::vector<uint8_t> xq(size_t(M) * K);
+          for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t((c.x[i] * 2654435761u) >> 7);
+          const void* x = int8 ? static_cast<const void*>(xq.data()) : c.x.data();
+          auto pack = [&](MatmulWeights& w, int n0, int n1) {
+            if (int8) w.pack_int8(k, Wf.data() + size_t(n0) * K, K, n1 - n0);
+            else w.pack(k, Wf.data() + size_t(n0) * K, K, n1 - n0);
+          };
+          MatmulWeights whole;
+          pack(whole, 0, N);
+          AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, K));
+          std::vector<float> ref(size_t(M) * N);
+          run_matmul(whole, x, M, K, ref.data(), N, scratch.data());
+
+          const std::vector<int> cuts = {0, 16, 64, 128, 193, 320, 448, 600};
+          std::vector<MatmulWeights> chunks(cuts.size() - 1);
+          for (size_t i = 0; i + 1 < cuts.size(); ++i) pack(chunks[i], cuts[i], cuts[i + 1]);
+          // Runs: all at once, then pairs taken from the back (as a thief), each call on a fresh x or the last.
+          for (const int per_run : {int(chunks.size()), 2}) {
+            std::vector<float> y(size_t(M) * N, std::nanf(""));
+            AlignedBuf<uint8_t> own(matmul_scratch_bytes(k, M, K));
+            bool x_ready = false;
+            for (int j1 = int(chunks.size()); j1 > 0; j1 -= per_run, x_ready = true) {
+              std::vector<MatmulOut> outs;
+              for (int j = std::max(0, j1 - per_run); j < j1; ++j)
+                outs.push_back({&chunks[j], y.data() + cuts[j], N});
+              run_matmul_many(outs.data(), int(outs.size()), x, M, K, own.data(), x_ready);
+            }
+            ASSERT_EQ(y, ref) << matmul_kernel_name(k) << (int8 ? " int8" : " bf16") << " M=" << M << " K=" << K
+                              << " chunks per run " << per_run;
+          }
+        }
+  EXPECT_EQ(matmul_many_columns(MatmulKernel::AmxBf16, kAmxManyRows - 1), 0);
+  EXPECT_GT(matmul_many_columns(MatmulKernel::AmxBf16, kAmxManyRows), 0);
+  EXPECT_EQ(matmul_many_columns(MatmulKernel::Avx512Bf16, 384), 0);
+}
+
 TEST(FmaMatmul, StridedActivationsAndRowSubsets) {
   // x with a row stride larger than K (a view into a wider buffer): the same result as dense rows.
   for (MatmulKernel k : runnable()) {
@@ -587,7 +635,9 @@ TEST(FmaMatmul, AmxInt8MatchesAvx512VnniBitwiseOnOddShapes) {
     int M, K, N;
   };
   const Shape shapes[] = {{1, 1, 1},      {15, 63, 17},   {17, 65, 63},   {33, 130, 65},  {64, 1000, 131},
-                          {70, 1536, 67}, {31, 2111, 129}, {5, 4099, 33}, {17, kDotKSpan + 100, 65}};
+                          {70, 1536, 67}, {31, 2111, 129}, {5, 4099, 33}, {17, kDotKSpan + 100, 65},
+                          // from kAmxManyRows: groups of panels (4, 4, 2; 3 and a part of one), rows outer
+                          {kAmxManyRows, 1000, 600}, {200, 2111, 200},  {130, kDotKSpan + 100, 300}};
   for (const Shape& sh : shapes) {
     const int M = sh.M, K = sh.K, N = sh.N, ldx = K + 3, ldy = N + 5;
     std::mt19937 rng(uint32_t(M * 7919 + K * 31 + N));

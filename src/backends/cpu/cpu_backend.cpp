@@ -293,7 +293,9 @@ const float* as_f32(const TensorView& t, std::vector<float>& buf) {
 
 // Chunks per thread of a linear layer on our kernels (FmaLinear): the phase ends about half a chunk after the
 // last thread's work runs out, so more chunks bound the loss to a thread held back more tightly; each chunk is
-// still a run of whole panels (16 or 64 columns) with its own prologue. Measured: docs/PERFORMANCE.md.
+// still a run of whole panels (16 or 64 columns) with its own prologue. Where a kernel gains from wider calls
+// (amx_bf16 at many rows), the session runs several consecutive chunks per call (CpuSession::run_chunks), so the
+// packing stays independent of the rows. Measured: docs/PERFORMANCE.md.
 constexpr int kChunksPerThread = 8;
 
 // Thread slice s in up to `chunks` runs of whole panels of width w (the last run ends at s.n1).
@@ -614,7 +616,8 @@ void CpuSession::bind_step(const Binding& bnd) {
         for (const FmaLinear* fl : {&layer.fqkv, &layer.fo, &layer.fgate_up, &layer.fdown})
           for (const MatmulWeights& fw : fl->chunks)
             if (fw.N()) {
-              tmp = std::max(tmp, size_t(M_) * fw.N());
+              // A run of chunks (run_chunks) holds up to matmul_many_columns() columns before its last one.
+              tmp = std::max(tmp, size_t(M_) * (fw.N() + matmul_many_columns(fw.kernel(), M_)));
               scratch = std::max(scratch, matmul_scratch_bytes(fw.kernel(), M_, fw.K()));
             }
       }

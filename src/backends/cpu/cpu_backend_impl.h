@@ -154,7 +154,9 @@ class CpuSession final : public HostLoopSession {
   enum Lin { kLinQkv, kLinO, kLinGateUp, kLinDown, kLins };
   void reset_chunk_queues();
   // Runs f on x [M, K] chunk by chunk: this thread's own, then the others' from their back; each chunk's
-  // output [M, cols] is left in pt.tmp for epi(cols, corr, cscale).
+  // output [M, cols] is left in pt.tmp for epi(cols, y, corr, cscale). Where the kernel asks for wider runs
+  // (matmul_many_columns), consecutive chunks of one queue are taken together, up to kMaxRunChunks.
+  static constexpr int kMaxRunChunks = 16;
   template <class Epi>
   void run_chunks(int tid, Lin kind, const FmaLinear& f, const void* x, int K, Epi&& epi);
   // The last step's profile (profile_) from the phase times, the kernel choices and the measured peaks.

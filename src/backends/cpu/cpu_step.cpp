@@ -28,16 +28,35 @@ template <class Epi>
 void CpuSession::run_chunks(int tid, Lin kind, const FmaLinear& f, const void* x, int K, Epi&& epi) {
   PerThread& pt = per_thread_[tid];
   bool x_ready = false;  // the first chunk this thread runs prepares x in its scratch, the others reuse it
-  auto run = [&](int c) {
-    const MatmulWeights& w = f.chunks[c];
-    run_matmul(w, x, M_, K, pt.tmp.data(), w.N(), pt.scratch.data(), x_ready);
-    x_ready = true;
-    epi(f.cols[c], w.col_correction(), w.col_scale());
-  };
   StealQueue* q = queues_.get() + size_t(kind) * nthreads_;
-  for (int c; (c = q[tid].take_front()) >= 0;) run(c);
-  for (int i = 1; i < nthreads_; ++i)
-    for (int c; (c = q[(tid + i) % nthreads_].take_back()) >= 0;) run(c);
+  // Where the kernel gains from wider runs (amx_bf16 at many rows), whole chunks of one queue are taken until
+  // they reach `wide` columns and run as one call, each into its own part of pt.tmp; every chunk's columns and
+  // sums stay what they are alone (run_matmul_many), whoever runs it.
+  const int wide = f.chunks.empty() ? 0 : matmul_many_columns(f.chunks.front().kernel(), M_);
+  MatmulOut outs[kMaxRunChunks];
+  int taken[kMaxRunChunks];
+  auto run_from = [&](StealQueue& sq, bool back) {
+    for (;;) {
+      int n = 0, cols = 0;
+      float* y = pt.tmp.data();
+      for (int c; n < kMaxRunChunks && (n == 0 || cols < wide) && (c = back ? sq.take_back() : sq.take_front()) >= 0;) {
+        const MatmulWeights& w = f.chunks[c];
+        outs[n] = {&w, y, w.N()};
+        taken[n++] = c;
+        y += size_t(M_) * w.N();
+        cols += w.N();
+      }
+      if (n == 0) return;
+      run_matmul_many(outs, n, x, M_, K, pt.scratch.data(), x_ready);
+      x_ready = true;
+      for (int i = 0; i < n; ++i) {
+        const MatmulWeights& w = f.chunks[taken[i]];
+        epi(f.cols[taken[i]], outs[i].y, w.col_correction(), w.col_scale());
+      }
+    }
+  };
+  run_from(q[tid], false);
+  for (int i = 1; i < nthreads_; ++i) run_from(q[(tid + i) % nthreads_], true);
 }
 
 void CpuSession::step(const float* emb, float* hidden, float* const* layers) {
@@ -95,14 +114,14 @@ void CpuSession::layer_phases(int tid, int l) {
   };
 
   // A linear layer on x [M, K]: on our kernels as chunks taken from the queues (run_chunks), else this thread's
-  // slice s on oneDNN or the block kernels. epi(cols, corr, cscale) takes each part's output, [M, cols] in
-  // pt.tmp, with its int8 column correction and weight scales (nullptr for bf16).
+  // slice s on oneDNN or the block kernels. epi(cols, y, corr, cscale) takes each part's output, [M, cols] at y
+  // (in pt.tmp), with its int8 column correction and weight scales (nullptr for bf16).
   auto linear = [&](Lin kind, const FmaLinear& f, const OnednnLinear& lin, const OnednnPlan& mp,
                     const std::vector<BlockLinear>& blk, Slice s, const void* x, int K, auto&& epi) {
     if (m_.use_fma_) return run_chunks(tid, kind, f, x, K, epi);
     if (s.n1 <= s.n0) return;
     run_linear(tid, lin, mp, block ? blk[tid] : kNoBlocks, x, K);
-    epi(s, lin.col_correction(), lin.col_scale());
+    epi(s, pt.tmp.data(), lin.col_correction(), lin.col_scale());
   };
 
   rms_norm_rows(h_.data(), w.input_norm.data(), r0, r1, D, eps, pt.row.data(), i8 ? nullptr : x_bf16_.data(),
@@ -111,8 +130,8 @@ void CpuSession::layer_phases(int tid, int l) {
 
   // Into a private buffer (oneDNN runs slower with a strided destination here: docs/PERFORMANCE.md), then copied.
   linear(kLinQkv, w.fqkv, w.qkv[tid], plan.qkv, w.bqkv, m_.qkv_slices_[tid], x_in, D,
-         [&](Slice c, const float* corr, const float* cs) {
-           copy_rows(qkv_.data() + c.n0, Nqkv, pt.tmp.data(), M, c.n1 - c.n0, i8 ? x_scale_.data() : nullptr, corr, cs);
+         [&](Slice c, const float* y, const float* corr, const float* cs) {
+           copy_rows(qkv_.data() + c.n0, Nqkv, y, M, c.n1 - c.n0, i8 ? x_scale_.data() : nullptr, corr, cs);
          });
   if (tid == 0) next_item_.store(0, std::memory_order_relaxed);
   sync(kQkv);
@@ -154,8 +173,8 @@ void CpuSession::layer_phases(int tid, int l) {
   sync(kAttn);
 
   // A projection of y_in, added to the residual stream.
-  auto add_residual = [&](Slice c, const float* corr, const float* cs) {
-    add_rows(h_.data() + c.n0, D, pt.tmp.data(), c.n1 - c.n0, M, c.n1 - c.n0, i8 ? y_scale_.data() : nullptr, corr, cs);
+  auto add_residual = [&](Slice c, const float* y, const float* corr, const float* cs) {
+    add_rows(h_.data() + c.n0, D, y, c.n1 - c.n0, M, c.n1 - c.n0, i8 ? y_scale_.data() : nullptr, corr, cs);
   };
   linear(kLinO, w.fo, w.o[tid], plan.o, w.bo, m_.o_slices_[tid], y_in, Hq * d, add_residual);
   sync(kOproj);
@@ -165,8 +184,8 @@ void CpuSession::layer_phases(int tid, int l) {
   sync(kNorm2);
 
   linear(kLinGateUp, w.fgate_up, w.gate_up[tid], plan.gate_up, w.bgate_up, m_.mlp_slices_[tid], x_in, D,
-         [&](Slice c, const float* corr, const float* cs) {
-           silu_mul_rows(pt.tmp.data(), M, c.n1 - c.n0, i8 ? x_scale_.data() : nullptr, corr, cs, I,
+         [&](Slice c, const float* y, const float* corr, const float* cs) {
+           silu_mul_rows(y, M, c.n1 - c.n0, i8 ? x_scale_.data() : nullptr, corr, cs, I,
                          i8 ? nullptr : y_bf16_.data() + c.n0, i8 ? act_f32_.data() + c.n0 : nullptr);
          });
   if (i8) {

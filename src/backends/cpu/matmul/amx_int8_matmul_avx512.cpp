@@ -15,12 +15,13 @@
 // Layout: avx512_vnni's (MatmulWeights::pack*): panels of 64 columns, K in spans of kDotKSpan, rows in quads of k,
 // [ks/4][64][4] s8 per span-panel: 256 bytes a packed row, so the B tile of 16 columns x 16 quads (64 k) is 16
 // rows of 64 bytes at a stride of 256 bytes, read in place.
-// Loop (amx_bf16's): per panel, per chunk of kChunkQuads quads (128 KB of weights: stays in L2 with x's chunk and
-// the next chunk), per half panel (32 columns) and per 32-row block, the 2 x 2 tiles of int32 accumulators
-// (tmm0-3) run over the chunk with 2 A tiles (x, tmm4-5) and 2 B tiles (tmm6-7). Partial sums go to an int32
-// buffer between chunks. Meanwhile the next chunk is prefetched into L2 (prefetcht1), a few lines per k step,
-// spread evenly over the chunk's work, so DRAM streams during all of the compute. Quads past the last whole
-// group of 16 (K not a multiple of 64) are added after the tiles, in int32.
+// Loop (amx_bf16's): per group of panels (one panel below kAmxManyRows rows, kGroupPanels from there: blocking()),
+// per chunk of kChunkQuads quads (128 KB of a panel's weights: stays in L2 with x's chunk and the next chunk), per
+// panel of the group, per half panel (32 columns) and 32-row block (in the order blocking() says), the 2 x 2 tiles
+// of int32 accumulators (tmm0-3) run over the chunk with 2 A tiles (x, tmm4-5) and 2 B tiles (tmm6-7). Partial sums
+// go to an int32 buffer per panel of the group between chunks. Meanwhile the next chunk is prefetched into L2
+// (prefetcht1), a few lines per k step, spread evenly over the chunk's work, so DRAM streams during all of the
+// compute. Quads past the last whole group of 16 (K not a multiple of 64) are added after the tiles, in int32.
 //
 // Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
 // GCC 12's own AVX-512 intrinsics (the shift and the conversion in finish) warn of their undefined pass-through
@@ -41,6 +42,17 @@ constexpr int kChunkQuads = 512;    // k quads per chunk: 512 x 256 bytes = 128 
 constexpr int kRowBytes = kNR * 4;  // one packed row: 64 columns x a quad of s8
 constexpr int kTileK = 64;          // k per A tile row (64 u8), and per B tile (16 quads)
 static_assert(kDotKSpan % (4 * kChunkQuads) == 0, "chunks must not straddle spans");
+
+// amx_bf16's blocking (amx_matmul_avx512.cpp, docs/PERFORMANCE.md): at many rows the tile loads' source sets the
+// rate, so a group of panels runs per chunk of k (the chunk's x, all rows, read from L2 by each panel of the group
+// instead of from L3 by every panel) and each row block's two half panels back to back; at few rows one panel at
+// a time, half panels outer, the weights streaming from memory.
+constexpr int kGroupPanels = 4;  // with kChunkQuads: 768 KB of x and 384 KB of sums at 384 rows, in L2
+struct Blocking {
+  int group_panels;
+  bool rows_outer;
+};
+Blocking blocking(int M32) { return M32 < kAmxManyRows ? Blocking{1, false} : Blocking{kGroupPanels, true}; }
 
 __attribute__((always_inline)) inline int imin(int a, int b) { return a < b ? a : b; }
 
@@ -67,54 +79,54 @@ Scratch carve(void* scratch, int M32, int Kp) {
 }
 
 // One span-panel's chunk of `quads` (a multiple of 16) k quads starting at k kx0 of x: every 32-row block and
-// both half panels, accumulating into part (first: start from zero). Prefetches [pf, pf_end) spread over its k
-// steps.
+// both half panels (in the order rows_outer says, as amx_bf16), accumulating into part (first: start from zero).
+// Prefetches [pf, pf_end) spread over its k steps.
 __attribute__((target("amx-tile,amx-int8"))) void chunk(const char* b, int quads, const uint8_t* xs, int Kp, int M32,
-                                                        int kx0, int32_t* part, bool first, const char* pf,
-                                                        const char* pf_end) {
-  const int steps = quads / 16 * 2 * (M32 / 32);
+                                                        int kx0, int32_t* part, bool first, bool rows_outer,
+                                                        const char* pf, const char* pf_end) {
+  const int blocks = M32 / 32, steps = quads / 16 * 2 * blocks;
   const size_t pf_total = pf < pf_end ? size_t(pf_end - pf) : 0;
   const size_t per_step = (pf_total / (steps > 0 ? steps : 1) + 63) / 64 * 64;
-  for (int h = 0; h < 2; ++h)
-    for (int r = 0; r < M32; r += 32) {
-      int32_t* c = part + size_t(r) * kNR + h * 32;
-      if (first) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-      } else {
-        _tile_loadd(0, c, kNR * 4);
-        _tile_loadd(1, c + 16, kNR * 4);
-        _tile_loadd(2, c + 16 * kNR, kNR * 4);
-        _tile_loadd(3, c + 16 * kNR + 16, kNR * 4);
-      }
-      const uint8_t* a = xs + xs_index(r, kx0, Kp);
-      const char* bh = b + h * 128;
-      // Each operand tile is loaded again for the next step as soon as its last product of this step has been
-      // issued: the tiles are not renamed, so a load waits for the products reading the tile it overwrites.
-      _tile_loadd(4, a, kTileK);
-      _tile_loadd(6, bh, kRowBytes);
-      _tile_loadd(5, a + size_t(16) * Kp, kTileK);
-      _tile_loadd(7, bh + 64, kRowBytes);
-      for (int q = 0; q < quads; q += 16) {
-        // The last step loads its own tiles again (in bounds, unused): fewer branches in the loop.
-        const int n = q + 16 < quads ? q + 16 : q;
-        _tile_dpbusd(0, 4, 6);
-        _tile_dpbusd(1, 4, 7);
-        _tile_loadd(4, a + size_t(64) * n, kTileK);  // quad n is k 4n: tile 4n / 64, 1 KB a tile
-        _tile_dpbusd(2, 5, 6);
-        _tile_loadd(6, bh + size_t(n) * kRowBytes, kRowBytes);
-        _tile_dpbusd(3, 5, 7);
-        _tile_loadd(5, a + size_t(64) * n + size_t(16) * Kp, kTileK);
-        _tile_loadd(7, bh + size_t(n) * kRowBytes + 64, kRowBytes);
-        for (size_t o = 0; o < per_step && pf < pf_end; o += 64, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
-      }
-      _tile_stored(0, c, kNR * 4);
-      _tile_stored(1, c + 16, kNR * 4);
-      _tile_stored(2, c + 16 * kNR, kNR * 4);
-      _tile_stored(3, c + 16 * kNR + 16, kNR * 4);
+  for (int i = 0; i < 2 * blocks; ++i) {
+    const int h = rows_outer ? i % 2 : i / blocks, r = 32 * (rows_outer ? i / 2 : i % blocks);
+    int32_t* c = part + size_t(r) * kNR + h * 32;
+    if (first) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    } else {
+      _tile_loadd(0, c, kNR * 4);
+      _tile_loadd(1, c + 16, kNR * 4);
+      _tile_loadd(2, c + 16 * kNR, kNR * 4);
+      _tile_loadd(3, c + 16 * kNR + 16, kNR * 4);
     }
+    const uint8_t* a = xs + xs_index(r, kx0, Kp);
+    const char* bh = b + h * 128;
+    // Each operand tile is loaded again for the next step as soon as its last product of this step has been
+    // issued: the tiles are not renamed, so a load waits for the products reading the tile it overwrites.
+    _tile_loadd(4, a, kTileK);
+    _tile_loadd(6, bh, kRowBytes);
+    _tile_loadd(5, a + size_t(16) * Kp, kTileK);
+    _tile_loadd(7, bh + 64, kRowBytes);
+    for (int q = 0; q < quads; q += 16) {
+      // The last step loads its own tiles again (in bounds, unused): fewer branches in the loop.
+      const int n = q + 16 < quads ? q + 16 : q;
+      _tile_dpbusd(0, 4, 6);
+      _tile_dpbusd(1, 4, 7);
+      _tile_loadd(4, a + size_t(64) * n, kTileK);  // quad n is k 4n: tile 4n / 64, 1 KB a tile
+      _tile_dpbusd(2, 5, 6);
+      _tile_loadd(6, bh + size_t(n) * kRowBytes, kRowBytes);
+      _tile_dpbusd(3, 5, 7);
+      _tile_loadd(5, a + size_t(64) * n + size_t(16) * Kp, kTileK);
+      _tile_loadd(7, bh + size_t(n) * kRowBytes + 64, kRowBytes);
+      for (size_t o = 0; o < per_step && pf < pf_end; o += 64, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);
+    }
+    _tile_stored(0, c, kNR * 4);
+    _tile_stored(1, c + 16, kNR * 4);
+    _tile_stored(2, c + 16 * kNR, kNR * 4);
+    _tile_stored(3, c + 16 * kNR + 16, kNR * 4);
+  }
 }
 
 // The quads past the last group of 16 of a span-panel (quads q0 .. q1, at most 15), added to part in int32.
@@ -158,11 +170,49 @@ void finish(const int32_t* part, const int32_t* colsum, int M, int cols, float* 
     }
 }
 
+// Panels p0 .. p0 + g - 1, all of K: per span, per chunk of k, each panel of the group in turn (its int32 sums in
+// its own part of the scratch), then each panel's sums into y.
+__attribute__((target("amx-tile,amx-int8"))) void run_group(const int8_t* w, const int32_t* colsum, int K, int N,
+                                                            int panels, int p0, int g, const Scratch& s, int Kp, int M,
+                                                            int M32, bool rows_outer, const char* end, float* y,
+                                                            int ldy) {
+  for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
+    const int ks = imin(kDotKSpan, K - k0), quads = (ks + 3) / 4, whole = quads / 16 * 16;
+    // Chunk q (quads from q) of panel p in this span.
+    auto at = [&](int p, int q) {
+      return reinterpret_cast<const char*>(w) + size_t(k0) * panels * kNR + (size_t(p) * quads + q) * kRowBytes;
+    };
+    for (int q = 0; q < whole; q += kChunkQuads) {
+      const int n = imin(kChunkQuads, whole - q);
+      for (int j = 0; j < g; ++j) {
+        const int p = p0 + j;
+        // The next chunk this loop runs (that of the next panel of the group, else the group's next k), or at the
+        // group's last chunk what follows in memory.
+        const char* pf = j + 1 < g ? at(p + 1, q) : q + n < whole ? at(p0, q + n) : at(p, q + n);
+        const char* pf_end = pf + size_t(kChunkQuads) * kRowBytes < end ? pf + size_t(kChunkQuads) * kRowBytes : end;
+        chunk(at(p, q), n, s.xs, Kp, M32, k0 + 4 * q, s.part + size_t(j) * M32 * kNR, k0 == 0 && q == 0, rows_outer,
+              pf, pf_end);
+      }
+    }
+    if (whole < quads)
+      for (int j = 0; j < g; ++j) {
+        int32_t* part = s.part + size_t(j) * M32 * kNR;
+        if (k0 == 0 && whole == 0) std::memset(part, 0, size_t(M32) * kNR * 4);
+        tail(reinterpret_cast<const int8_t*>(at(p0 + j, 0)), whole, quads, s.xs, Kp, M, k0 + 4 * whole, part);
+      }
+  }
+  for (int j = 0; j < g; ++j) {
+    const int p = p0 + j;
+    finish(s.part + size_t(j) * M32 * kNR, colsum + size_t(p) * kNR, M, imin(kNR, N - p * kNR), y + size_t(p) * kNR,
+           ldy);
+  }
+}
+
 }  // namespace
 
 size_t amx_int8_matmul_scratch_bytes(int M, int K) {
   const size_t M32 = (size_t(M > 0 ? M : 0) + 31) / 32 * 32, Kp = (size_t(K > 0 ? K : 0) + 63) / 64 * 64;
-  return (M32 * Kp + 63) / 64 * 64 + M32 * kNR * 4 + 64;
+  return (M32 * Kp + 63) / 64 * 64 + M32 * kNR * 4 * blocking(int(M32)).group_panels + 64;
 }
 
 __attribute__((target("amx-tile,amx-int8"))) void amx_matmul_s8(const int8_t* w, const int32_t* colsum, int K, int N,
@@ -184,28 +234,11 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_matmul_s8(const int8_t* w,
   asm volatile("" : : "m"(cfg) : "memory");
   _tile_loadconfig(&cfg);
   const int panels = (N + kNR - 1) / kNR;
+  const Blocking bl = blocking(M32);
   const char* end = reinterpret_cast<const char*>(w) + size_t(panels) * ((K + 3) / 4) * kRowBytes;
-  for (int p = 0; p < panels; ++p) {
-    bool first = true;
-    for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
-      const int ks = imin(kDotKSpan, K - k0), quads = (ks + 3) / 4, whole = quads / 16 * 16;
-      const char* panel = reinterpret_cast<const char*>(w) + size_t(k0) * panels * kNR + size_t(p) * quads * kRowBytes;
-      for (int q = 0; q < whole; q += kChunkQuads) {
-        const int n = imin(kChunkQuads, whole - q);
-        // The next chunk in memory order (the rest of this span-panel, else what follows it).
-        const char* pf = panel + size_t(q + n) * kRowBytes;
-        const char* pf_end = pf + size_t(kChunkQuads) * kRowBytes < end ? pf + size_t(kChunkQuads) * kRowBytes : end;
-        chunk(panel + size_t(q) * kRowBytes, n, s.xs, Kp, M32, k0 + 4 * q, s.part, first, pf, pf_end);
-        first = false;
-      }
-      if (whole < quads) {
-        if (first) std::memset(s.part, 0, size_t(M32) * kNR * 4);
-        first = false;
-        tail(reinterpret_cast<const int8_t*>(panel), whole, quads, s.xs, Kp, M, k0 + 4 * whole, s.part);
-      }
-    }
-    finish(s.part, colsum + size_t(p) * kNR, M, imin(kNR, N - p * kNR), y + size_t(p) * kNR, ldy);
-  }
+  for (int p0 = 0; p0 < panels; p0 += bl.group_panels)
+    run_group(w, colsum, K, N, panels, p0, imin(bl.group_panels, panels - p0), s, Kp, M, M32, bl.rows_outer, end,
+              y, ldy);
   _tile_release();
 }
 

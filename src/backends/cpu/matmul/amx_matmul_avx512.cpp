@@ -19,7 +19,8 @@
 // blocking). Meanwhile the next chunk the loop runs is prefetched into L2, a few lines per k step, spread
 // evenly over the chunk's work: so DRAM streams during all of the compute, not only during the first row
 // block's loads. K beyond the last whole group of 16 pairs (K not a multiple of 32) is added after the tiles,
-// in fp32.
+// in fp32. Several matrices of the same K (amx_matmul_bf16_parts: a thread's column chunks) run as one sequence
+// of panels, so a group may span two of them.
 //
 // Nothing here may instantiate an inline or template function with external linkage (scripts/check-isa-objects.sh).
 #include <immintrin.h>
@@ -43,7 +44,7 @@ static_assert(kDotKSpan % (2 * kChunkPairs) == 0, "chunks must not straddle span
 // and each row block's two half panels back to back (its x stays in L1/L2 between them). At few rows the
 // weights stream from memory: one panel at a time, half panels outer (a half panel's chunk cached for the
 // row blocks), the prefetch a chunk ahead in memory order.
-constexpr int kManyRows = 128;
+constexpr int kManyRows = kAmxManyRows;
 constexpr int kGroupPanels = 4;  // with kChunkPairs: 768 KB of x and 384 KB of sums at 384 rows, in L2
 struct Blocking {
   int group_panels;
@@ -175,21 +176,108 @@ size_t amx_matmul_scratch_bytes(int M, int K) {
   return (M32 * Kp * 2 + 63) / 64 * 64 + M32 * kNR * 4 * blocking(int(M32)).group_panels + 64;
 }
 
-__attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t* w, int K, int N, const uint16_t* x,
-                                                                  int M, int ldx, float* y, int ldy, void* scratch,
-                                                                  bool x_ready) {
-  if (M <= 0 || N <= 0) return;
-  const int M32 = (M + 31) / 32 * 32, Kp = (K + 31) / 32 * 32;
-  const Scratch s = carve(scratch, M32, Kp);
-  if (!x_ready) {
-    for (int m = 0; m < M32; ++m)
-      for (int k = 0; k < Kp; k += 32) {
-        uint16_t* dst = s.xs + xs_index(m, k, Kp);
-        const int n = m < M ? imin(32, K - k) : 0;
-        if (n > 0) std::memcpy(dst, x + size_t(m) * ldx + k, size_t(n) * 2);
-        std::memset(dst + n, 0, size_t(32 - n) * 2);
+namespace {
+
+// Panel i of the parts' panels in order (part by part): its weights, columns and output.
+struct PanelRef {
+  const char* w;  // the part's packed weights
+  int panels;     // the part's panel count (the packed layout's stride between spans)
+  int p;          // the panel within the part
+  int cols;       // columns of this panel (kNR but at the part's last panel)
+  float* y;       // its first column in the part's output
+  int ldy;
+  const char* end;  // the end of the part's packed weights (prefetch bound)
+};
+
+PanelRef panel_ref(const AmxBf16Part* parts, int nparts, int i, int K) {
+  for (int j = 0; j < nparts; ++j) {
+    const int panels = (parts[j].N + kNR - 1) / kNR;
+    if (i < panels) {
+      const char* w = reinterpret_cast<const char*>(parts[j].w);
+      return {w, panels, i, imin(kNR, parts[j].N - i * kNR), parts[j].y + size_t(i) * kNR, parts[j].ldy,
+              w + size_t(panels) * ((K + 1) / 2) * kRowBytes};
+    }
+    i -= panels;
+  }
+  return {};
+}
+
+// Chunk q (pairs from q) of panel r in the span at k0 of `pairs` pairs.
+const char* at(const PanelRef& r, int k0, int pairs, int q) {
+  return r.w + size_t(k0) * r.panels * kNR * 2 + (size_t(r.p) * pairs + q) * kRowBytes;
+}
+
+void prepare_x(const uint16_t* x, int M, int ldx, int K, int M32, int Kp, uint16_t* xs) {
+  for (int m = 0; m < M32; ++m)
+    for (int k = 0; k < Kp; k += 32) {
+      uint16_t* dst = xs + xs_index(m, k, Kp);
+      const int n = m < M ? imin(32, K - k) : 0;
+      if (n > 0) std::memcpy(dst, x + size_t(m) * ldx + k, size_t(n) * 2);
+      std::memset(dst + n, 0, size_t(32 - n) * 2);
+    }
+}
+
+// What to prefetch while chunk q (n pairs) of group panel j runs: the next chunk the loop runs (that of the next
+// panel of the group, else the group's next k), or at the group's last chunk the next group's first panel (one
+// span), else what follows in memory; at most one chunk, within that panel's part.
+struct Prefetch {
+  const char *begin, *end;
+};
+Prefetch prefetch_range(const PanelRef* g_refs, int g, int j, const PanelRef* next, const PanelRef& r, int k0,
+                        int pairs, int q, int n, int whole, bool last_span) {
+  const PanelRef* pr = &r;
+  const char* pf;
+  if (j + 1 < g) pf = at(*(pr = &g_refs[j + 1]), k0, pairs, q);
+  else if (q + n < whole) pf = at(*(pr = &g_refs[0]), k0, pairs, q + n);
+  else if (next && k0 == 0 && last_span) pf = at(*(pr = next), 0, pairs, 0);
+  else pf = at(r, k0, pairs, q + n);
+  const char* end = pf + size_t(kChunkPairs) * kRowBytes;
+  return {pf, end < pr->end ? end : pr->end};
+}
+
+// One group of g panels (refs), all of K: per span, per chunk of k, each panel of the group in turn.
+__attribute__((target("amx-tile,amx-bf16"))) void run_group(const PanelRef* g_refs, int g, const PanelRef* next,
+                                                            const Scratch& s, int K, int Kp, int M, int M32,
+                                                            bool rows_outer) {
+  int direct[kGroupPanels] = {};  // rows of each panel already in y
+  for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
+    const int ks = imin(kDotKSpan, K - k0), pairs = (ks + 1) / 2, whole = pairs / 16 * 16;
+    const bool last_span = k0 + kDotKSpan >= K;
+    for (int q = 0; q < whole; q += kChunkPairs) {
+      const int n = imin(kChunkPairs, whole - q);
+      for (int j = 0; j < g; ++j) {
+        const PanelRef& r = g_refs[j];
+        const Prefetch pf = prefetch_range(g_refs, g, j, next, r, k0, pairs, q, n, whole, last_span);
+        if (last_span && q + n == pairs && r.cols == kNR) direct[j] = M / 32 * 32;
+        chunk(at(r, k0, pairs, q), n, s.xs, Kp, M32, k0 + 2 * q,
+              {s.part + size_t(j) * M32 * kNR, r.y, r.ldy, direct[j]},
+              k0 == 0 && q == 0, rows_outer, pf.begin, pf.end);
+      }
+    }
+    if (whole < pairs)
+      for (int j = 0; j < g; ++j) {
+        float* part = s.part + size_t(j) * M32 * kNR;
+        if (k0 == 0 && whole == 0) std::memset(part, 0, size_t(M32) * kNR * 4);
+        tail(reinterpret_cast<const uint16_t*>(at(g_refs[j], k0, pairs, 0)), whole, pairs, s.xs, Kp, M,
+             k0 + 2 * whole, part);
       }
   }
+  for (int j = 0; j < g; ++j)
+    for (int m = direct[j]; m < M; ++m)
+      std::memcpy(g_refs[j].y + size_t(m) * g_refs[j].ldy, s.part + (size_t(j) * M32 + m) * kNR, g_refs[j].cols * 4);
+}
+
+}  // namespace
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16_parts(const AmxBf16Part* parts, int nparts, int K,
+                                                                        const uint16_t* x, int M, int ldx,
+                                                                        void* scratch, bool x_ready) {
+  int panels = 0;
+  for (int j = 0; j < nparts; ++j) panels += (parts[j].N + kNR - 1) / kNR;
+  if (M <= 0 || panels == 0) return;
+  const int M32 = (M + 31) / 32 * 32, Kp = (K + 31) / 32 * 32;
+  const Scratch s = carve(scratch, M32, Kp);
+  if (!x_ready) prepare_x(x, M, ldx, K, M32, Kp, s.xs);
   TileConfig cfg;
   std::memset(&cfg, 0, sizeof cfg);
   cfg.palette = 1;
@@ -201,49 +289,23 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_matmul_bf16(const uint16_t
   // 56 bytes of cfg may be dropped (a palette of zeros: every tile instruction then faults).
   asm volatile("" : : "m"(cfg) : "memory");
   _tile_loadconfig(&cfg);
-  const int panels = (N + kNR - 1) / kNR;
   const Blocking bl = blocking(M32);
-  const char* end = reinterpret_cast<const char*>(w) + size_t(panels) * ((K + 1) / 2) * kRowBytes;
-  // Chunk q (pairs from q) of panel p in the span at k0 of `pairs` pairs.
-  auto at = [&](int p, int k0, int pairs, int q) {
-    return reinterpret_cast<const char*>(w) + size_t(k0) * panels * kNR * 2 + (size_t(p) * pairs + q) * kRowBytes;
-  };
+  // A group may take panels of two parts: the parts' panels are one sequence (each panel's sums are the same).
   for (int p0 = 0; p0 < panels; p0 += bl.group_panels) {
     const int g = imin(bl.group_panels, panels - p0);
-    int direct[kGroupPanels] = {};  // rows of each panel already in y
-    for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
-      const int ks = imin(kDotKSpan, K - k0), pairs = (ks + 1) / 2, whole = pairs / 16 * 16;
-      const bool last_span = k0 + kDotKSpan >= K;
-      for (int q = 0; q < whole; q += kChunkPairs) {
-        const int n = imin(kChunkPairs, whole - q);
-        for (int j = 0; j < g; ++j) {
-          const int p = p0 + j;
-          // The next chunk this loop runs (that of the next panel of the group, else the group's next k), or at
-          // the group's last chunk what follows in memory.
-          const char* pf = j + 1 < g ? at(p + 1, k0, pairs, q) : q + n < whole ? at(p0, k0, pairs, q + n)
-                                                                              : at(p, k0, pairs, q + n);
-          const char* pf_end = pf + size_t(kChunkPairs) * kRowBytes < end ? pf + size_t(kChunkPairs) * kRowBytes : end;
-          if (last_span && q + n == pairs && N - p * kNR >= kNR) direct[j] = M / 32 * 32;
-          chunk(at(p, k0, pairs, q), n, s.xs, Kp, M32, k0 + 2 * q,
-                {s.part + size_t(j) * M32 * kNR, y + size_t(p) * kNR, ldy, direct[j]}, k0 == 0 && q == 0,
-                bl.rows_outer, pf, pf_end);
-        }
-      }
-      if (whole < pairs)
-        for (int j = 0; j < g; ++j) {
-          float* part = s.part + size_t(j) * M32 * kNR;
-          if (k0 == 0 && whole == 0) std::memset(part, 0, size_t(M32) * kNR * 4);
-          tail(reinterpret_cast<const uint16_t*>(at(p0 + j, k0, pairs, 0)), whole, pairs, s.xs, Kp, M, k0 + 2 * whole,
-               part);
-        }
-    }
-    for (int j = 0; j < g; ++j) {
-      const int p = p0 + j, cols = imin(kNR, N - p * kNR);
-      for (int m = direct[j]; m < M; ++m)
-        std::memcpy(y + size_t(m) * ldy + size_t(p) * kNR, s.part + (size_t(j) * M32 + m) * kNR, cols * 4);
-    }
+    PanelRef refs[kGroupPanels];
+    for (int j = 0; j < g; ++j) refs[j] = panel_ref(parts, nparts, p0 + j, K);
+    const PanelRef next = p0 + g < panels ? panel_ref(parts, nparts, p0 + g, K) : PanelRef{};
+    run_group(refs, g, p0 + g < panels ? &next : nullptr, s, K, Kp, M, M32, bl.rows_outer);
   }
   _tile_release();
+}
+
+void amx_matmul_bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
+                     void* scratch, bool x_ready) {
+  if (N <= 0) return;
+  const AmxBf16Part part{w, N, y, ldy};
+  amx_matmul_bf16_parts(&part, 1, K, x, M, ldx, scratch, x_ready);
 }
 
 }  // namespace alpamayo::cpu

@@ -348,4 +348,32 @@ void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y,
   }
 }
 
+void run_matmul_many(const MatmulOut* out, int n, const void* x, int M, int ldx, void* scratch, bool x_ready) {
+  if (M <= 0 || n <= 0) return;
+  if (out[0].w->kernel() != MatmulKernel::AmxBf16 || out[0].w->type() != MatmulType::BF16) {
+    for (int i = 0; i < n; ++i, x_ready = true)
+      run_matmul(*out[i].w, x, M, ldx, out[i].y, out[i].ldy, scratch, x_ready);
+    return;
+  }
+  if (!matmul_kernel_runnable(MatmulKernel::AmxBf16))
+    throw Error(ErrorCode::Unsupported,
+                "run_matmul: kernel amx_bf16 cannot run on this CPU (" + isa().describe() + ")");
+  constexpr int kMaxParts = 64;
+  AmxBf16Part parts[kMaxParts];
+  for (int i0 = 0; i0 < n; i0 += kMaxParts, x_ready = true) {
+    const int m = std::min(kMaxParts, n - i0);
+    for (int i = 0; i < m; ++i) {
+      const MatmulWeights& w = *out[i0 + i].w;
+      if (w.kernel() != MatmulKernel::AmxBf16 || w.type() != MatmulType::BF16 || w.K() != out[0].w->K())
+        throw Error(ErrorCode::Internal, "run_matmul_many: the matrices differ in kernel, type or K");
+      parts[i] = {w.data(), w.N(), out[i0 + i].y, out[i0 + i].ldy};
+    }
+    amx_matmul_bf16_parts(parts, m, out[0].w->K(), static_cast<const uint16_t*>(x), M, ldx, scratch, x_ready);
+  }
+}
+
+int matmul_many_columns(MatmulKernel k, int M) {
+  return k == MatmulKernel::AmxBf16 && M >= kAmxManyRows ? kAmxManyColumns : 0;
+}
+
 }  // namespace alpamayo::cpu

@@ -163,6 +163,20 @@ size_t matmul_scratch_bytes(MatmulKernel k, int M, int K);
 void run_matmul(const MatmulWeights& w, const void* x, int M, int ldx, float* y, int ldy, void* scratch,
                 bool x_ready = false);
 
+// Several matrices of one kernel and K on the same x, each into its own y: out[i].y = x out[i].w^T, each bitwise as
+// run_matmul would give it. amx_bf16 at many rows runs their panels as one sequence (its panel groups then span
+// the matrices: a thread's narrow column chunks still share each chunk of x among a group); the other kernels
+// run them in turn. x_ready as for run_matmul.
+struct MatmulOut {
+  const MatmulWeights* w;
+  float* y;
+  int ldy;
+};
+void run_matmul_many(const MatmulOut* out, int n, const void* x, int M, int ldx, void* scratch, bool x_ready = false);
+// Columns worth running in one run_matmul_many call with kernel k at M rows (whole chunks are taken until
+// they reach it): 0 where the kernel gains nothing from it (one chunk per call keeps the work stealing finest).
+int matmul_many_columns(MatmulKernel k, int M);
+
 // Internal: the kernels on raw packed panels (fma_matmul_avx512.cpp, fma_matmul_avx2.cpp, matmul_kernels.cpp).
 // scratch: matmul_scratch_bytes(kernel, M, K).
 void fma_matmul_avx512(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
@@ -185,6 +199,18 @@ void dot_matmul_avx512bf16(const uint16_t* w, int K, int N, const uint16_t* x, i
                            void* scratch, bool x_ready);
 void amx_matmul_bf16(const uint16_t* w, int K, int N, const uint16_t* x, int M, int ldx, float* y, int ldy,
                      void* scratch, bool x_ready);
+// amx_bf16 on several matrices of the same K (run_matmul_many): their panels in order, as one matrix's.
+struct AmxBf16Part {
+  const uint16_t* w;
+  int N;
+  float* y;
+  int ldy;
+};
+void amx_matmul_bf16_parts(const AmxBf16Part* parts, int nparts, int K, const uint16_t* x, int M, int ldx,
+                           void* scratch, bool x_ready);
+// Rows from which amx_bf16 runs groups of panels per chunk of k (and columns worth one call there).
+inline constexpr int kAmxManyRows = 128;
+inline constexpr int kAmxManyColumns = 256;  // one group of 4 panels: the work stealing stays fine
 // amx_bf16's scratch: x as A tiles, K rounded up to 32 and M to 32, and the fp32 sums of a group of panels.
 size_t amx_matmul_scratch_bytes(int M, int K);
 void amx_matmul_s8(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx, float* y,
