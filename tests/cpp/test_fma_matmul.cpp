@@ -51,6 +51,32 @@ std::vector<float> run(MatmulKernel k, const Case& c, int ldy) {
   return y;
 }
 
+// y [c.M, ldy] (kernel `what`) against a double-precision reference of x W^T: within fp32 sequential
+// accumulation's |error| <= K * 2^-24 * sum |products| (loose, 2x), columns past N untouched (NaN). Raises
+// *worst to the largest |y - ref| / sum |x w|. Fatal failures: call through ASSERT_NO_FATAL_FAILURE.
+void expect_near_double_reference(const Case& c, const std::vector<float>& y, int ldy, const char* what,
+                                  double* worst) {
+  const int M = c.M, K = c.K, N = c.N;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < ldy; ++n) {
+      const float got = y[size_t(m) * ldy + n];
+      if (n >= N) {
+        ASSERT_TRUE(std::isnan(got)) << what << ": column " << n << " past N written, M=" << M << " K=" << K;
+        continue;
+      }
+      double ref = 0, mag = 0;
+      for (int kk = 0; kk < K; ++kk) {
+        const double p = double(bf(c.x[size_t(m) * K + kk])) * bf(c.W[size_t(n) * K + kk]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double bound = 2.0 * K * std::ldexp(1.0, -24) * mag + 1e-30;
+      ASSERT_LE(std::fabs(got - ref), bound) << what << " M=" << M << " K=" << K << " N=" << N << " m=" << m
+                                             << " n=" << n;
+      if (mag > 0) *worst = std::max(*worst, std::fabs(got - ref) / mag);
+    }
+}
+
 // The bf16 kernels that add the products in their own order (pairs of k, tiles of 32 k), not the fp32 FMA chain.
 bool own_order(MatmulKernel k) { return k == MatmulKernel::Avx512Bf16 || k == MatmulKernel::AmxBf16; }
 
@@ -79,25 +105,7 @@ TEST(FmaMatmul, EveryKernelMatchesADoubleReferenceOnOddShapes) {
           const Case c = make_case(M, K, N, uint32_t(M * 1000003 + K * 1009 + N));
           const int ldy = N + 5;
           const std::vector<float> y = run(k, c, ldy);
-          for (int m = 0; m < M; ++m)
-            for (int n = 0; n < ldy; ++n) {
-              const float got = y[size_t(m) * ldy + n];
-              if (n >= N) {
-                ASSERT_TRUE(std::isnan(got)) << "column " << n << " past N written";
-                continue;
-              }
-              double ref = 0, mag = 0;
-              for (int kk = 0; kk < K; ++kk) {
-                const double p = double(bf(c.x[size_t(m) * K + kk])) * bf(c.W[size_t(n) * K + kk]);
-                ref += p;
-                mag += std::fabs(p);
-              }
-              // fp32 sequential accumulation: |error| <= K * 2^-24 * sum |products| (loose, 2x).
-              const double bound = 2.0 * K * std::ldexp(1.0, -24) * mag + 1e-30;
-              ASSERT_LE(std::fabs(got - ref), bound)
-                  << matmul_kernel_name(k) << " M=" << M << " K=" << K << " N=" << N << " m=" << m << " n=" << n;
-              if (mag > 0) worst = std::max(worst, std::fabs(got - ref) / mag);
-            }
+          ASSERT_NO_FATAL_FAILURE(expect_near_double_reference(c, y, ldy, matmul_kernel_name(k), &worst));
         }
   std::printf("  worst |y - ref| / sum|x w|: %.3g\n", worst);
 }
@@ -146,23 +154,7 @@ TEST(FmaMatmul, AmxBf16BlockingByRowsKeepsEveryResultBitwise) {
       const Case c = make_case(M, K, N, uint32_t(13 * M + K));
       const std::vector<float> y = run(k, c, ldy);
       double worst = 0;
-      for (int m = 0; m < M; ++m)
-        for (int n = 0; n < ldy; ++n) {
-          const float got = y[size_t(m) * ldy + n];
-          if (n >= N) {
-            ASSERT_TRUE(std::isnan(got)) << "column " << n << " past N written, M=" << M << " K=" << K;
-            continue;
-          }
-          double ref = 0, mag = 0;
-          for (int kk = 0; kk < K; ++kk) {
-            const double p = double(bf(c.x[size_t(m) * K + kk])) * bf(c.W[size_t(n) * K + kk]);
-            ref += p;
-            mag += std::fabs(p);
-          }
-          const double bound = 2.0 * K * std::ldexp(1.0, -24) * mag + 1e-30;
-          ASSERT_LE(std::fabs(got - ref), bound) << "M=" << M << " K=" << K << " m=" << m << " n=" << n;
-          if (mag > 0) worst = std::max(worst, std::fabs(got - ref) / mag);
-        }
+      ASSERT_NO_FATAL_FAILURE(expect_near_double_reference(c, y, ldy, "amx_bf16", &worst));
       // Rows 40..103 (64 rows: one panel at a time, half panels outer) alone, and column slices of the whole.
       const int r0 = 40, rows = 64;
       MatmulWeights w;
