@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,14 @@ def cli_path() -> Path:
 # What a sanitizer build of the CLI prints on a finding (scripts/test.sh runs the CLI tests on one): a test
 # that expects a clean error must not pass on a sanitizer's abort.
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer")
+
+
+def default_signals() -> None:
+    """preexec_fn for a CLI that a test signals: a test run started with SIGINT or SIGHUP ignored (nohup, a
+    script's background job) would pass that on, and the CLI, like a shell, leaves an inherited ignored signal
+    ignored. The CLI under test starts with the default dispositions."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
 
 
 def run(cli, *args, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:

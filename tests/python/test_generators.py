@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import run
+from cli import default_signals, run
 
 SIZES = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--mlp", "128",
          "--ain-hidden", "32", "--waypoints", "8"]
@@ -158,14 +158,14 @@ def has_data(d: Path) -> bool:
 
 def signal_mid_write(cmd: list, watch: Path, sig: int) -> None:
     """Runs cmd, sends sig once a non-empty file of its output appears in the directory watch, and checks that the
-    process died of the signal and left nothing: watch empty, or gone where the command created it. The writer runs
-    at the lowest priority, so that this poll sees its temporary files on a busy machine; a run that still finished
-    first says nothing about a signal mid-write: it is repeated (its complete output removed), never counted as a
-    pass."""
+    process died of the signal and left nothing: watch empty, or gone where the command created it. The writer starts
+    with the default signal dispositions (cli.default_signals) at the lowest priority, so that this poll sees its
+    temporary files on a busy machine; a run that still finished first says nothing about a signal mid-write: it is
+    repeated (its complete output removed), never counted as a pass."""
     existed = watch.exists()
     for _ in range(4):
         p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             preexec_fn=lambda: os.nice(19))
+                             preexec_fn=lambda: (default_signals(), os.nice(19)))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and p.poll() is None and not has_data(watch):
             time.sleep(0.005)

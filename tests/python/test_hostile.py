@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import run
+from cli import default_signals, run
 
 SIZES = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--mlp", "128",
          "--ain-hidden", "32", "--waypoints", "8"]
@@ -170,16 +170,9 @@ def test_unwritable_json_fails_before_any_work_and_leaves_no_out(case):
     assert "step" not in r.stderr and "sampling" not in r.stderr
 
 
-def _default_signals():
-    # A test run started with SIGINT or SIGHUP ignored (nohup, a script's background job) would pass that on:
-    # the CLI, like a shell, leaves an inherited ignored signal ignored. The CLI under test starts with defaults.
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_DFL)
-
-
 def _start(c, args):
     return subprocess.Popen([str(c["cli"]), *map(str, args)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            text=True, preexec_fn=_default_signals)
+                            text=True, preexec_fn=default_signals)
 
 
 def _wait_sampling(p):
