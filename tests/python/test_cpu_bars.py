@@ -55,8 +55,9 @@ def test_cpu_bars_runs_every_configuration(cli, tmp_path, monkeypatch):
     assert sorted(x["weights"] for x in rep["shared"]) == ["bf16", "int8"], rep["shared"]
     for x in rep["shared"]:
         assert "--B" in x["args"] and x["step_s_mean"] > 0 and x["ratio"] == pytest.approx(x["step_s_mean"] / x["floor_s"])
+        assert x["ratio_roofline"] == pytest.approx(x["step_s_mean"] / x["floor_best_s"])
     amx = rep["bars"]["amx_granted"]
     assert rep["bars"]["floor"] == (1.5 if amx else 1.25) and rep["bars"]["shared"] == (2.0 if amx else 1.5)
     assert amx == any(x["amx"] for x in rep["runs"]) and (not amx or "amx_bf16" in Path("/proc/cpuinfo").read_text())
-    assert "| weights | samples | kernels |" in r.stdout and "AMX (oneDNN):" in r.stdout
+    assert "| weights | samples | kernels |" in r.stdout and "| step / roofline | bar |" in r.stdout and "AMX (oneDNN):" in r.stdout
     assert "| matmul GB/s / read GB/s | bar 80% |" in r.stdout and "% of " in r.stdout
