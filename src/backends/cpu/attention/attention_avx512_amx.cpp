@@ -326,6 +326,25 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
   _mm512_storeu_ps(m + r0, m_new);
 }
 
+// The cache lines of a bf16 cache's next key block (its key and value rows, pointers from key_row_ptrs) towards L2,
+// `per` keys a step: steps spread over the tile products keep few misses in flight at a time (bursts of them
+// stalled the tile loads) and overlap them with the tiles.
+struct RowPrefetch {
+  const uint16_t* const* kp;
+  const uint16_t* const* vp;
+  int bytes, keys, per;  // bytes per row, keys to prefetch, keys a step
+  int k = 0;
+  void step() {
+    for (const int e = k + per < keys ? k + per : keys; k < e; ++k) {
+      const char* kr = reinterpret_cast<const char*>(kp[k]);
+      const char* vr = reinterpret_cast<const char*>(vp[k]);
+      for (int b = 0; b < bytes; b += 64) _mm_prefetch(kr + b, _MM_HINT_T1), _mm_prefetch(vr + b, _MM_HINT_T1);
+      if ((reinterpret_cast<uintptr_t>(kr) | reinterpret_cast<uintptr_t>(vr)) & 63)  // a row's last line
+        _mm_prefetch(kr + bytes - 1, _MM_HINT_T1), _mm_prefetch(vr + bytes - 1, _MM_HINT_T1);
+    }
+  }
+};
+
 // Per block: the keys and values packed once, then for each row group of up to kAmxRowGroup rows its scores, its
 // softmax and its P.V, one after the other, so that the group's scores and probabilities are read back while they
 // are still in L1. (Interleaving the next group's tile products with the softmax measured no gain: on the CPUs
@@ -339,26 +358,39 @@ void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0
   float* S = w.s;
   uint16_t* P = reinterpret_cast<uint16_t*>(w.p);
   size_t ex_off = 0;  // progress through kv.prefetch
+  bool resolved = false;  // this block's rows already resolved (the previous block's prefetch did it)
   for (int jb = j0, n = 0; jb < j1; jb += n) {
     n = j1 - jb < kAmxKeyBlock ? j1 - jb : kAmxKeyBlock;
     const int npad = (n + 31) / 32 * 32;
-    resolve_rows(kv, g.d, jb, n, w);
+    if (!resolved) resolve_rows(kv, g.d, jb, n, w);
     pack_keys<Int8>(w, g.d, g.dp, n, npad, w.kb);
     pack_values<Int8>(w, g.d, g.dp, n, npad, w.v);
+    // A bf16 cache's next block: its row pointers resolved now (this block's are no longer needed once packed; an
+    // int8 cache's scales still are) and its rows prefetched a few per tile product of the score chunks, so that
+    // they come from L2 when that block is packed (the packing otherwise waits on their loads).
+    const int nn = !Int8 && jb + n < j1 ? (j1 - jb - n < kAmxKeyBlock ? j1 - jb - n : kAmxKeyBlock) : 0;
+    if (nn > 0) resolve_rows(kv, g.d, jb + n, nn, w);
+    resolved = nn > 0;
+    const int pf_steps = groups * (npad / 32 + g.dp / 32);
+    RowPrefetch pf{w.kptr, w.vptr, 2 * g.d, nn, (nn + pf_steps - 1) / pf_steps};
     // This block's share of the caller's region streams into L2 while the tiles work, spread over the row groups.
     const size_t ex_block = ((kv.prefetch_bytes * kAmxKeyBlock) / size_t(j1 - j0 > 0 ? j1 - j0 : 1) + 63) / 64 * 64;
     const size_t ex_end = ex_off + ex_block < kv.prefetch_bytes ? ex_off + ex_block : kv.prefetch_bytes;
     const size_t ex_lines = (ex_end - ex_off) / 64 / groups + 1;
     for (int r0 = 0; r0 < g.Rp; r0 += kAmxRowGroup) {
       const int rows = g.Rp - r0 < kAmxRowGroup ? g.Rp - r0 : kAmxRowGroup;
-      for (int k0 = 0; k0 < npad; k0 += 32)
+      for (int k0 = 0; k0 < npad; k0 += 32) {
         for (int h = 0; h < rows; h += 32) qk_chunk(w.qa, g.dp, w.kb, k0, r0 + h, h + 32 <= rows, S + size_t(h) * kKbLd);
+        pf.step();
+      }
       for (size_t e = ex_off + 64 * ex_lines; kv.prefetch && ex_off < e && ex_off < ex_end; ex_off += 64)
         _mm_prefetch(kv.prefetch + ex_off, _MM_HINT_T1);
       for (int h = 0; h < rows; h += 16)
         softmax_rows<Int8>(g, S + size_t(h) * kKbLd, n, npad, r0 + h, w.kscale, w.vscale, P + size_t(h) * kPLd, O, m, l);
-      for (int c0 = 0; c0 < g.dp; c0 += 32)
+      for (int c0 = 0; c0 < g.dp; c0 += 32) {
         for (int h = 0; h < rows; h += 32) pv_chunk(P + size_t(h) * kPLd, w.v, g.dp, npad, c0, r0 + h, h + 32 <= rows, O);
+        pf.step();
+      }
     }
   }
   __asm__ volatile("tilerelease" ::: "memory");
