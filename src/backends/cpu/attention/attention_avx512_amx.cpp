@@ -12,6 +12,7 @@
 // operand of P.V), O rescaled in memory for the rows whose maximum rose, and O += P.V on 2 x 2 tiles loaded from and
 // stored back to O. All queries of an item (several samples' rows with a shared prompt) go through the same tiles
 // 16 rows at a time; every row's arithmetic depends on its own data only, so the work split never changes a result.
+// While a block's tiles run, a bf16 cache's next block of rows is prefetched into L2.
 // GCC 12 warns falsely about _mm512_undefined_ps inside the max/roundscale/scalef intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -327,8 +328,8 @@ void softmax_rows(const AttnGeometry& g, float* S, int n, int npad, int r0, cons
 }
 
 // The cache lines of a bf16 cache's next key block (its key and value rows, pointers from key_row_ptrs) towards L2,
-// `per` keys a step: steps spread over the tile products keep few misses in flight at a time (bursts of them
-// stalled the tile loads) and overlap them with the tiles.
+// `per` whole keys a step, the steps spread over the block's tile products so that the misses overlap the tiles
+// (a per-line cursor cost more in bookkeeping than it saved from cache).
 struct RowPrefetch {
   const uint16_t* const* kp;
   const uint16_t* const* vp;
@@ -366,7 +367,7 @@ void attend(const AttnGeometry& g, const uint32_t* qp, const KeyRows& kv, int j0
     pack_keys<Int8>(w, g.d, g.dp, n, npad, w.kb);
     pack_values<Int8>(w, g.d, g.dp, n, npad, w.v);
     // A bf16 cache's next block: its row pointers resolved now (this block's are no longer needed once packed; an
-    // int8 cache's scales still are) and its rows prefetched a few per tile product of the score chunks, so that
+    // int8 cache's scales still are) and its rows prefetched a few keys after each score and P.V chunk, so that
     // they come from L2 when that block is packed (the packing otherwise waits on their loads).
     const int nn = !Int8 && jb + n < j1 ? (j1 - jb - n < kAmxKeyBlock ? j1 - jb - n : kAmxKeyBlock) : 0;
     if (nn > 0) resolve_rows(kv, g.d, jb + n, nn, w);
