@@ -156,6 +156,11 @@ def has_data(d: Path) -> bool:
         return False
 
 
+def _writer_start() -> None:
+    default_signals()
+    os.nice(19)
+
+
 def signal_mid_write(cmd: list, watch: Path, sig: int) -> None:
     """Runs cmd, sends sig once a non-empty file of its output appears in the directory watch, and checks that the
     process died of the signal and left nothing: watch empty, or gone where the command created it. The writer starts
@@ -165,7 +170,7 @@ def signal_mid_write(cmd: list, watch: Path, sig: int) -> None:
     existed = watch.exists()
     for _ in range(4):
         p = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             preexec_fn=lambda: (default_signals(), os.nice(19)))
+                             preexec_fn=_writer_start)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and p.poll() is None and not has_data(watch):
             time.sleep(0.005)

@@ -140,10 +140,7 @@ def make_linear(ttl, grid, Mt: int, Kt: int, Nt: int, kb: int, nb: int, *, norm:
             for m, n in units[nid::nodes]:
                 rows = slice(m, m + mb)
                 if norm:
-                    _read_norm_inputs(ttl, c, C_INV_D, ci_dfb, ce_dfb)
-                    for k in range(k_blocks):
-                        with x_dfb.reserve() as blk:
-                            ttl.copy(x[rows, k * kb:(k + 1) * kb], blk).wait()
+                    _read_norm_pass(ttl, c, x, rows, k_blocks, kb, ci_dfb, ce_dfb, x_dfb)
                 for k in range(k_blocks):
                     ks = slice(k * kb, (k + 1) * kb)
                     with x_dfb.reserve() as xb, w_dfb.reserve() as wb:
@@ -221,6 +218,14 @@ def _read_norm_inputs(ttl, c, inv_tile: int, ci_dfb, ce_dfb) -> None:
         ttl.copy(c[0:1, C_EPS:C_EPS + 1], blk).wait()
 
 
+def _read_norm_pass(ttl, c, x, rows, k_blocks: int, kb: int, ci_dfb, ce_dfb, x_dfb) -> None:
+    """The RMSNorm's first pass of a fused linear: its constants, then the row tile's x, block by block."""
+    _read_norm_inputs(ttl, c, C_INV_D, ci_dfb, ce_dfb)
+    for k in range(k_blocks):
+        with x_dfb.reserve() as blk:
+            ttl.copy(x[rows, k * kb:(k + 1) * kb], blk).wait()
+
+
 def make_qkv_rope(ttl, grid, B: int, Tpt: int, Kt: int, kb: int, Hq: int, Hkv: int, dt: int, Smaxt: int):
     """RMSNorm + the qkv matmul + q/k RMSNorm + RoPE + head split in one operation (no qkv tensor, no
     nlp_create_qkv_heads): x [B*Tp, D], w = wqkv.T [D, (Hq + 2 Hkv) d].
@@ -296,10 +301,7 @@ def make_qkv_rope(ttl, grid, B: int, Tpt: int, Kt: int, kb: int, Hq: int, Hkv: i
             nid, nodes = _nid(ttl)
             for b, h in units[nid::nodes]:
                 rows, cols = slice(b * Tpt, (b + 1) * Tpt), slice(h * dt, (h + 1) * dt)
-                _read_norm_inputs(ttl, c, C_INV_D, ci_dfb, ce_dfb)
-                for k in range(k_blocks):
-                    with x_dfb.reserve() as blk:
-                        ttl.copy(x[rows, k * kb:(k + 1) * kb], blk).wait()
+                _read_norm_pass(ttl, c, x, rows, k_blocks, kb, ci_dfb, ce_dfb, x_dfb)
                 for k in range(k_blocks):
                     ks = slice(k * kb, (k + 1) * kb)
                     with x_dfb.reserve() as xb, w_dfb.reserve() as wb, g_dfb.reserve() as gb:

@@ -215,7 +215,8 @@ inline constexpr int kAmxManyColumns = 256;  // one group of 4 panels: the work 
 size_t amx_matmul_scratch_bytes(int M, int K);
 void amx_matmul_s8(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx, float* y,
                    int ldy, void* scratch, bool x_ready);
-// amx_int8's scratch: x in A tiles of K rounded up to 64 for M rounded up to 32, and one panel's int32 sums.
+// amx_int8's scratch: x in A tiles of K rounded up to 64 for M rounded up to 32, and the int32 sums of a group of
+// panels (one panel below kAmxManyRows rows).
 size_t amx_int8_matmul_scratch_bytes(int M, int K);
 
 // K rows per widened weight block (both ISA kernels; the scratch holds one block of kFmaKBlock x 64 fp32).
