@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
       cpu::remeasure_peaks(nt);
       const cpu::CpuModel& cm = *cpu_model;
       const std::vector<cpu::OpFloor> floors =
-          cpu::step_floors(work, cm.kernel_choices(), model->weights(), nt, model->kv() == "int8");
+          cpu::step_floors(work, cm.kernel_choices(), model->weights(), nt, model->kv() == "int8", cm.isa().usable);
       std::printf("isa: %s\n", cm.isa().describe().c_str());
       for (const cpu::KernelChoice& c : cm.kernel_choices()) {
         std::printf("kernel %s\n", cpu::format_kernel_choice(c).c_str());
@@ -226,8 +226,10 @@ int main(int argc, char** argv) {
         std::printf("matmul phases: %.3f GB of weights in %.1f ms = %.1f GB/s = %.1f%% of the read bandwidth\n",
                     work.matmul_weight_gbytes, mm_ms, matmul_gbs, 100.0 * matmul_gbs / read_gbs);
       }
-      // Every op held to the CPU's fastest unit for its operands (AMX where granted), whatever kernel ran.
-      for (const cpu::OpFloor& f : cpu::step_floors(work, {}, model->weights(), nt, model->kv() == "int8"))
+      // Every op held to the CPU's fastest unit for its operands (AMX where granted and not capped off), whatever
+      // kernel ran.
+      for (const cpu::OpFloor& f :
+           cpu::step_floors(work, {}, model->weights(), nt, model->kv() == "int8", cm.isa().usable))
         floor_best_s += f.floor_ms * 1e-3;
       std::printf("step floor with every op on the CPU's fastest unit: %.4f s\n", floor_best_s);
     }

@@ -742,9 +742,9 @@ TEST(Peaks, StepFloorFromTheConfig) {
 Peaks given_peaks(double amx_bf16, double fma_ymm, double amx_int8, double read_gbs) {
   Peaks p;
   p.threads = 2;
-  p.entries = {{"tdpbf16ps tmm", "GFLOP/s", amx_bf16, ""},
-               {"vfmadd231ps ymm", "GFLOP/s", fma_ymm, ""},
-               {"tdpbusd tmm", "GOP/s", amx_int8, ""}};
+  p.entries = {{"tdpbf16ps tmm", "GFLOP/s", amx_bf16, "", kAvx512 | kAmxBf16},
+               {"vfmadd231ps ymm", "GFLOP/s", fma_ymm, "", kAvx2Fma},
+               {"tdpbusd tmm", "GOP/s", amx_int8, "", kAvx512 | kAmxInt8}};
   p.read_gbs = read_gbs;
   return p;
 }
@@ -810,6 +810,28 @@ TEST(Roofline, FloorPerPhaseIsTheLargerOfComputeAndMemory) {
   // No bandwidth known: compute only.
   const std::vector<OpFloor> nobw = step_floors(w, chosen, "bf16", given_peaks(7000, 200, 14000, 0));
   EXPECT_NEAR(nobw[0].floor_ms, nobw[0].compute_ms, 1e-12);
+}
+
+// A model capped below AMX (ALPAMAYO_CPU_ISA=avx512_bf16) is held to the units it may use: the peaks are measured
+// for the process, AMX included, but the fastest unit within the cap is the FMA one.
+TEST(Roofline, FastestUnitStaysWithinTheModelsCap) {
+  const StepWork w = step_work(64, 1536, 16, 8, 128, 6144, 64, {4700 + 64});
+  const Peaks p = given_peaks(7000, 200, 14000, 25);
+  const uint32_t capped = kAvx2Fma | kAvx512 | kAvx512Vnni | kAvx512Bf16 | kAvxVnni;
+  std::string which;
+  EXPECT_EQ(p.best_bf16_unit(&which, capped), 200);
+  EXPECT_EQ(which, "vfmadd231ps ymm");
+  EXPECT_EQ(p.best_bf16_unit(&which), 7000);
+  EXPECT_EQ(which, "tdpbf16ps tmm");
+  EXPECT_EQ(p.best_int8_unit(nullptr, capped), 0);  // no int8 unit within the cap among these peaks
+  const std::vector<OpFloor> f = step_floors(w, {}, "bf16", p, false, capped);
+  EXPECT_EQ(f[0].instruction, "best: vfmadd231ps ymm");
+  EXPECT_EQ(f[1].instruction, "best: vfmadd231ps ymm");
+  EXPECT_STREQ(f[0].bound(), "compute");
+  EXPECT_NEAR(f[0].floor_ms, 1e3 * w.matmul_gflop / 200, 1e-9);
+  EXPECT_GT(f[0].floor_ms, 5 * step_floors(w, {}, "bf16", p)[0].floor_ms);  // memory-bound on AMX
+  // The measured peaks record what each instruction needs, so a model's cap applies to them too.
+  for (const PeakEntry& e : measured_peaks(1).entries) EXPECT_NE(e.need, 0u) << e.instruction;
 }
 
 TEST(Roofline, TableSaysOfFloorAndTheBound) {

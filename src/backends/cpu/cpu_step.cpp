@@ -372,7 +372,8 @@ void CpuSession::record_profile(double step_ms) {
   }
   const StepWork work = step_work(cfg_.L, cfg_.D, cfg_.Hq, cfg_.Hkv, cfg_.d, cfg_.I, T_, keys, m_.opts_.weights,
                                   m_.kv_int8_, rows);
-  std::vector<OpFloor> floors = step_floors(work, m_.kernel_choices(), m_.opts_.weights, nthreads_, m_.kv_int8_);
+  std::vector<OpFloor> floors =
+      step_floors(work, m_.kernel_choices(), m_.opts_.weights, nthreads_, m_.kv_int8_, m_.isa().usable);
   floors[0].actual_ms = 1e3 * (phase_s_[kQkv] + phase_s_[kOproj] + phase_s_[kGateUp] + phase_s_[kDown]);
   floors[1].actual_ms = 1e3 * phase_s_[kAttn];
   for (const OpFloor& f : floors)

@@ -81,24 +81,32 @@ double Peaks::of(const std::string& instruction) const {
   return 0;
 }
 
-double Peaks::best_bf16_unit(std::string* which) const {
+namespace {
+
+// The fastest of `names` among the entries that execute within `usable`.
+template <size_t N>
+double best_of(const std::vector<PeakEntry>& entries, const char* const (&names)[N], uint32_t usable,
+               std::string* which) {
   double best = 0;
-  for (const char* i : {"tdpbf16ps tmm", "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm"})
-    if (of(i) > best) {
-      best = of(i);
-      if (which) *which = i;
-    }
+  for (const char* i : names)
+    for (const PeakEntry& e : entries)
+      if (e.instruction == i && (e.need & ~usable) == 0 && e.rate > best) {
+        best = e.rate;
+        if (which) *which = i;
+      }
   return best;
 }
 
-double Peaks::best_int8_unit(std::string* which) const {
-  double best = 0;
-  for (const char* i : {"tdpbusd tmm", "vpdpbusd zmm", "vpdpbusd ymm", "vpmaddwd ymm"})
-    if (of(i) > best) {
-      best = of(i);
-      if (which) *which = i;
-    }
-  return best;
+}  // namespace
+
+double Peaks::best_bf16_unit(std::string* which, uint32_t usable) const {
+  static const char* const names[] = {"tdpbf16ps tmm", "vdpbf16ps zmm", "vfmadd231ps zmm", "vfmadd231ps ymm"};
+  return best_of(entries, names, usable, which);
+}
+
+double Peaks::best_int8_unit(std::string* which, uint32_t usable) const {
+  static const char* const names[] = {"tdpbusd tmm", "vpdpbusd zmm", "vpdpbusd ymm", "vpmaddwd ymm"};
+  return best_of(entries, names, usable, which);
 }
 
 namespace {
@@ -214,7 +222,7 @@ const Peaks& measured_peaks(int threads) {
   Peaks p;
   p.threads = threads;
   for (const Spec& s : sp) {
-    PeakEntry e{s.instruction, s.unit, 0.0, ""};
+    PeakEntry e{s.instruction, s.unit, 0.0, "", s.need};
     if (!isa().has(s.need)) e.why_not = "needs " + isa_names(s.need & ~isa().usable);
     p.entries.push_back(e);
   }
@@ -286,7 +294,7 @@ void add_phase(OpFloor& f, double gflop, double gbytes) {
 }  // namespace
 
 std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices, const std::string& weights,
-                                 const Peaks& p, bool kv_int8) {
+                                 const Peaks& p, bool kv_int8, uint32_t usable) {
   auto chosen = [&](const std::string& op) {
     for (const KernelChoice& c : choices)
       if (c.op == op) return c;
@@ -302,7 +310,7 @@ std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices
     f.peak = c.instruction.empty() ? 0 : p.of(c.instruction);
     if (f.peak <= 0) {
       std::string which;
-      f.peak = i8 ? p.best_int8_unit(&which) : p.best_bf16_unit(&which);
+      f.peak = i8 ? p.best_int8_unit(&which, usable) : p.best_bf16_unit(&which, usable);
       f.instruction = "best: " + which;
     }
     f.gbytes = w.matmul_gbytes;
@@ -316,8 +324,8 @@ std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices
     f.peak = c.instruction.empty() ? 0 : p.of(c.instruction);
     if (f.peak <= 0) {  // the fastest unit (an int8 cache: int8 units too)
       std::string which, which8;
-      f.peak = p.best_bf16_unit(&which);
-      if (kv_int8 && p.best_int8_unit(&which8) > f.peak) f.peak = p.best_int8_unit(), which = which8;
+      f.peak = p.best_bf16_unit(&which, usable);
+      if (kv_int8 && p.best_int8_unit(&which8, usable) > f.peak) f.peak = p.best_int8_unit(nullptr, usable), which = which8;
       f.instruction = (c.instruction.empty() ? "" : c.instruction + ", held to ") + "best: " + which;
     }
     f.gbytes = w.attention_gbytes;
@@ -329,8 +337,8 @@ std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices
 }
 
 std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& choices, const std::string& weights,
-                                 int threads, bool kv_int8) {
-  return step_floors(w, choices, weights, measured_peaks(threads), kv_int8);
+                                 int threads, bool kv_int8, uint32_t usable) {
+  return step_floors(w, choices, weights, measured_peaks(threads), kv_int8, usable);
 }
 
 std::string format_floors(const std::vector<OpFloor>& f, int threads, const std::string& indent) {

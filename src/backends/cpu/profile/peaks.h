@@ -19,6 +19,7 @@ struct PeakEntry {
   std::string unit;         // "GFLOP/s" (a multiply-add is 2 flops) or "GOP/s" (int8)
   double rate = 0;          // all threads together; 0: not runnable here
   std::string why_not;      // when rate == 0
+  uint32_t need = 0;        // the IsaBits it executes on (0: none named)
 };
 
 struct Peaks {
@@ -30,10 +31,11 @@ struct Peaks {
   // The rate of an instruction (as in KernelChoice::instruction); 0 if unknown or not runnable. "A + B": a kernel
   // doing half its work with each (avx512_vnni attention: scores on vpdpbusd, P.V on vpdpwssd), 2 / (1/A + 1/B).
   double of(const std::string& instruction) const;
-  // The fastest unit for bf16 operands: max(tdpbf16ps tmm, vdpbf16ps zmm, vfmadd231ps zmm, ymm).
-  double best_bf16_unit(std::string* which = nullptr) const;
-  // The fastest int8 unit: max(tdpbusd tmm, vpdpbusd zmm, ymm, vpmaddwd ymm).
-  double best_int8_unit(std::string* which = nullptr) const;
+  // The fastest unit for bf16 operands: max(tdpbf16ps tmm, vdpbf16ps zmm, vfmadd231ps zmm, ymm), of those within
+  // `usable` (IsaBits: a model's capped set; the peaks are measured for the whole process).
+  double best_bf16_unit(std::string* which = nullptr, uint32_t usable = ~0u) const;
+  // The fastest int8 unit: max(tdpbusd tmm, vpdpbusd zmm, ymm, vpmaddwd ymm), within `usable`.
+  double best_int8_unit(std::string* which = nullptr, uint32_t usable = ~0u) const;
 };
 
 // Measured on `threads` threads at once (0: all cores), once per process and thread count (about 1 s with the
@@ -109,10 +111,12 @@ double weight_bytes_per_param(const std::string& weights);
 StepWork step_work(int L, int D, int Hq, int Hkv, int d, int I, int T, const std::vector<long long>& attended,
                    const std::string& weights = "bf16", bool kv_int8 = false, long long cache_rows = -1);
 // The floors at given peaks (a plain function of its inputs, for tests), and at this machine's measured ones.
+// usable: the instruction sets a held-to-the-fastest-unit op may count (a model's IsaInfo::usable: under a cap
+// such as ALPAMAYO_CPU_ISA=avx512_bf16 the roofline is that of the CPU without the capped-off units).
 std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& chosen, const std::string& weights,
-                                 const Peaks& peaks, bool kv_int8 = false);
+                                 const Peaks& peaks, bool kv_int8 = false, uint32_t usable = ~0u);
 std::vector<OpFloor> step_floors(const StepWork& w, const KernelChoices& chosen, const std::string& weights,
-                                 int threads, bool kv_int8 = false);
+                                 int threads, bool kv_int8 = false, uint32_t usable = ~0u);
 // A table (one line per op, then the total floor and the fraction of it the step reached), each line starting
 // with `indent`.
 std::string format_floors(const std::vector<OpFloor>& f, int threads, const std::string& indent);
