@@ -21,6 +21,16 @@ cmake -S . -B build-ref -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_CUDA_BACKEND=OFF -
   -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-ref -j"$(nproc)" --target alpamayo_tests
 build-ref/alpamayo_tests --gtest_brief=1
+if grep -q '^ALPAMAYO_CUDA_BACKEND:BOOL=ON' build/CMakeCache.txt; then
+  stage "cuda-only build (the cuda backend without the cpu one): the CLI"
+  # The cuda backend's code paths that do not assume a cpu backend beside it: the library and the CLI build, and
+  # the CLI lists the reference and cuda backends only. Seconds: ccache has the main build's objects.
+  cmake -S . -B build-cuda-only -DALPAMAYO_CPU_BACKEND=OFF -DALPAMAYO_BUILD_BENCH=OFF -DALPAMAYO_BUILD_TESTS=OFF \
+    -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build-cuda-only -j"$(nproc)" --target alpamayo-expert
+  build-cuda-only/alpamayo-expert backends | tee build-cuda-only/backends.txt
+  grep -q '^cuda ' build-cuda-only/backends.txt && ! grep -q '^cpu ' build-cuda-only/backends.txt
+fi
 stage "ThreadSanitizer build with the cpu backend: the concurrency tests"
 # Sessions sharing a model from several threads (reference and cpu backends), the cpu backend's thread pool, its
 # work stealing and its results for 1 to 5 threads, and threads sharing one model through the C API.
