@@ -29,7 +29,10 @@ if grep -q '^ALPAMAYO_CUDA_BACKEND:BOOL=ON' build/CMakeCache.txt; then
     -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build-cuda-only -j"$(nproc)" --target alpamayo-expert
   build-cuda-only/alpamayo-expert backends | tee build-cuda-only/backends.txt
-  grep -q '^cuda ' build-cuda-only/backends.txt && ! grep -q '^cpu ' build-cuda-only/backends.txt
+  if ! grep -q '^cuda ' build-cuda-only/backends.txt || grep -q '^cpu ' build-cuda-only/backends.txt; then
+    echo "the cuda-only build's backends should be reference and cuda" >&2
+    exit 1
+  fi
 fi
 stage "ThreadSanitizer build with the cpu backend: the concurrency tests"
 # Sessions sharing a model from several threads (reference and cpu backends), the cpu backend's thread pool, its
