@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "alpamayo/backend.h"
 #include "alpamayo/checkpoint.h"
 #include "alpamayo/environment.h"
 #include "alpamayo/error.h"
@@ -15,6 +16,17 @@
 #endif
 
 namespace alpamayo::cli {
+
+std::string formats_help(bool kv) {
+  std::string s = kv ? "KV cache format (" : "weight format (";
+  for (const BackendInfo& b : registered_backends()) {
+    s += b.name + ":";
+    const std::vector<std::string>& f = kv ? b.kv_formats : b.weight_formats;
+    for (size_t i = 0; i < f.size(); ++i) s += (i ? " | " : " ") + f[i];
+    s += "; ";
+  }
+  return s + "default: the backend's first)";
+}
 
 void add_release_option(CLI::App& app, std::string& release) {
   app.add_option("--release", release,

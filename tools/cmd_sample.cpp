@@ -189,10 +189,8 @@ Run add_sample(CLI::App& app) {
   app.add_option("--steps", a->steps, "Euler steps (default: diffusion_cfg.num_inference_steps)")->check(CLI::Range(1, 100000));
   app.add_option("--backend", a->backend, "backend: " + [] { std::string s; for (auto& n : backend_names()) s += n + " "; return s; }());
   app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--weights", a->weights,
-                 "weight format (cuda: bf16 | fp8; cpu: bf16 | int8 | bfp8_b | bfp4_b; reference: f32 | bfp8_b | bfp4_b; default: the "
-                 "backend's first)");
-  app.add_option("--kv", a->kv, kKvHelp);
+  app.add_option("--weights", a->weights, formats_help(false));
+  app.add_option("--kv", a->kv, formats_help(true));
   app.add_option("--bf16-weights", a->bf16_weights,
                  "block formats: matrices kept in bf16, comma-separated: qkv,o,gate,up,down (default: none)")
       ->delimiter(',');

@@ -126,8 +126,8 @@ Run add_demo(CLI::App& app) {
   app.add_option("--batch", a->batch, "trajectories sampled at once")->check(CLI::Range(1, 64));
   app.add_option("--backend", a->backend, "backend");
   app.add_option("--threads", a->threads, "threads (default: all cores)")->check(CLI::Range(0, 1024));
-  app.add_option("--weights", a->weights, "weight format (cuda: bf16 | fp8; cpu: bf16 | int8; reference: f32; default: the backend's first)");
-  app.add_option("--kv", a->kv, kKvHelp);
+  app.add_option("--weights", a->weights, formats_help(false));
+  app.add_option("--kv", a->kv, formats_help(true));
   app.add_option("--steps", a->steps, "Euler steps (default from config)")->check(CLI::Range(1, 100000));
   app.add_option("--seed", a->seed, "noise seed")->check(unsigned64());
   return [a] {

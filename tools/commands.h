@@ -16,9 +16,9 @@ Run add_make_context(CLI::App& app);
 Run add_demo(CLI::App& app);
 Run add_backends(CLI::App& app);
 
-// --kv: the help text of `sample` and `demo` (BackendInfo::kv_formats of src/backends/registry.cpp).
-inline constexpr const char* kKvHelp =
-    "KV cache format (cpu: bf16 | int8; reference: f32 | int8; cuda: bf16; default: the backend's first)";
+// The help text of --weights (kv false) or --kv (kv true) of `sample` and `demo`: each backend this build has,
+// with its formats (BackendInfo::weight_formats / kv_formats of src/backends/registry.cpp), the default its first.
+std::string formats_help(bool kv);
 
 // --release: the release whose layout a checkpoint's config.json follows, when its model_type is not a
 // known one. checkpoint_options() turns it and --vlm-config into Checkpoint::open's options.

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from alpamayo_expert import write_context, write_noise
 from cli import run
+from conftest import backend_listing
 from st_bytes import read_raw, write_raw
 from synth import TINY, CtxSpec, context_kv, make_checkpoint, make_context, make_noise
 
@@ -241,3 +242,16 @@ def test_wrong_shape_consistent_multiple(cli, files):
     t[UP] = torch.zeros(TINY.I + 32, TINY.D)
     save_file(t, str(files["st"]))
     expect_error(cli, files, UP)
+
+
+def test_format_help_lists_each_backend_of_this_build(cli):
+    """`sample --help` and `demo --help` name every backend this build has with the weight and KV cache formats it
+    takes, as `backends` lists them (one registry, not a text that can fall behind it)."""
+    listing = backend_listing()
+    for command in ("sample", "demo"):
+        r = run(cli, command, "--help", timeout=60)
+        assert r.returncode == 0, r.stderr
+        text = " ".join(r.stdout.split())
+        for name, (formats, kv, _features, _why) in listing.items():
+            assert f"{name}: {' | '.join(formats)};" in text, (command, name, text)
+            assert f"{name}: {' | '.join(kv)};" in text, (command, name, text)

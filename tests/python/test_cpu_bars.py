@@ -61,3 +61,27 @@ def test_cpu_bars_runs_every_configuration(cli, tmp_path, monkeypatch):
     assert amx == any(x["amx"] for x in rep["runs"]) and (not amx or "amx_bf16" in Path("/proc/cpuinfo").read_text())
     assert "| weights | samples | kernels |" in r.stdout and "| step / roofline | bar |" in r.stdout and "AMX (oneDNN):" in r.stdout
     assert "| matmul GB/s / read GB/s | bar 80% |" in r.stdout and "% of " in r.stdout
+
+
+def test_capped_run_is_judged_without_what_the_cap_removes(cli, monkeypatch):
+    """Under ALPAMAYO_CPU_ISA=avx2 (every x86-64 machine this engine runs on has it) the kernels stay within AVX2 and so
+    does the roofline: every op's fastest unit is then the one its kernel uses, so the two floors agree, and the
+    script does not take the capped-off AMX (listed in the `isa:` line's brackets) as granted."""
+    monkeypatch.delenv("ALPAMAYO_CPU_KERNELS", raising=False)
+    if not any(name == "cpu" and not why for name, _, why in compiled_backends()):
+        pytest.skip("this build has no cpu backend")
+    exe = Path(cli).parent / "bench" / "bench_step"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built (ALPAMAYO_BUILD_BENCH=OFF)")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import cpu_bars
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("ALPAMAYO_CPU_ISA", "avx2")
+    x = cpu_bars.bench_step(exe, ["--L", "1", "--S", "40", "--Smax", "64", "--T", "16", "--steps", "1",
+                                  "--warmup", "0", "--weights", "bf16"])
+    assert "error" not in x, x
+    assert x["amx"] is False, x
+    assert not any(w in l.split()[1] for l in x["kernel_lines"] for w in ("avx512", "amx")), x["kernel_lines"]
+    assert x["floor_best_s"] == pytest.approx(x["floor_s"], rel=1e-3), x
