@@ -62,6 +62,7 @@ TEST(Environment, KernelsVariablesPinTheirBackendOnly) {
   const bool has_kernel_choices = std::any_of(registered_backends().begin(), registered_backends().end(),
                                               [](const BackendInfo& b) { return b.kernel_choices; });
   if (has_kernel_choices) EXPECT_GT(checked, 0) << "a backend with kernel choices declares no variable";
+  if (checked == 0) GTEST_SKIP() << "no backend of this build declares a kernels variable (a reference-only build)";
 }
 
 TEST(Environment, CudaGraphsAndCublasLtPath) {
