@@ -6,6 +6,8 @@ Each configuration runs in its own process, one after another, so peak memory st
 The torch step: inputs_embeds [B, T, D] through the model with a DynamicCache prefilled with S random
 rows per layer (own K/V appended, then cropped, as the release's step_fn does), a non-causal 4D float
 mask, position_ids [3, B, T], then Linear(D -> 2). Prints a table of seconds per step and ours/torch.
+Under ALPAMAYO_CPU_ISA (our kernels capped, e.g. avx512_bf16 on a machine with AMX) PyTorch's oneDNN is capped the
+same way (ONEDNN_MAX_CPU_ISA, unless that is set already), so both sides run what a CPU without the rest would.
 
 usage: bench/bench_vs_torch.py [--bench-step build-cpu/bench/bench_step] [--threads 2] [--S 4700] ...
 """
@@ -15,6 +17,21 @@ import os
 import subprocess
 import sys
 import time
+
+
+# ALPAMAYO_CPU_ISA's caps (src/backends/cpu/runtime/isa.h) as oneDNN's ONEDNN_MAX_CPU_ISA values; amx / all: no cap.
+ONEDNN_ISA = {"avx2": "AVX2", "avx2_vnni": "AVX2_VNNI", "avx512": "AVX512_CORE", "avx512_vnni": "AVX512_CORE_VNNI",
+              "avx512_bf16": "AVX512_CORE_BF16"}
+
+
+def torch_env(environ: dict) -> dict:
+    """The torch worker's environment: ONEDNN_MAX_CPU_ISA from ALPAMAYO_CPU_ISA where that caps below everything and
+    the caller set no oneDNN cap of its own."""
+    env = dict(environ)
+    cap = ONEDNN_ISA.get(env.get("ALPAMAYO_CPU_ISA", ""))
+    if cap and "ONEDNN_MAX_CPU_ISA" not in env and "DNNL_MAX_CPU_ISA" not in env:
+        env["ONEDNN_MAX_CPU_ISA"] = cap
+    return env
 
 
 def torch_worker(a: argparse.Namespace) -> None:
@@ -105,7 +122,10 @@ def main() -> None:
     for t in ("fp32", "bf16"):
         cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", t, "--attn", a.attn, *sizes, "--S", str(a.S)]
         t0 = time.time()
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        env = torch_env(os.environ)
+        if env.get("ONEDNN_MAX_CPU_ISA") != os.environ.get("ONEDNN_MAX_CPU_ISA"):
+            print(f"torch {t}: ONEDNN_MAX_CPU_ISA={env['ONEDNN_MAX_CPU_ISA']} (from ALPAMAYO_CPU_ISA)", flush=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             print(r.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"torch {t} failed")

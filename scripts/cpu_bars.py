@@ -19,7 +19,8 @@ whether the OS grants AMX (bench_step's `isa:` line): one sample at most 1.5x it
 3x faster than PyTorch with AMX; 1.25x, 1.5x and 2x without. Exit status 0 when every run ran; the bars
 are reported, not enforced (a shared machine's noise moves the ratios by several percent).
 With ALPAMAYO_CPU_ISA set (e.g. avx512_bf16 on an AMX machine), our kernels and the roofline both stay within the
-cap, so the run is judged by the bars of a machine without what the cap removes (PyTorch is not capped).
+cap, so the run is judged by the bars of a machine without what the cap removes; bench_vs_torch caps PyTorch's
+oneDNN the same way (ONEDNN_MAX_CPU_ISA).
 
 usage: python3 scripts/cpu_bars.py [--build build] [--threads 2] [--runs 3] [--no-torch] [--sizes "--L 4"]
 """

@@ -85,3 +85,28 @@ def test_capped_run_is_judged_without_what_the_cap_removes(cli, monkeypatch):
     assert x["amx"] is False, x
     assert not any(w in l.split()[1] for l in x["kernel_lines"] for w in ("avx512", "amx")), x["kernel_lines"]
     assert x["floor_best_s"] == pytest.approx(x["floor_s"], rel=1e-3), x
+
+
+def test_torch_is_capped_as_our_kernels_are(cli, monkeypatch):
+    """bench_vs_torch gives PyTorch's oneDNN the cap ALPAMAYO_CPU_ISA gives our kernels: every cap the engine accepts
+    (its own error lists them) maps to a oneDNN one, except those that cap nothing; a oneDNN cap the caller set wins."""
+    exe = Path(cli).parent / "bench" / "bench_step"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built (ALPAMAYO_BUILD_BENCH=OFF)")
+    monkeypatch.setenv("ALPAMAYO_CPU_ISA", "not-a-cap")
+    r = subprocess.run([str(exe), "--L", "1", "--S", "40", "--Smax", "64", "--T", "16", "--steps", "1"],
+                       capture_output=True, text=True, timeout=120)
+    if "use one of:" not in r.stderr:
+        pytest.skip("this build's bench_step reads no ALPAMAYO_CPU_ISA (no cpu backend)")
+    caps = [c.strip() for c in r.stderr.split("use one of:")[1].strip().splitlines()[0].split(",")]
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_vs_torch
+    finally:
+        sys.path.pop(0)
+    assert set(bench_vs_torch.ONEDNN_ISA) == set(caps) - {"amx", "all"}, caps
+    assert bench_vs_torch.torch_env({"ALPAMAYO_CPU_ISA": "avx512_bf16"})["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
+    assert "ONEDNN_MAX_CPU_ISA" not in bench_vs_torch.torch_env({"ALPAMAYO_CPU_ISA": "amx"})
+    assert "ONEDNN_MAX_CPU_ISA" not in bench_vs_torch.torch_env({})
+    given = {"ALPAMAYO_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
+    assert bench_vs_torch.torch_env(given)["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
