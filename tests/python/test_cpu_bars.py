@@ -3,6 +3,7 @@ tiny size: every run it makes either gives a step and the floor of its own measu
 run, and the JSON it writes holds the CPU and every result."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -13,15 +14,31 @@ import pytest
 from conftest import compiled_backends
 
 ROOT = Path(__file__).resolve().parents[2]
+TINY_STEP = ["--L", "1", "--S", "40", "--Smax", "64", "--T", "16", "--steps", "1"]
 
 
-def test_cpu_bars_runs_every_configuration(cli, tmp_path, monkeypatch):
-    monkeypatch.delenv("ALPAMAYO_CPU_KERNELS", raising=False)  # the script's own choices, not the session's pin
+@pytest.fixture
+def bench_step(cli, monkeypatch) -> Path:
+    """This build's bench_step, with the cpu backend; the session's kernel pin left out (the scripts' own choices)."""
+    monkeypatch.delenv("ALPAMAYO_CPU_KERNELS", raising=False)
     if not any(name == "cpu" and not why for name, _, why in compiled_backends()):
         pytest.skip("this build has no cpu backend")
-    build = Path(cli).parent
-    if not (build / "bench" / "bench_step").is_file():
-        pytest.skip(f"{build}/bench/bench_step not built (ALPAMAYO_BUILD_BENCH=OFF)")
+    exe = Path(cli).parent / "bench" / "bench_step"
+    if not exe.is_file():
+        pytest.skip(f"{exe} not built (ALPAMAYO_BUILD_BENCH=OFF)")
+    return exe
+
+
+def load_script(path: Path):
+    """A script of the repository (scripts/cpu_bars.py, bench/bench_vs_torch.py) as a module, to call its functions."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_bars_runs_every_configuration(bench_step, tmp_path):
+    build = bench_step.parent.parent
     out = tmp_path / "bars.json"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "cpu_bars.py"), "--build", str(build), "--no-torch",
                         "--runs", "1", "--steps", "1", "--sizes", "--L 1 --S 40 --Smax 64 --T 16", "--out", str(out)],
@@ -63,47 +80,27 @@ def test_cpu_bars_runs_every_configuration(cli, tmp_path, monkeypatch):
     assert "| matmul GB/s / read GB/s | bar 80% |" in r.stdout and "% of " in r.stdout
 
 
-def test_capped_run_is_judged_without_what_the_cap_removes(cli, monkeypatch):
+def test_capped_run_is_judged_without_what_the_cap_removes(bench_step, monkeypatch):
     """Under ALPAMAYO_CPU_ISA=avx2 (every x86-64 machine this engine runs on has it) the kernels stay within AVX2 and so
     does the roofline: every op's fastest unit is then the one its kernel uses, so the two floors agree, and the
     script does not take the capped-off AMX (listed in the `isa:` line's brackets) as granted."""
-    monkeypatch.delenv("ALPAMAYO_CPU_KERNELS", raising=False)
-    if not any(name == "cpu" and not why for name, _, why in compiled_backends()):
-        pytest.skip("this build has no cpu backend")
-    exe = Path(cli).parent / "bench" / "bench_step"
-    if not exe.is_file():
-        pytest.skip(f"{exe} not built (ALPAMAYO_BUILD_BENCH=OFF)")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import cpu_bars
-    finally:
-        sys.path.pop(0)
+    cpu_bars = load_script(ROOT / "scripts" / "cpu_bars.py")
     monkeypatch.setenv("ALPAMAYO_CPU_ISA", "avx2")
-    x = cpu_bars.bench_step(exe, ["--L", "1", "--S", "40", "--Smax", "64", "--T", "16", "--steps", "1",
-                                  "--warmup", "0", "--weights", "bf16"])
+    x = cpu_bars.bench_step(bench_step, [*TINY_STEP, "--warmup", "0", "--weights", "bf16"])
     assert "error" not in x, x
     assert x["amx"] is False, x
     assert not any(w in l.split()[1] for l in x["kernel_lines"] for w in ("avx512", "amx")), x["kernel_lines"]
     assert x["floor_best_s"] == pytest.approx(x["floor_s"], rel=1e-3), x
 
 
-def test_torch_is_capped_as_our_kernels_are(cli, monkeypatch):
+def test_torch_is_capped_as_our_kernels_are(bench_step, monkeypatch):
     """bench_vs_torch gives PyTorch's oneDNN the cap ALPAMAYO_CPU_ISA gives our kernels: every cap the engine accepts
     (its own error lists them) maps to a oneDNN one, except those that cap nothing; a oneDNN cap the caller set wins."""
-    exe = Path(cli).parent / "bench" / "bench_step"
-    if not exe.is_file():
-        pytest.skip(f"{exe} not built (ALPAMAYO_BUILD_BENCH=OFF)")
     monkeypatch.setenv("ALPAMAYO_CPU_ISA", "not-a-cap")
-    r = subprocess.run([str(exe), "--L", "1", "--S", "40", "--Smax", "64", "--T", "16", "--steps", "1"],
-                       capture_output=True, text=True, timeout=120)
-    if "use one of:" not in r.stderr:
-        pytest.skip("this build's bench_step reads no ALPAMAYO_CPU_ISA (no cpu backend)")
+    r = subprocess.run([str(bench_step), *TINY_STEP], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "use one of:" in r.stderr, r.stderr
     caps = [c.strip() for c in r.stderr.split("use one of:")[1].strip().splitlines()[0].split(",")]
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import bench_vs_torch
-    finally:
-        sys.path.pop(0)
+    bench_vs_torch = load_script(ROOT / "bench" / "bench_vs_torch.py")
     assert set(bench_vs_torch.ONEDNN_ISA) == set(caps) - {"amx", "all"}, caps
     assert bench_vs_torch.torch_env({"ALPAMAYO_CPU_ISA": "avx512_bf16"})["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
     assert "ONEDNN_MAX_CPU_ISA" not in bench_vs_torch.torch_env({"ALPAMAYO_CPU_ISA": "amx"})
