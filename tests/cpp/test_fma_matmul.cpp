@@ -181,6 +181,36 @@ TEST(FmaMatmul, AmxBf16BlockingByRowsKeepsEveryResultBitwise) {
     }
 }
 
+// A matrix cut into column chunks on kernel k (bf16 or int8 weights): the weights as floats, x as the kernel takes
+// it, the packing of columns [n0, n1), and the whole matrix's result (the reference the chunks must equal bitwise).
+struct ChunkCase {
+  MatmulKernel k;
+  bool int8;
+  Case c;                 // x and W as bf16, and the sizes
+  std::vector<float> Wf;  // W as floats (exact)
+  std::vector<uint8_t> xq;
+  const void* x() const { return int8 ? static_cast<const void*>(xq.data()) : c.x.data(); }
+  void pack(MatmulWeights& w, int n0, int n1, MatmulArena* arena = nullptr) const {
+    if (int8) w.pack_int8(k, Wf.data() + size_t(n0) * c.K, c.K, n1 - n0, arena);
+    else w.pack(k, Wf.data() + size_t(n0) * c.K, c.K, n1 - n0, arena);
+  }
+  std::vector<float> whole() const {
+    MatmulWeights w;
+    pack(w, 0, c.N);
+    AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, c.M, c.K));
+    std::vector<float> ref(size_t(c.M) * c.N);
+    run_matmul(w, x(), c.M, c.K, ref.data(), c.N, scratch.data());
+    return ref;
+  }
+};
+ChunkCase chunk_case(MatmulKernel k, bool int8, int M, int K, int N, uint32_t seed) {
+  ChunkCase cc{k, int8, make_case(M, K, N, seed), std::vector<float>(size_t(N) * K), {}};
+  for (size_t i = 0; i < cc.Wf.size(); ++i) cc.Wf[i] = bf(cc.c.W[i]);
+  cc.xq.resize(size_t(M) * K);
+  for (size_t i = 0; i < cc.xq.size(); ++i) cc.xq[i] = uint8_t((cc.c.x[i] * 2654435761u) >> 7);
+  return cc;
+}
+
 // The cpu backend's chunked matmuls: a slice packed as chunks back to back in one arena, run one after another on
 // one scratch, the later calls reusing the x the first prepared (x_ready), equal the whole matrix bit for bit,
 // for bf16 and int8 weights on every kernel this machine runs; a full arena is refused.
@@ -190,21 +220,10 @@ TEST(FmaMatmul, ChunksInOneArenaWithThePreparedXAreBitwiseEqual) {
       for (int M : {1, 17, 64})
         for (int K : {7, 1000, 2100}) {
           const int N = 300;
-          const Case c = make_case(M, K, N, uint32_t(11 * M + K));
-          std::vector<float> Wf(size_t(N) * K);
-          for (size_t i = 0; i < Wf.size(); ++i) Wf[i] = bf(c.W[i]);
-          std::vector<uint8_t> xq(size_t(M) * K);
-          for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t((c.x[i] * 2654435761u) >> 7);
-          const void* x = int8 ? static_cast<const void*>(xq.data()) : c.x.data();
-          auto pack = [&](MatmulWeights& w, int n0, int n1, MatmulArena* arena) {
-            if (int8) w.pack_int8(k, Wf.data() + size_t(n0) * K, K, n1 - n0, arena);
-            else w.pack(k, Wf.data() + size_t(n0) * K, K, n1 - n0, arena);
-          };
-          MatmulWeights whole;
-          pack(whole, 0, N, nullptr);
-          AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, K));
-          std::vector<float> ref(size_t(M) * N);
-          run_matmul(whole, x, M, K, ref.data(), N, scratch.data());
+          const ChunkCase cc = chunk_case(k, int8, M, K, N, uint32_t(11 * M + K));
+          const void* x = cc.x();
+          const auto pack = [&](MatmulWeights& w, int n0, int n1, MatmulArena* arena) { cc.pack(w, n0, n1, arena); };
+          const std::vector<float> ref = cc.whole();
 
           const std::vector<int> cuts = {0, 16, 64, 65, 200, 300};
           size_t bytes = 0;
@@ -242,25 +261,13 @@ TEST(FmaMatmul, RunsOfChunksAreBitwiseEqualToTheWholeMatrix) {
       for (int M : {64, 128, 200})
         for (int K : {1000, 2048}) {
           const int N = 600;
-          const Case c = make_case(M, K, N, uint32_t(7 * M + K));
-          std::vector<float> Wf(size_t(N) * K);
-          for (size_t i = 0; i < Wf.size(); ++i) Wf[i] = bf(c.W[i]);
-          std::vector<uint8_t> xq(size_t(M) * K);
-          for (size_t i = 0; i < xq.size(); ++i) xq[i] = uint8_t((c.x[i] * 2654435761u) >> 7);
-          const void* x = int8 ? static_cast<const void*>(xq.data()) : c.x.data();
-          auto pack = [&](MatmulWeights& w, int n0, int n1) {
-            if (int8) w.pack_int8(k, Wf.data() + size_t(n0) * K, K, n1 - n0);
-            else w.pack(k, Wf.data() + size_t(n0) * K, K, n1 - n0);
-          };
-          MatmulWeights whole;
-          pack(whole, 0, N);
-          AlignedBuf<uint8_t> scratch(matmul_scratch_bytes(k, M, K));
-          std::vector<float> ref(size_t(M) * N);
-          run_matmul(whole, x, M, K, ref.data(), N, scratch.data());
+          const ChunkCase cc = chunk_case(k, int8, M, K, N, uint32_t(7 * M + K));
+          const void* x = cc.x();
+          const std::vector<float> ref = cc.whole();
 
           const std::vector<int> cuts = {0, 16, 64, 128, 193, 320, 448, 600};
           std::vector<MatmulWeights> chunks(cuts.size() - 1);
-          for (size_t i = 0; i + 1 < cuts.size(); ++i) pack(chunks[i], cuts[i], cuts[i + 1]);
+          for (size_t i = 0; i + 1 < cuts.size(); ++i) cc.pack(chunks[i], cuts[i], cuts[i + 1]);
           // Runs: all at once, then pairs taken from the back (as a thief), each call on a fresh x or the last.
           for (const int per_run : {int(chunks.size()), 2}) {
             std::vector<float> y(size_t(M) * N, std::nanf(""));
