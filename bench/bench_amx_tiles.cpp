@@ -70,88 +70,99 @@ __attribute__((target("amx-tile"))) void load_config() {
   _tile_loadconfig(&c);
 }
 
-// 2 x 2: per step A tiles at a, a + 1 KB and B tiles at b, b + 1 KB, both advancing 2 KB a step and wrapping at
-// their set's end. Returns TFLOP/s.
-__attribute__((target("amx-tile,amx-bf16"))) double loop_2x2(const char* A, size_t a_set, const char* B, size_t b_set,
-                                                             long steps) {
+// One step of the 2 x 2 loop: A tiles at a, a + 1 KB, B tiles at b, b + 1 KB, each loaded just before its first
+// product (the order of amx_bf16's loops).
+__attribute__((target("amx-tile,amx-bf16"), always_inline)) inline void step_2x2(const char* a, const char* b) {
+  _tile_loadd(4, a, 64);
+  _tile_loadd(6, b, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_loadd(7, b + 1024, 64);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_loadd(5, a + 1024, 64);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
+// The configuration and the four accumulators zeroed; at the end one accumulator stored (which waits for every
+// product into it) and the tiles released: whether its values stayed finite.
+__attribute__((target("amx-tile"))) void begin_2x2() {
   load_config();
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
+}
+__attribute__((target("amx-tile"))) bool end_tiles(int t) {
+  alignas(64) float out[256];
+  if (t == 2) _tile_stored(2, out, 64);
+  else _tile_stored(3, out, 64);
+  _tile_release();
+  return std::isfinite(out[0]) && std::isfinite(out[255]);
+}
+
+// 2 x 2: per step A tiles at a, a + 1 KB and B tiles at b, b + 1 KB, both advancing 2 KB a step and wrapping at
+// their set's end. Returns TFLOP/s.
+__attribute__((target("amx-tile,amx-bf16"))) double loop_2x2(const char* A, size_t a_set, const char* B, size_t b_set,
+                                                             long steps) {
+  begin_2x2();
   size_t ao = 0, bo = 0;
   const double t0 = thread_seconds();
   for (long i = 0; i < steps; ++i) {
-    _tile_loadd(4, A + ao, 64);
-    _tile_loadd(6, B + bo, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(7, B + bo + 1024, 64);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(5, A + ao + 1024, 64);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    step_2x2(A + ao, B + bo);
     ao = ao + 2048 < a_set ? ao + 2048 : 0;
     bo = bo + 2048 < b_set ? bo + 2048 : 0;
   }
-  alignas(64) float out[256];
-  _tile_stored(3, out, 64);
+  const bool finite = end_tiles(3);
   const double t = thread_seconds() - t0;
-  _tile_release();
-  return std::isfinite(out[0]) ? 4.0 * 16 * 16 * 32 * 2 * double(steps) / t / 1e12 : -1.0;
+  return finite ? 4.0 * 16 * 16 * 32 * 2 * double(steps) / t / 1e12 : -1.0;
 }
 
 // 3 x 1 with a spare B tile: accumulators tmm0-2 (48 rows), A tiles tmm3-5, B alternating tmm6 / tmm7; the next
 // B is loaded a whole step ahead and each A right after its product. 3 products per 4 tile loads. TFLOP/s.
+// One step: the products on B tile Cur while the next B goes into tile Next (tile numbers are immediates).
+template <int Cur, int Next>
+__attribute__((target("amx-tile,amx-bf16"), always_inline)) inline void step_3x1(const char* a, const char* b) {
+  _tile_loadd(Next, b, 64);
+  _tile_dpbf16ps(0, 3, Cur);
+  _tile_loadd(3, a, 64);
+  _tile_dpbf16ps(1, 4, Cur);
+  _tile_loadd(4, a + 1024, 64);
+  _tile_dpbf16ps(2, 5, Cur);
+  _tile_loadd(5, a + 2048, 64);
+}
 __attribute__((target("amx-tile,amx-bf16"))) double loop_3x1(const char* A, size_t a_set, const char* B, size_t b_set,
                                                              long steps) {
   load_config();
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
-  size_t ao = 0, bo = 0;
-  auto next = [](size_t o, size_t step, size_t set) { return o + step < set ? o + step : 0; };
   _tile_loadd(3, A, 64);
   _tile_loadd(4, A + 1024, 64);
   _tile_loadd(5, A + 2048, 64);
   _tile_loadd(6, B, 64);
+  size_t ao = 0, bo = 0;
+  auto advance = [&] {
+    ao = ao + 3072 < a_set ? ao + 3072 : 0;
+    bo = bo + 1024 < b_set ? bo + 1024 : 0;
+  };
   const double t0 = thread_seconds();
   for (long i = 0; i < steps; i += 2) {
-    bo = next(bo, 1024, b_set);
-    _tile_loadd(7, B + bo, 64);
-    ao = next(ao, 3072, a_set);
-    _tile_dpbf16ps(0, 3, 6);
-    _tile_loadd(3, A + ao, 64);
-    _tile_dpbf16ps(1, 4, 6);
-    _tile_loadd(4, A + ao + 1024, 64);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_loadd(5, A + ao + 2048, 64);
-    bo = next(bo, 1024, b_set);
-    _tile_loadd(6, B + bo, 64);
-    ao = next(ao, 3072, a_set);
-    _tile_dpbf16ps(0, 3, 7);
-    _tile_loadd(3, A + ao, 64);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_loadd(4, A + ao + 1024, 64);
-    _tile_dpbf16ps(2, 5, 7);
-    _tile_loadd(5, A + ao + 2048, 64);
+    advance();
+    step_3x1<6, 7>(A + ao, B + bo);
+    advance();
+    step_3x1<7, 6>(A + ao, B + bo);
   }
-  alignas(64) float out[256];
-  _tile_stored(2, out, 64);
+  const bool finite = end_tiles(2);
   const double t = thread_seconds() - t0;
-  _tile_release();
   const long done = (steps + 1) / 2 * 2;
-  return std::isfinite(out[0]) ? 3.0 * 16 * 16 * 32 * 2 * double(done) / t / 1e12 : -1.0;
+  return finite ? 3.0 * 16 * 16 * 32 * 2 * double(done) / t / 1e12 : -1.0;
 }
 
 // The weights streamed once through bytes of B (2 KB a step, each pair used by both 32-row blocks of x from a
 // 128 KB set), a prefetch into L2 `ahead` bytes ahead (0: none). Returns GB/s of B.
 __attribute__((target("amx-tile,amx-bf16"))) double loop_stream(const char* A, const char* B, size_t bytes,
                                                                  size_t ahead) {
-  load_config();
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  begin_2x2();
   constexpr size_t kXSet = 128 << 10;
   size_t ao = 0;
   const double t0 = thread_seconds();
@@ -159,22 +170,13 @@ __attribute__((target("amx-tile,amx-bf16"))) double loop_stream(const char* A, c
     if (ahead > 0 && bo + ahead + 2048 <= bytes)
       for (int l = 0; l < 32; ++l) _mm_prefetch(B + bo + ahead + 64 * l, _MM_HINT_T1);
     for (int r = 0; r < 2; ++r) {
-      _tile_loadd(4, A + ao, 64);
-      _tile_loadd(6, B + bo, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, B + bo + 1024, 64);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, A + ao + 1024, 64);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      step_2x2(A + ao, B + bo);
       ao = ao + 2048 < kXSet ? ao + 2048 : 0;
     }
   }
-  alignas(64) float out[256];
-  _tile_stored(3, out, 64);
+  const bool finite = end_tiles(3);
   const double t = thread_seconds() - t0;
-  _tile_release();
-  return std::isfinite(out[0]) ? double(bytes) / t / 1e9 : -1.0;
+  return finite ? double(bytes) / t / 1e9 : -1.0;
 }
 
 template <class F>
