@@ -46,7 +46,7 @@ struct Buffer {
   size_t n = 0;
   Buffer(size_t bytes, bool huge) : n((bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20)) {
     void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) throw std::runtime_error("mmap of " + std::to_string(n) + " bytes failed");
+    if (m == MAP_FAILED) throw std::runtime_error("cannot map " + std::to_string(n >> 20) + " MiB");
     p = static_cast<char*>(m);
     madvise(p, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
     auto* h = reinterpret_cast<uint16_t*>(p);
@@ -188,7 +188,8 @@ double best_of(int reps, F f) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+int run(int argc, char** argv) {
   CLI::App app{"The AMX tile loop by where its operands come from (one thread)"};
   int reps = 3;
   size_t stream_mb = 1024;
@@ -250,4 +251,14 @@ int main(int argc, char** argv) {
   }
   std::printf("cpu: %s\n", cpu.describe().c_str());
   return ok ? 0 : 1;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a buffer that cannot be had (--stream-mb beyond the memory)
+    std::fprintf(stderr, "bench_amx_tiles: %s\n", e.what());
+    return 1;
+  }
 }
