@@ -119,17 +119,18 @@ __attribute__((target("amx-tile,amx-bf16"))) double loop_2x2(const char* A, size
 
 // 3 x 1 with a spare B tile: accumulators tmm0-2 (48 rows), A tiles tmm3-5, B alternating tmm6 / tmm7; the next
 // B is loaded a whole step ahead and each A right after its product. 3 products per 4 tile loads. TFLOP/s.
-// One step: the products on B tile Cur while the next B goes into tile Next (tile numbers are immediates).
-template <int Cur, int Next>
-__attribute__((target("amx-tile,amx-bf16"), always_inline)) inline void step_3x1(const char* a, const char* b) {
-  _tile_loadd(Next, b, 64);
-  _tile_dpbf16ps(0, 3, Cur);
-  _tile_loadd(3, a, 64);
-  _tile_dpbf16ps(1, 4, Cur);
-  _tile_loadd(4, a + 1024, 64);
-  _tile_dpbf16ps(2, 5, Cur);
-  _tile_loadd(5, a + 2048, 64);
-}
+// One step: the products on B tile CUR while the next B goes into tile NEXT. A macro: GCC's tile intrinsics are
+// macros that paste their tile numbers into the instruction text, so the numbers must be literal tokens.
+#define ALP_STEP_3X1(CUR, NEXT, a, b) \
+  do {                                \
+    _tile_loadd(NEXT, b, 64);         \
+    _tile_dpbf16ps(0, 3, CUR);        \
+    _tile_loadd(3, a, 64);            \
+    _tile_dpbf16ps(1, 4, CUR);        \
+    _tile_loadd(4, (a) + 1024, 64);   \
+    _tile_dpbf16ps(2, 5, CUR);        \
+    _tile_loadd(5, (a) + 2048, 64);   \
+  } while (0)
 __attribute__((target("amx-tile,amx-bf16"))) double loop_3x1(const char* A, size_t a_set, const char* B, size_t b_set,
                                                              long steps) {
   load_config();
@@ -148,9 +149,9 @@ __attribute__((target("amx-tile,amx-bf16"))) double loop_3x1(const char* A, size
   const double t0 = thread_seconds();
   for (long i = 0; i < steps; i += 2) {
     advance();
-    step_3x1<6, 7>(A + ao, B + bo);
+    ALP_STEP_3X1(6, 7, A + ao, B + bo);
     advance();
-    step_3x1<7, 6>(A + ao, B + bo);
+    ALP_STEP_3X1(7, 6, A + ao, B + bo);
   }
   const bool finite = end_tiles(2);
   const double t = thread_seconds() - t0;
