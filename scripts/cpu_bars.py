@@ -12,6 +12,9 @@ Runs, one process at a time, at the seed's full size unless --sizes says otherwi
      weight formats with --kv int8; a kernel this CPU cannot run is listed with bench_step's reason;
   4. six samples sharing one prompt (`--B 6 --suffix 40`), bf16 and int8 weights, each against its own floor;
   5. the line Matmul.OnednnUsesAmxExactlyWhereUsable prints (which oneDNN implementation runs, AMX or not).
+  6. bench/bench_amx_tiles where AMX is granted: what the AMX tile loop itself sustains on this machine, one thread
+     (registers, L1, L2, beyond L2; fed by weights streamed from memory, against one core's read bandwidth), the
+     ceilings the AMX bars meet here (docs/PERFORMANCE.md, "AMX, sixth pass"); --quick where --sizes is given.
 Prints the CPU (lscpu), a table of each step against the floor of its own kernels' instructions and against the
 roofline (every op on the CPU's fastest unit, what the bars are judged against), the matmul phases' GB/s beside
 each, and ours against PyTorch's faster configuration, and writes everything as JSON (--out). The bars depend on
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,6 +133,40 @@ def amx_line(build: Path) -> str:
     return "; ".join(lines + [status])
 
 
+TILE_ROW = re.compile(r"^\s*(.*?)\s+([0-9.]+) (TFLOP/s|GB/s)$")
+TILE_SHARE = re.compile(r"best of the two, of the read bandwidth\s+([0-9.]+)%")
+
+
+def amx_tiles(build: Path, quick: bool) -> dict:
+    """bench_amx_tiles' figures by label ({label: [value, unit]}, "streamed_of_read" as a share), or why not run."""
+    exe = build / "bench" / "bench_amx_tiles"
+    if not exe.is_file():
+        return {"not_run": f"{exe} not built"}
+    r = subprocess.run([str(exe), *(["--quick"] if quick else [])], capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"not_run": f"exit status {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}"}
+    if "is not usable here" in r.stdout:
+        return {"not_run": r.stdout.strip().splitlines()[0]}
+    out: dict = {"rows": {}}
+    for line in r.stdout.splitlines():
+        if m := TILE_ROW.match(line):
+            out["rows"][m.group(1)] = [float(m.group(2)), m.group(3)]
+        elif m := TILE_SHARE.search(line):
+            out["streamed_of_read"] = float(m.group(1)) / 100
+    return out
+
+
+def tiles_text(t: dict) -> str:
+    if "not_run" in t:
+        return f"not run: {t['not_run']}"
+    def value(key: str) -> float:
+        return next((v for k, (v, _) in t["rows"].items() if key in k), float("nan"))
+    text = f"registers {value('registers only'):.2f}, operands from L2 {value('256 KB (L2)'):.2f} TFLOP/s"
+    if "streamed_of_read" in t:
+        text += f"; weights streamed at 64 rows {100 * t['streamed_of_read']:.0f}% of one core's read bandwidth"
+    return text + " (one thread)"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default=str(ROOT / "build"), help="the build directory (bench/bench_step in it)")
@@ -193,6 +231,9 @@ def main() -> int:
     report["shared"] = shared
     report["amx"] = amx_line(build)
     amx = any(r.get("amx") for r in runs)
+    # Under a cap (ALPAMAYO_CPU_ISA) the kernels and bars are a machine's without AMX: its tile loop is not measured.
+    report["amx_tiles"] = (amx_tiles(build, quick=bool(sizes)) if amx else
+                           {"not_run": "AMX is not usable in this run (bench_step's isa: line)"})
     bars = BARS[amx]
     report["bars"] = {"amx_granted": amx, **bars}
 
@@ -230,6 +271,7 @@ def main() -> int:
                       f"{o['faster_than_torch']:.2f}x faster than torch (bar {bars['torch']:.0f}x: "
                       f"{'met' if o['faster_than_torch'] >= bars['torch'] else 'missed'})")
     print(f"AMX (oneDNN): {report['amx']}")
+    print(f"AMX tile loop (bench_amx_tiles): {tiles_text(report['amx_tiles'])}")
     Path(a.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {a.out}")
     failed = [r for r in runs + shared if "error" in r] + ([vt] if vt and "error" in vt else [])

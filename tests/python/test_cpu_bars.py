@@ -78,6 +78,16 @@ def test_cpu_bars_runs_every_configuration(bench_step, tmp_path):
     assert amx == any(x["amx"] for x in rep["runs"]) and (not amx or "amx_bf16" in Path("/proc/cpuinfo").read_text())
     assert "| weights | samples | kernels |" in r.stdout and "| step / roofline | bar |" in r.stdout and "AMX (oneDNN):" in r.stdout
     assert "| matmul GB/s / read GB/s | bar 80% |" in r.stdout and "% of " in r.stdout
+    # The AMX tile loop's own ceilings where AMX is granted (bench_amx_tiles), else the reason it did not run.
+    tiles = rep["amx_tiles"]
+    if amx:
+        assert "not_run" not in tiles, tiles
+        assert tiles["rows"]["2 x 2, A and B each from 256 KB (L2)"][0] > 0, tiles
+        assert all(v > 0 and unit in ("TFLOP/s", "GB/s") for v, unit in tiles["rows"].values()), tiles
+        assert "operands from L2" in r.stdout
+    else:
+        assert "not usable" in tiles["not_run"] or "not built" in tiles["not_run"], tiles
+    assert "AMX tile loop (bench_amx_tiles): " in r.stdout
 
 
 def test_capped_run_is_judged_without_what_the_cap_removes(bench_step, monkeypatch):
@@ -107,3 +117,17 @@ def test_torch_is_capped_as_our_kernels_are(bench_step, monkeypatch):
     assert "ONEDNN_MAX_CPU_ISA" not in bench_vs_torch.torch_env({})
     given = {"ALPAMAYO_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}
     assert bench_vs_torch.torch_env(given)["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE"
+
+
+def test_amx_tile_ceilings_are_figures_or_the_reason(bench_step):
+    """bench_amx_tiles read by cpu_bars: every figure a positive rate with its unit where AMX is granted, else the
+    tool's own line saying why nothing ran; the summary line says either."""
+    cpu_bars = load_script(ROOT / "scripts" / "cpu_bars.py")
+    t = cpu_bars.amx_tiles(bench_step.parent.parent, quick=True)
+    if "not_run" in t:
+        assert "not usable" in t["not_run"] or "not built" in t["not_run"], t
+        assert cpu_bars.tiles_text(t).startswith("not run: ")
+    else:
+        assert len(t["rows"]) >= 8 and all(v > 0 and u in ("TFLOP/s", "GB/s") for v, u in t["rows"].values()), t
+        assert "registers " in cpu_bars.tiles_text(t) and "nan" not in cpu_bars.tiles_text(t)
+    assert cpu_bars.tiles_text({"not_run": "AMX is not usable in this run"}) == "not run: AMX is not usable in this run"
