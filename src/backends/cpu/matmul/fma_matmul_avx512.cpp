@@ -2,7 +2,7 @@
 // isa().has(kAvx512)). Panels of 64 columns; per span, panel and block of kKB rows of K the bf16 (or s8) weights
 // are multiplied with every row of x by a register tile of up to 6 rows x 64 columns: 24 zmm accumulators, 4
 // weight vectors per k, one broadcast per row. The block's first tile reads the packed weights, widens them in
-// registers and leaves them, fp32, in a 32 KB block that the other tiles read (a separate widening pass stalled
+// registers and leaves them, fp32, in a 16 KB block that the other tiles read (a separate widening pass stalled
 // on the weights' loads, with the weights streamed from memory as in a step).
 // Accumulators start at 0; between the blocks of a span they go through a contiguous panel buffer (yb, [M][64])
 // and reach y only at the span's ends, so each output element is the single fp32 FMA chain over k = 0..K-1
@@ -33,7 +33,9 @@ namespace {
 
 constexpr int kNR = 64;  // columns per panel: 4 zmm
 constexpr int kMR = 6;   // rows per register tile
-constexpr int kKB = 128;  // rows of K per widened block: 128 x 64 fp32 = 32 KB
+// Rows of K per widened block: 64 x 64 fp32 = 16 KB, which with x's rows of the block and the next block's prefetch
+// fits a 32-48 KB L1 (2-3% faster than 128 rows on an Intel Xeon, the same on Zen 5: docs/PERFORMANCE.md).
+constexpr int kKB = 64;
 static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit matmul_scratch_bytes()");
 static_assert(kFmaKSpan % kKB == 0, "K blocks must not straddle spans");
 
