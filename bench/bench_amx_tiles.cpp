@@ -212,8 +212,9 @@ int run(int argc, char** argv) {
   }
   bool ok = true;
   auto row = [&](const char* what, double v, const char* unit) {
-    ok = ok && v > 0 && std::isfinite(v);
-    std::printf("%-58s %7.2f %s\n", what, v, unit);
+    const bool good = v > 0 && std::isfinite(v);
+    ok = ok && good;
+    std::printf("%-58s %7.2f %s%s\n", what, v, unit, good ? "" : "  <- not a positive rate");
   };
   double ops = 0;
   row("2 x 2, registers only (the roofline's peak loop)", best_of(reps, [&] {

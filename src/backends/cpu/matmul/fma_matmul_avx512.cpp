@@ -34,7 +34,8 @@ namespace {
 constexpr int kNR = 64;  // columns per panel: 4 zmm
 constexpr int kMR = 6;   // rows per register tile
 // Rows of K per widened block: 64 x 64 fp32 = 16 KB, which with x's rows of the block and the next block's prefetch
-// fits a 32-48 KB L1 (2-3% faster than 128 rows on an Intel Xeon, the same on Zen 5: docs/PERFORMANCE.md).
+// fits a 32-48 KB L1, so the other row tiles read it from L1 (measured against 128 rows: docs/PERFORMANCE.md, "The
+// bars of a machine without AMX").
 constexpr int kKB = 64;
 static_assert(kKB * kNR <= kFmaKBlock * 64, "the widened block must fit matmul_scratch_bytes()");
 static_assert(kFmaKSpan % kKB == 0, "K blocks must not straddle spans");
