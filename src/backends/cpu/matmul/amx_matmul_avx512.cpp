@@ -11,7 +11,8 @@
 // k, [ks/2][64][2] bf16 per span-panel: 256 bytes a packed row, so the B tile of 16 columns x 16 pairs is
 // 16 rows of 64 bytes at a stride of 256 bytes, read in place.
 // Loop: per group of panels (one panel below kManyRows rows, kGroupPanels from there: blocking() below), per
-// chunk of kChunkPairs pairs (128 KB of a panel's weights: stays in L2 with x's chunk and the next chunk), per
+// chunk of kChunkPairs pairs (128 KB of a panel's weights: stays in L2 with x's chunk and the next chunk; at many
+// rows the whole span where all rows' x of it fits kOneChunkX, so that no partial sums go through memory), per
 // panel of the group, per half panel (32 columns) and 32-row block (in the order blocking() says), the 2 x 2
 // tiles of fp32 accumulators (tmm0-3) run over the chunk with 2 A tiles (x, tmm4-5) and 2 B tiles (tmm6-7).
 // Partial sums go to an fp32 buffer per panel between chunks, the last chunk's whole row blocks straight to y
@@ -37,6 +38,10 @@ constexpr int kNR = 64;             // columns per panel
 constexpr int kChunkPairs = 512;    // k pairs per chunk: 512 x 256 bytes = 128 KB of one panel's weights
 constexpr int kRowBytes = kNR * 4;  // one packed row: 64 columns x a pair of bf16
 static_assert(kDotKSpan % (2 * kChunkPairs) == 0, "chunks must not straddle spans");
+// At many rows, a span whose x (all rows) takes at most this many bytes runs as one chunk: no partial sums between
+// chunks, every 32 x 32 block's sums stay in the tiles over all of its k and go straight to y. Beyond it x no
+// longer stays in L2 beside the weights (docs/PERFORMANCE.md, "AMX, seventh pass").
+constexpr size_t kOneChunkX = 1280 * 1024;
 
 // At many rows the matmul is bound by arithmetic, and the tile loads' source sets its rate (docs/PERFORMANCE.md,
 // "AMX bf16 matmul at many rows"): there the loop runs a group of panels per chunk of k, so that the chunk's x
@@ -224,14 +229,14 @@ struct Prefetch {
   const char *begin, *end;
 };
 Prefetch prefetch_range(const PanelRef* g_refs, int g, int j, const PanelRef* next, const PanelRef& r, int k0,
-                        int pairs, int q, int n, int whole, bool last_span) {
+                        int pairs, int q, int n, int whole, bool last_span, int cp) {
   const PanelRef* pr = &r;
   const char* pf;
   if (j + 1 < g) pf = at(*(pr = &g_refs[j + 1]), k0, pairs, q);
   else if (q + n < whole) pf = at(*(pr = &g_refs[0]), k0, pairs, q + n);
   else if (next && k0 == 0 && last_span) pf = at(*(pr = next), 0, pairs, 0);
   else pf = at(r, k0, pairs, q + n);
-  const char* end = pf + size_t(kChunkPairs) * kRowBytes;
+  const char* end = pf + size_t(cp) * kRowBytes;
   return {pf, end < pr->end ? end : pr->end};
 }
 
@@ -243,11 +248,12 @@ __attribute__((target("amx-tile,amx-bf16"))) void run_group(const PanelRef* g_re
   for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
     const int ks = imin(kDotKSpan, K - k0), pairs = (ks + 1) / 2, whole = pairs / 16 * 16;
     const bool last_span = k0 + kDotKSpan >= K;
-    for (int q = 0; q < whole; q += kChunkPairs) {
-      const int n = imin(kChunkPairs, whole - q);
+    const int cp = rows_outer && size_t(M32) * ks * 2 <= kOneChunkX && whole > 0 ? whole : kChunkPairs;
+    for (int q = 0; q < whole; q += cp) {
+      const int n = imin(cp, whole - q);
       for (int j = 0; j < g; ++j) {
         const PanelRef& r = g_refs[j];
-        const Prefetch pf = prefetch_range(g_refs, g, j, next, r, k0, pairs, q, n, whole, last_span);
+        const Prefetch pf = prefetch_range(g_refs, g, j, next, r, k0, pairs, q, n, whole, last_span, cp);
         if (last_span && q + n == pairs && r.cols == kNR) direct[j] = M / 32 * 32;
         chunk(at(r, k0, pairs, q), n, s.xs, Kp, M32, k0 + 2 * q,
               {s.part + size_t(j) * M32 * kNR, r.y, r.ldy, direct[j]},
