@@ -148,8 +148,11 @@ TEST(FmaMatmul, ColumnSlicesAndKernelsAreBitwiseEqual) {
 TEST(FmaMatmul, AmxBf16BlockingByRowsKeepsEveryResultBitwise) {
   if (!matmul_kernel_runnable(MatmulKernel::AmxBf16)) GTEST_SKIP() << "amx_bf16 does not run here";
   const MatmulKernel k = MatmulKernel::AmxBf16;
-  // From 128 rows a span whose x fits 1.25 MB runs as one chunk of k (M = 128 and 200 at K = 2048, 384 at 1536:
-  // 1024 and 768 pairs), a larger one in chunks of 512 pairs through the partial sums (M = 384, K = 2048).
+  // From 128 rows a span whose x fits 1.25 MB runs as one chunk of k (here M = 128 and 200 at K = 2048, 384 at
+  // 1536: 1024 and 768 pairs), a larger one in chunks through the partial sums (M = 384, K = 2048): both are below.
+  EXPECT_EQ(amx_matmul_chunk_pairs(128, 2048), 1024);
+  EXPECT_EQ(amx_matmul_chunk_pairs(384, 1536), 768);
+  EXPECT_LT(amx_matmul_chunk_pairs(384, 2048), 1024);
   for (int M : {128, 200, 384})
     for (int K : {64, 2048, 1000, 1536}) {
       const int N = 600, ldy = N + 7;  // 9 full panels and one of 24 columns: groups of 4, 4 and 2

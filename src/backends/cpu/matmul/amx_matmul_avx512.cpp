@@ -176,6 +176,11 @@ void tail(const uint16_t* b, int q0, int q1, const uint16_t* xs, int Kp, int M, 
 
 }  // namespace
 
+int amx_matmul_chunk_pairs(int M, int ks) {
+  const int M32 = (M + 31) / 32 * 32, whole = (ks + 1) / 2 / 16 * 16;
+  return blocking(M32).rows_outer && size_t(M32) * ks * 2 <= kOneChunkX && whole > 0 ? whole : kChunkPairs;
+}
+
 size_t amx_matmul_scratch_bytes(int M, int K) {
   const size_t M32 = (size_t(M > 0 ? M : 0) + 31) / 32 * 32, Kp = (size_t(K > 0 ? K : 0) + 31) / 32 * 32;
   return (M32 * Kp * 2 + 63) / 64 * 64 + M32 * kNR * 4 * blocking(int(M32)).group_panels + 64;
@@ -248,7 +253,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void run_group(const PanelRef* g_re
   for (int k0 = 0; k0 < K; k0 += kDotKSpan) {
     const int ks = imin(kDotKSpan, K - k0), pairs = (ks + 1) / 2, whole = pairs / 16 * 16;
     const bool last_span = k0 + kDotKSpan >= K;
-    const int cp = rows_outer && size_t(M32) * ks * 2 <= kOneChunkX && whole > 0 ? whole : kChunkPairs;
+    const int cp = amx_matmul_chunk_pairs(M32, ks);
     for (int q = 0; q < whole; q += cp) {
       const int n = imin(cp, whole - q);
       for (int j = 0; j < g; ++j) {

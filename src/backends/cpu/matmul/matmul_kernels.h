@@ -213,6 +213,9 @@ inline constexpr int kAmxManyRows = 128;
 inline constexpr int kAmxManyColumns = 256;  // one group of 4 panels: the work stealing stays fine
 // amx_bf16's scratch: x as A tiles, K rounded up to 32 and M to 32, and the fp32 sums of a group of panels.
 size_t amx_matmul_scratch_bytes(int M, int K);
+// The k pairs per chunk amx_bf16 runs for M rows and a span of ks values of K (a multiple of 16 pairs; a span
+// taken whole means its sums never go through the fp32 buffer between chunks).
+int amx_matmul_chunk_pairs(int M, int ks);
 void amx_matmul_s8(const int8_t* w, const int32_t* colsum, int K, int N, const uint8_t* x, int M, int ldx, float* y,
                    int ldy, void* scratch, bool x_ready);
 // amx_int8's scratch: x in A tiles of K rounded up to 64 for M rounded up to 32, and the int32 sums of a group of
